@@ -1,0 +1,1 @@
+"""Catalog definitions shipped with lakeckpt-tables: default embedded catalog and SQL views."""

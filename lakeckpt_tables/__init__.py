@@ -1,0 +1,1 @@
+"""lakeckpt-tables: train PyTorch from Delta and Iceberg tables and resume exactly."""

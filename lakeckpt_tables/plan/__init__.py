@@ -1,0 +1,365 @@
+"""The read plan: a pure function from (units, policy, segment, epoch) to every slice's rows.
+
+No I/O, no clock, no global RNG, no torch. A *slice* is one (rank, DataLoader worker) pair,
+numbered ``g = rank * workers + worker``; its reader state is one integer, the rows delivered.
+
+NOTE [ pieces and layouts ]
+An epoch's *base space* is the segment's units, permuted by a seed derived from
+(seed, segment, epoch), laid end to end: rows ``[0, N)``. A *piece* is an ordered set of base
+rows: a tuple of base-space spans, optionally permuted by a seed, of which the range
+``[lo, hi)`` is taken. An epoch's *layout* is a tuple of pieces; by default the single piece
+``[0, N)``. Slices get equal contiguous ranges of the layout, and a slice emits its range as
+*windows*, which are pieces again: ``shuffle_window`` units at a time, rows permuted within
+the window. Because a window is a piece, what a slice has not yet delivered (the rest of a
+partially read window, then whole windows) is a list of pieces, and those lists, concatenated,
+are the layout of an elastic re-plan for another world size. Any number of re-plans compose.
+
+NOTE [ lockstep ]
+With more than one rank every slice yields the same number of batches per epoch (one
+collective per step). Batch ``j`` of a slice of ``s`` rows cut into ``n`` batches ends at
+``min((j + 1) * batch_size, s - (n - 1 - j))``: full batches, except that a slice one row
+short gives up one row in its last batch (or its last two). Sizes then differ by at most one
+row across ranks, never in number. When that is impossible (batch size 1 with uneven slices,
+or fewer rows than slices) the last ``rows mod slices`` rows of the layout form the epoch's
+*tail*: not delivered, reported by :meth:`EpochPlan.tail`, and re-planned by an elastic resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "EpochPlan",
+    "Piece",
+    "PlanPolicy",
+    "derive_seed",
+    "permutation",
+    "replan",
+]
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A stable 63-bit seed from ``parts`` (same on every machine, Python and NumPy version)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def permutation(n: int, seed: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """A seeded permutation of ``range(n)``."""
+    return np.random.Generator(np.random.PCG64(seed)).permutation(n).astype(np.int64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanPolicy:
+    """Everything besides the data that decides who reads which rows in which order.
+
+    Attributes:
+        batch_size: rows per batch.
+        world_size: number of ranks.
+        workers: DataLoader workers per rank (1 when reading in the main process).
+        shuffle: permute units per epoch and rows within each window.
+        seed: base seed; epoch and window seeds derive from it.
+        shuffle_window: units read together and shuffled as one window.
+        drop_last: deliver only full batches; the rest of each slice is reported undelivered.
+    """
+
+    batch_size: int
+    world_size: int = 1
+    workers: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    shuffle_window: int = 4
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "world_size", "workers", "shuffle_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"PlanPolicy.{name} must be a positive int, got {value!r}")
+
+    @property
+    def slices(self) -> int:
+        return self.world_size * self.workers
+
+    @property
+    def lockstep(self) -> bool:
+        """Ranks must yield equal batch counts only when there is more than one rank."""
+        return self.world_size > 1
+
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Rows ``[lo, hi)`` of the base-space ``spans`` laid end to end, permuted by ``seed``."""
+
+    spans: tuple[Span, ...]
+    seed: int | None
+    lo: int
+    hi: int
+
+    @classmethod
+    def plain(cls, spans: Sequence[Span]) -> Piece:
+        spans = tuple((a, b) for a, b in spans if b > a)
+        return cls(spans, None, 0, sum(b - a for a, b in spans))
+
+    @property
+    def size(self) -> int:
+        return self.hi - self.lo
+
+    def cut(self, start: int, stop: int) -> Piece:
+        """Rows ``[start, stop)`` of this piece's order, as a piece."""
+        if self.seed is not None:
+            return Piece(self.spans, self.seed, self.lo + start, self.lo + stop)
+        return Piece.plain(_cut_spans(self.spans, self.lo + start, self.lo + stop))
+
+    def rows(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Base-space row numbers in emission order (for tests and audits; O(rows))."""
+        base = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in self.spans] or
+                              [np.empty(0, np.int64)])
+        if self.seed is not None:
+            base = base[permutation(len(base), self.seed)]
+        return base[self.lo : self.hi]
+
+    def to_json(self) -> list[Any]:
+        return [[list(s) for s in self.spans], self.seed, self.lo, self.hi]
+
+    @classmethod
+    def from_json(cls, value: Any) -> Piece:
+        spans, seed, lo, hi = value
+        piece = cls(tuple((int(a), int(b)) for a, b in spans),
+                    None if seed is None else int(seed), int(lo), int(hi))
+        total = sum(b - a for a, b in piece.spans)
+        if not 0 <= piece.lo <= piece.hi <= total or any(b < a for a, b in piece.spans):
+            raise ValueError(f"malformed piece {value!r}")
+        return piece
+
+
+def _cut_spans(spans: Sequence[Span], start: int, stop: int) -> list[Span]:
+    out: list[Span] = []
+    offset = 0
+    for a, b in spans:
+        length = b - a
+        lo, hi = max(start - offset, 0), min(stop - offset, length)
+        if lo < hi:
+            out.append((a + lo, a + hi))
+        offset += length
+        if offset >= stop:
+            break
+    return out
+
+
+def _cut_layout(layout: Sequence[Piece], start: int, stop: int) -> list[Piece]:
+    out: list[Piece] = []
+    offset = 0
+    for piece in layout:
+        lo, hi = max(start - offset, 0), min(stop - offset, piece.size)
+        if lo < hi:
+            out.append(piece.cut(lo, hi))
+        offset += piece.size
+        if offset >= stop:
+            break
+    return out
+
+
+def coalesce(pieces: Iterable[Piece]) -> tuple[Piece, ...]:
+    """Merge neighbouring plain pieces and adjacent spans, so layouts stay small."""
+    out: list[Piece] = []
+    for piece in pieces:
+        if piece.size == 0:
+            continue
+        if piece.seed is None and out and out[-1].seed is None:
+            spans = list(out[-1].spans)
+            for a, b in piece.spans:
+                if spans and spans[-1][1] == a:
+                    spans[-1] = (spans[-1][0], b)
+                else:
+                    spans.append((a, b))
+            out[-1] = Piece.plain(spans)
+        else:
+            out.append(piece)
+    return tuple(out)
+
+
+class EpochPlan:
+    """The plan of one epoch of one segment.
+
+    Args:
+        unit_rows: rows of each unit, in canonical (path, row group) order.
+        policy: plan parameters.
+        segment: segment index (0 for a pinned snapshot).
+        epoch: epoch index.
+        layout: the epoch's layout; the whole base space when None.
+    """
+
+    def __init__(
+        self,
+        unit_rows: Sequence[int] | np.ndarray[Any, Any],
+        policy: PlanPolicy,
+        *,
+        segment: int = 0,
+        epoch: int = 0,
+        layout: Sequence[Piece] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.segment = segment
+        self.epoch = epoch
+        rows = np.asarray(unit_rows, dtype=np.int64)
+        if policy.shuffle:
+            self.order = permutation(len(rows), derive_seed(policy.seed, segment, epoch, "units"))
+        else:
+            self.order = np.arange(len(rows), dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(rows[self.order])]).astype(np.int64)
+        total = int(self.offsets[-1])
+        self.layout = coalesce(layout) if layout is not None else (Piece.plain([(0, total)]),)
+        self.rows = sum(p.size for p in self.layout)
+        self._plan_slices()
+
+    def _plan_slices(self) -> None:
+        p, m = self.policy, self.rows
+        s = p.slices
+        q, r = divmod(m, s)
+        b = p.batch_size
+        if p.lockstep and not p.drop_last and r and (b < 2 or q < 1):
+            m, r = s * q, 0  # remainder cannot be delivered in lockstep: it becomes the tail
+        self.delivered_total = m
+        self.bounds = [(m * g) // s for g in range(s + 1)]
+        if p.lockstep:
+            smax, smin = q + (1 if r else 0), q
+            self._lockstep_batches: int | None = smin // b if p.drop_last else -(-smax // b)
+        else:
+            self._lockstep_batches = None
+
+    def slice_rows(self, g: int) -> int:
+        """Rows in slice ``g``'s range (delivered or dropped by drop_last)."""
+        return self.bounds[g + 1] - self.bounds[g]
+
+    def batch_count(self, g: int) -> int:
+        if self._lockstep_batches is not None:
+            return self._lockstep_batches
+        s, b = self.slice_rows(g), self.policy.batch_size
+        return s // b if self.policy.drop_last else -(-s // b)
+
+    def batch_ends(self, g: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Cumulative row positions at which slice ``g``'s batches end."""
+        n, s, b = self.batch_count(g), self.slice_rows(g), self.policy.batch_size
+        j = np.arange(n, dtype=np.int64)
+        if self.policy.drop_last:
+            return (j + 1) * b
+        return np.minimum((j + 1) * b, s - (n - 1 - j))
+
+    def delivered_rows(self, g: int) -> int:
+        """Rows slice ``g`` delivers this epoch."""
+        ends = self.batch_ends(g)
+        return int(ends[-1]) if len(ends) else 0
+
+    def slice_layout(self, g: int) -> list[Piece]:
+        return _cut_layout(self.layout, self.bounds[g], self.bounds[g + 1])
+
+    def tail(self) -> list[Piece]:
+        """Rows of the layout no slice is given (see NOTE [ lockstep ])."""
+        return _cut_layout(self.layout, self.delivered_total, self.rows)
+
+    def windows(self, g: int) -> list[Piece]:
+        """Slice ``g``'s emission, as windows in order."""
+        out: list[Piece] = []
+        for piece in self.slice_layout(g):
+            if piece.seed is not None:
+                out.append(piece)  # already a (partial) window of an earlier plan
+            else:
+                out.extend(self._window_plain(piece, g, len(out)))
+        return out
+
+    def _window_plain(self, piece: Piece, g: int, first_index: int) -> list[Piece]:
+        chunks = [c for span in piece.spans for c in self._unit_chunks(span)]
+        k = self.policy.shuffle_window
+        out = []
+        for i in range(0, len(chunks), k):
+            group = chunks[i : i + k]
+            window = Piece.plain(group)
+            if self.policy.shuffle:
+                seed = derive_seed(self.policy.seed, self.segment, self.epoch, g,
+                                   first_index + len(out), "window")
+                window = Piece(window.spans, seed, 0, window.size)
+            out.append(window)
+        return out
+
+    def _unit_chunks(self, span: Span) -> list[Span]:
+        """Cut a base-space span at unit boundaries."""
+        a, b = span
+        cuts = self.offsets[np.searchsorted(self.offsets, a, "right"):]
+        out = []
+        for c in cuts:
+            c = int(c)
+            if c >= b:
+                break
+            out.append((a, c))
+            a = c
+        out.append((a, b))
+        return out
+
+    def locate(self, spans: Sequence[Span]) -> list[tuple[int, int, int]]:
+        """Map base-space spans to ``(canonical unit index, first row, end row)`` chunks."""
+        out = []
+        for a, b in spans:
+            for x, y in self._unit_chunks((a, b)):
+                u = int(np.searchsorted(self.offsets, x, "right")) - 1
+                start = int(self.offsets[u])
+                out.append((int(self.order[u]), x - start, y - start))
+        return out
+
+    def remaining(self, g: int, position: int) -> list[Piece]:
+        """What slice ``g`` has not delivered after ``position`` rows, as pieces."""
+        out = []
+        offset = 0
+        for window in self.windows(g):
+            end = offset + window.size
+            if end > position:
+                out.append(window.cut(max(position - offset, 0), window.size))
+            offset = end
+        return out
+
+
+SlicePosition = tuple[int, int]  # (epoch, rows delivered in that epoch)
+
+
+def replan(
+    unit_rows: Sequence[int] | np.ndarray[Any, Any],
+    old: PlanPolicy,
+    layouts: dict[int, tuple[Piece, ...]],
+    positions: Sequence[SlicePosition],
+    *,
+    segment: int = 0,
+) -> tuple[int, dict[int, tuple[Piece, ...]]]:
+    """Turn every old slice's undelivered rows into layouts any new policy can plan.
+
+    Args:
+        unit_rows: the segment's unit sizes, canonical order.
+        old: the policy the positions were recorded under.
+        layouts: the old plan's layouts by epoch (default layout where absent).
+        positions: ``(epoch, rows delivered)`` of every old slice, by slice index.
+        segment: segment index.
+
+    Returns:
+        The epoch to start at, and a layout for every epoch some slice had begun.
+    """
+    if len(positions) != old.slices:
+        raise ValueError(f"{len(positions)} positions for {old.slices} slices")
+    first = min(e for e, _ in positions)
+    last = max(e for e, _ in positions)
+    new_layouts: dict[int, tuple[Piece, ...]] = {}
+    for epoch in range(first, last + 1):
+        plan = EpochPlan(unit_rows, old, segment=segment, epoch=epoch, layout=layouts.get(epoch))
+        pieces: list[Piece] = []
+        for g, (e, pos) in enumerate(positions):
+            if e <= epoch:
+                pieces.extend(plan.remaining(g, pos if e == epoch else 0))
+        pieces.extend(plan.tail())
+        new_layouts[epoch] = coalesce(pieces)
+    return first, new_layouts

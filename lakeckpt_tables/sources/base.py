@@ -1,0 +1,102 @@
+"""What every source resolves to: a pinned, immutable snapshot listed as units."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+
+from lakeckpt_tables.errors import PinnedFileMissingError, RowCountMismatchError
+from lakeckpt_tables.sources._footers import FileFooter, read_footers
+from lakeckpt_tables.types import TableIdentity, Unit
+
+__all__ = ["DataFile", "Snapshot", "Source", "local_path_or_uri", "units_from_files"]
+
+
+def local_path_or_uri(uri: str) -> str:
+    """Local files as plain paths (what pyarrow opens fastest), others left as URIs."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return unquote(parsed.path).rstrip("/") or "/"
+    return uri.rstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """A data file as table metadata lists it, before its footer is read."""
+
+    path: str
+    size_bytes: int | None
+    rows: int | None  # None when the table metadata carries no row count
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One immutable version of a source, resolved to its units in canonical order.
+
+    Attributes:
+        identity: which table.
+        version: Delta version or Iceberg snapshot id.
+        schema: Arrow schema of the table at this version.
+        units: every row group of every data file, sorted by (path, row group).
+    """
+
+    identity: TableIdentity
+    version: int
+    schema: pa.Schema
+    units: tuple[Unit, ...]
+    file_columns: dict[str, tuple[str, ...]]
+
+    @property
+    def rows(self) -> int:
+        return sum(u.rows for u in self.units)
+
+    def describe(self) -> str:
+        return f"{self.identity.describe()} at version {self.version}"
+
+
+class Source(Protocol):
+    """A Delta or Iceberg table that can be pinned to a snapshot."""
+
+    def snapshot(self, version: int | None = None) -> Snapshot:
+        """Resolve ``version`` (latest when None) to an immutable snapshot."""
+        ...
+
+
+def units_from_files(
+    identity: TableIdentity, version: int, files: Sequence[DataFile]
+) -> tuple[tuple[Unit, ...], dict[str, tuple[str, ...]]]:
+    """Read the footers of ``files`` and list their row groups as units, canonically ordered.
+
+    Raises:
+        PinnedFileMissingError: a listed file is gone.
+        RowCountMismatchError: metadata and footer disagree on a file's row count.
+    """
+    ordered = sorted(files, key=lambda f: f.path)
+    try:
+        footers = read_footers([f.path for f in ordered], [f.size_bytes for f in ordered])
+    except FileNotFoundError as exc:
+        missing = exc.filename or str(exc)
+        raise PinnedFileMissingError(
+            f"{identity.describe()} at version {version}: data file {missing} is gone "
+            "(vacuumed or expired?). Pin a newer version or restore the file."
+        ) from exc
+    units: list[Unit] = []
+    for data_file, footer in zip(ordered, footers, strict=True):
+        _check_row_count(identity, version, data_file, footer)
+        units.extend(Unit(data_file.path, i, n) for i, n in enumerate(footer.row_group_rows) if n)
+    return tuple(units), {f.path: f.column_names for f in footers}
+
+
+def _check_row_count(
+    identity: TableIdentity, version: int, data_file: DataFile, footer: FileFooter
+) -> None:
+    if data_file.rows is not None and data_file.rows != footer.rows:
+        raise RowCountMismatchError(
+            f"{identity.describe()} at version {version}: table metadata says data file "
+            f"{data_file.path} holds {data_file.rows} rows, its Parquet footer says "
+            f"{footer.rows}. The table or the file is corrupt; repair it before training."
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,9 @@ DEFAULT_CATALOG_NAME = "lakeckpt"
 
 
 def _default_catalog_properties() -> dict[str, str]:
-    import yaml
-
     home = Path(os.environ.get("LAKECKPT_HOME", Path.home() / ".lakeckpt"))
-    text = resources.files("lakeckpt_tables.catalog").joinpath("default.yaml").read_text()
-    props = {k: str(v).format(home=home) for k, v in yaml.safe_load(text).items()}
+    text = resources.files("lakeckpt_tables.catalog").joinpath("default.toml").read_text()
+    props = {k: str(v).format(home=home) for k, v in tomllib.loads(text).items()}
     if props.get("uri", "").startswith("sqlite:///"):
         home.mkdir(parents=True, exist_ok=True)
     return props
@@ -35,7 +34,7 @@ def default_catalog() -> Any:
 
     A pyiceberg catalog named ``lakeckpt`` in ``~/.pyiceberg.yaml`` or in
     ``PYICEBERG_CATALOG__LAKECKPT__*`` environment variables overrides the packaged defaults
-    in ``catalog/default.yaml`` (for instance a PostgreSQL ``uri``).
+    in ``catalog/default.toml`` (for instance a PostgreSQL ``uri``).
     """
     from pyiceberg.catalog import load_catalog
     from pyiceberg.utils.config import Config

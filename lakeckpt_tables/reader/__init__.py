@@ -1,0 +1,21 @@
+"""The reader: LakeDataset and its state."""
+
+from lakeckpt_tables.reader.convert import Ragged
+from lakeckpt_tables.reader.dataset import LakeDataset
+from lakeckpt_tables.reader.state import (
+    ReaderState,
+    decode_state,
+    encode_state,
+    merge_states,
+    states_from_loader,
+)
+
+__all__ = [
+    "LakeDataset",
+    "Ragged",
+    "ReaderState",
+    "decode_state",
+    "encode_state",
+    "merge_states",
+    "states_from_loader",
+]

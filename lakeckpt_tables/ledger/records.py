@@ -1,0 +1,243 @@
+"""What the ledger stores, as Python values, and their conversion to and from ledger rows.
+
+The conversions are the only place that knows how a record maps onto :data:`LEDGER_SCHEMA`,
+so both backends write and read byte-identical rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypedDict, cast
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.types import TableFormat, TableIdentity
+
+__all__ = [
+    "CheckpointRecord",
+    "ConsumptionRecord",
+    "FileDigest",
+    "LedgerEvent",
+    "checkpoints_from_arrow",
+    "commit_rows",
+    "event_rows",
+]
+
+_FORMATS: tuple[TableFormat, ...] = ("delta", "iceberg")
+
+
+class FileDigest(TypedDict):
+    """Checksum of one file a checkpoint wrote, as kept in the manifest."""
+
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One committed (or about to be committed) checkpoint of a run.
+
+    Attributes:
+        run_id: the training run.
+        checkpoint_id: unique id of this checkpoint; a retry of the same commit reuses it, which
+            is how the ledger tells a retry from a conflicting second checkpoint.
+        step: training step, strictly increasing within a run.
+        parent_id: checkpoint this run resumed from, or None.
+        model_location: where the model/optimizer state was written.
+        manifest: checksums of the files written, keyed by path relative to model_location.
+        reader_state: encoded reader state, opaque to the ledger.
+        source: identity of the source table, or None if the run reads no table.
+        source_version: Delta version or Iceberg snapshot id pinned at the checkpoint.
+        world_size: number of ranks that prepared the checkpoint.
+        tags: free-form labels.
+        config_hash: hash of the run configuration.
+        wall_time_s: training wall time up to the checkpoint.
+        committed_at: set by the ledger when the commit lands; ignored on input.
+    """
+
+    run_id: str
+    checkpoint_id: str
+    step: int
+    parent_id: str | None
+    model_location: str
+    manifest: dict[str, FileDigest]
+    reader_state: str
+    source: TableIdentity | None
+    source_version: int | None
+    world_size: int
+    tags: tuple[str, ...]
+    config_hash: str
+    wall_time_s: float
+    committed_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if not self.run_id or not self.checkpoint_id:
+            raise ValueError(
+                f"a checkpoint needs a run id and a checkpoint id, got run {self.run_id!r} "
+                f"and checkpoint {self.checkpoint_id!r}"
+            )
+        if self.step < 0:
+            raise ValueError(f"run {self.run_id!r}: checkpoint step must be >= 0, got {self.step}")
+        if self.world_size < 1:
+            raise ValueError(
+                f"run {self.run_id!r} step {self.step}: world size must be >= 1, "
+                f"got {self.world_size}"
+            )
+
+
+@dataclass(frozen=True)
+class ConsumptionRecord:
+    """Rows one (rank, worker) consumed since the previous checkpoint, within one row group.
+
+    Attributes:
+        rank: consuming rank.
+        worker: consuming DataLoader worker within the rank.
+        segment: segment the rows were read in.
+        epoch: epoch of that segment.
+        file: data file path or URI.
+        row_group: row group index within the file.
+        row_start: first consumed row within the row group.
+        row_end: one past the last consumed row within the row group.
+    """
+
+    rank: int
+    worker: int
+    segment: int
+    epoch: int
+    file: str
+    row_group: int
+    row_start: int
+    row_end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.row_start <= self.row_end:
+            raise ValueError(
+                f"rank {self.rank} worker {self.worker}: row range [{self.row_start}, "
+                f"{self.row_end}) of {self.file} row group {self.row_group} is not a range"
+            )
+
+    @property
+    def rows(self) -> int:
+        """Number of rows consumed."""
+        return self.row_end - self.row_start
+
+
+@dataclass(frozen=True)
+class LedgerEvent:
+    """Something worth keeping next to the checkpoints: segment formed, commit skipped...
+
+    Attributes:
+        event: short name of the event.
+        detail: JSON-serialisable details.
+    """
+
+    event: str
+    detail: dict[str, Any]
+
+
+def commit_rows(
+    checkpoint: CheckpointRecord,
+    consumption: Sequence[ConsumptionRecord],
+    events: Sequence[LedgerEvent],
+    committed_at: datetime,
+) -> pa.Table:
+    """Rows of one checkpoint commit: the checkpoint, its consumption and its events."""
+    common = {
+        s.RUN_ID: checkpoint.run_id,
+        s.CHECKPOINT_ID: checkpoint.checkpoint_id,
+        s.STEP: checkpoint.step,
+        s.COMMITTED_AT: committed_at,
+    }
+    rows = [{**common, **_checkpoint_fields(checkpoint)}]
+    rows += [{**common, **_consumption_fields(c)} for c in consumption]
+    rows += [{**common, **_event_fields(e)} for e in events]
+    return pa.Table.from_pylist(rows, schema=s.LEDGER_SCHEMA)
+
+
+def event_rows(run_id: str, events: Sequence[LedgerEvent], committed_at: datetime) -> pa.Table:
+    """Rows of events recorded outside any checkpoint (checkpoint id ``""``, step -1)."""
+    common = {s.RUN_ID: run_id, s.CHECKPOINT_ID: "", s.STEP: -1, s.COMMITTED_AT: committed_at}
+    rows = [{**common, **_event_fields(e)} for e in events]
+    return pa.Table.from_pylist(rows, schema=s.LEDGER_SCHEMA)
+
+
+def checkpoints_from_arrow(table: pa.Table) -> list[CheckpointRecord]:
+    """Checkpoint records held in ledger rows, ordered by (run, step); other rows are ignored."""
+    rows = table.filter(pc.field(s.RECORD) == s.RECORD_CHECKPOINT)
+    rows = rows.sort_by([(s.RUN_ID, "ascending"), (s.STEP, "ascending")])
+    return [_checkpoint_from_row(row) for row in rows.to_pylist()]
+
+
+def _checkpoint_fields(c: CheckpointRecord) -> dict[str, object]:
+    source = c.source
+    return {
+        s.RECORD: s.RECORD_CHECKPOINT,
+        s.PARENT_ID: c.parent_id,
+        s.MODEL_LOCATION: c.model_location,
+        s.MANIFEST: json.dumps(c.manifest, sort_keys=True),
+        s.READER_STATE: c.reader_state,
+        s.SOURCE_FORMAT: source.format if source else None,
+        s.SOURCE_LOCATION: source.location if source else None,
+        s.SOURCE_TABLE_ID: source.table_id if source else None,
+        s.SOURCE_VERSION: c.source_version,
+        s.WORLD_SIZE: c.world_size,
+        s.TAGS: list(c.tags),
+        s.CONFIG_HASH: c.config_hash,
+        s.WALL_TIME_S: c.wall_time_s,
+    }
+
+
+def _consumption_fields(c: ConsumptionRecord) -> dict[str, object]:
+    return {
+        s.RECORD: s.RECORD_CONSUMPTION,
+        s.RANK: c.rank,
+        s.WORKER: c.worker,
+        s.SEGMENT: c.segment,
+        s.EPOCH: c.epoch,
+        s.FILE: c.file,
+        s.ROW_GROUP: c.row_group,
+        s.ROW_START: c.row_start,
+        s.ROW_END: c.row_end,
+        s.ROWS: c.rows,
+    }
+
+
+def _event_fields(e: LedgerEvent) -> dict[str, object]:
+    return {s.RECORD: s.RECORD_EVENT, s.EVENT: e.event, s.DETAIL: json.dumps(e.detail)}
+
+
+def _checkpoint_from_row(row: Mapping[str, Any]) -> CheckpointRecord:
+    return CheckpointRecord(
+        run_id=row[s.RUN_ID],
+        checkpoint_id=row[s.CHECKPOINT_ID],
+        step=row[s.STEP],
+        parent_id=row[s.PARENT_ID],
+        model_location=row[s.MODEL_LOCATION],
+        manifest=json.loads(row[s.MANIFEST]),
+        reader_state=row[s.READER_STATE],
+        source=_source_from_row(row),
+        source_version=row[s.SOURCE_VERSION],
+        world_size=row[s.WORLD_SIZE],
+        tags=tuple(row[s.TAGS] or ()),
+        config_hash=row[s.CONFIG_HASH],
+        wall_time_s=row[s.WALL_TIME_S],
+        committed_at=row[s.COMMITTED_AT],
+    )
+
+
+def _source_from_row(row: Mapping[str, Any]) -> TableIdentity | None:
+    fmt = row[s.SOURCE_FORMAT]
+    if fmt is None:
+        return None
+    if fmt not in _FORMATS:
+        raise ValueError(f"ledger row of run {row[s.RUN_ID]!r}: unknown source format {fmt!r}")
+    return TableIdentity(
+        format=cast(TableFormat, fmt),
+        location=row[s.SOURCE_LOCATION],
+        table_id=row[s.SOURCE_TABLE_ID],
+    )

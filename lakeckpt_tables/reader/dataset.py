@@ -1,0 +1,361 @@
+"""``LakeDataset``: a torch IterableDataset over a pinned table snapshot whose state is a position."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from lakeckpt_tables.errors import (
+    EmptySourceError,
+    PinnedFileMissingError,
+    RowCountMismatchError,
+    StateMismatchError,
+    UnknownColumnError,
+    UnsupportedTableError,
+)
+from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy, _cut_spans, permutation, replan
+from lakeckpt_tables.reader.convert import to_tensors
+from lakeckpt_tables.reader.state import (
+    STATE_FORMAT,
+    PlanShape,
+    ReaderState,
+    merge_states,
+    states_from_loader,
+)
+from lakeckpt_tables.sources._footers import open_parquet
+from lakeckpt_tables.sources.base import Snapshot, Source
+
+__all__ = ["LakeDataset"]
+
+log = logging.getLogger(__name__)
+
+Batch = dict[str, Any]
+
+
+@dataclass
+class _Cursor:
+    """Where this process's slice stands: the live part of the reader state."""
+
+    slice_index: int
+    shape: PlanShape
+    layouts: dict[int, tuple[Piece, ...]]
+    epoch: int
+    position: int
+
+
+class LakeDataset(IterableDataset[Batch]):
+    """Batches of a pinned Delta or Iceberg snapshot, resumable exactly from a position.
+
+    One iteration reads ``epochs`` epochs. Each rank reads an equal contiguous share of each
+    epoch's (permuted) rows and each DataLoader worker an equal share of its rank's; with more
+    than one rank every rank yields the same number of batches per epoch (see
+    ``lakeckpt_tables.plan``). Batches are dicts: numeric columns as tensors (zero-copy where
+    Arrow allows), fixed-length list columns as 2-D tensors, variable-length ones as
+    :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists.
+
+    Use it with ``torchdata.stateful_dataloader.StatefulDataLoader(dataset, batch_size=None,
+    num_workers=N)``: the dataset makes the batches. A state captured by the loader covers the
+    batches it has *yielded*, not those prefetched.
+
+    Resuming: ``loader.load_state_dict(saved)`` resumes mid-pass with the same world size and
+    workers. ``dataset.load_state_dict(saved)`` (a loader state, a dataset state, or merged
+    states of all ranks) additionally resumes at another world size, worker count or batch size,
+    and resumes a finished pass as finished; it applies to the passes made by workers started
+    afterwards, so iterate once per loaded state (or use ``persistent_workers=True``).
+
+    Args:
+        source: a :class:`~lakeckpt_tables.DeltaSource` or :class:`~lakeckpt_tables.IcebergSource`.
+        columns: columns to read; all when None.
+        batch_size: rows per batch.
+        shuffle: permute units per epoch and rows within each shuffle window.
+        seed: base seed of every permutation.
+        version: table version (Delta) or snapshot id (Iceberg) to pin; the latest when None.
+        epochs: epochs per iteration.
+        rank: this process's rank; from torch.distributed when initialized, else 0.
+        world_size: number of ranks; from torch.distributed when initialized, else 1.
+        drop_last: deliver full batches only (per worker); the rest is reported undelivered.
+        shuffle_window: units read and shuffled together; memory is about this many row groups.
+        transform: called on every batch dict in the worker, before it is yielded.
+
+    Raises:
+        SourceNotFoundError, UnsupportedTableError, EmptySourceError, UnknownColumnError,
+        PinnedFileMissingError, RowCountMismatchError: see :mod:`lakeckpt_tables.errors`.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        columns: Sequence[str] | None = None,
+        batch_size: int = 1024,
+        shuffle: bool = True,
+        seed: int = 0,
+        version: int | None = None,
+        epochs: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        shuffle_window: int = 4,
+        transform: Callable[[Batch], Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+        PlanPolicy(batch_size=batch_size, shuffle_window=shuffle_window)  # validates both
+        self.source = source
+        self.snapshot: Snapshot = source.snapshot(version)
+        if self.snapshot.rows == 0:
+            raise EmptySourceError(f"{self.snapshot.describe()} holds no rows; nothing to read")
+        self.columns = _check_columns(self.snapshot, columns)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epochs = epochs
+        self.drop_last = drop_last
+        self.shuffle_window = shuffle_window
+        self.transform = transform
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        units = self.snapshot.units
+        self._paths = [u.path for u in units]
+        self._row_groups = np.array([u.row_group for u in units], dtype=np.int64)
+        self._unit_rows = np.array([u.rows for u in units], dtype=np.int64)
+        self._resume: ReaderState | None = None
+        self._cursor: _Cursor | None = None
+        self._files: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_files"] = {}  # open file handles stay in their process
+        return state
+
+    # ----------------------------------------------------------------------------- state
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The run configuration a state must match to be loaded."""
+        return {"seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window,
+                "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns)}
+
+    def _empty_state(self, shape: PlanShape | None) -> ReaderState:
+        slices = () if shape is None else (None,) * (shape[0] * shape[1])
+        return ReaderState(self.snapshot.identity, self.snapshot.version, 0, self.config,
+                           shape, {}, slices)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This reader's position (torchdata ``Stateful``): JSON-clean, small, never pickled.
+
+        In a DataLoader worker it holds that worker's slice only; merge the workers' states
+        with :func:`~lakeckpt_tables.reader.state.merge_states` for a whole-reader state.
+        """
+        if self._cursor is None and get_worker_info() is not None:
+            self._cursor = self._start_cursor()
+        cursor = self._cursor
+        if cursor is None:
+            return (self._resume or self._empty_state(None)).to_dict()
+        state = ReaderState(self.snapshot.identity, self.snapshot.version, 0, self.config,
+                            cursor.shape, cursor.layouts, (None,) * (cursor.shape[0] * cursor.shape[1]))
+        return state.with_slice(cursor.slice_index, (cursor.epoch, cursor.position)).to_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a dataset state, merged states, or a ``StatefulDataLoader`` state.
+
+        Raises:
+            StateMismatchError: the state is of another table, version, run configuration or
+                format version, or corrupt; the message says what differs.
+        """
+        if isinstance(state_dict, dict) and state_dict.get("format") != STATE_FORMAT and (
+                "_snapshot" in state_dict or "dataset_state" in state_dict):
+            parsed = merge_states(states_from_loader(state_dict))
+        else:
+            parsed = ReaderState.from_dict(state_dict)
+        self._check_compatible(parsed)
+        self._resume = parsed if parsed.plan is not None else None
+        self._cursor = None
+
+    def _check_compatible(self, state: ReaderState) -> None:
+        ours = self._empty_state(None)
+        diffs = []
+        if (state.table.format, state.table.table_id) != (ours.table.format, ours.table.table_id):
+            diffs.append(f"table: state is of {state.table.describe()}, "
+                         f"this reader reads {ours.table.describe()}")
+        if state.version != ours.version:
+            diffs.append(f"version: state pinned {state.version}, this reader pinned "
+                         f"{ours.version} (pass version={state.version})")
+        for key in sorted(set(state.config) | set(ours.config)):
+            if state.config.get(key) != ours.config.get(key):
+                diffs.append(f"{key}: state has {state.config.get(key)!r}, this reader "
+                             f"{ours.config.get(key)!r}")
+        if diffs:
+            raise StateMismatchError("reader state does not match this LakeDataset: "
+                                     + "; ".join(diffs))
+
+    # ------------------------------------------------------------------------- planning
+
+    def _policy(self, shape: PlanShape) -> PlanPolicy:
+        world, workers, batch = shape
+        return PlanPolicy(batch_size=batch, world_size=world, workers=workers,
+                          shuffle=self.shuffle, seed=self.seed,
+                          shuffle_window=self.shuffle_window, drop_last=self.drop_last)
+
+    def _start_cursor(self) -> _Cursor:
+        info = get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        shape = (self.world_size, workers, self.batch_size)
+        g = self.rank * workers + worker
+        resume = self._resume
+        if resume is None or resume.plan is None:
+            return _Cursor(g, shape, {}, 0, 0)
+        if resume.plan == shape:
+            pos = resume.slices[g]
+            if pos is None:
+                raise StateMismatchError(
+                    f"reader state has no position for rank {self.rank} worker {worker}; load "
+                    "the merged state of all workers (merge_states) or the loader's state")
+            return _Cursor(g, shape, dict(resume.layouts), pos[0], pos[1])
+        if not resume.complete:
+            raise StateMismatchError(
+                f"reader state was saved with (world_size, workers, batch_size)={resume.plan}, "
+                f"this reader runs {shape}; re-planning for another shape needs the merged "
+                "state of every rank and worker (CheckpointManager saves it; or merge_states)")
+        first, layouts = replan(self._unit_rows, self._policy(resume.plan), resume.layouts,
+                                resume.positions())
+        return _Cursor(g, shape, layouts, first, 0)
+
+    def _epoch_plan(self, cursor: _Cursor, epoch: int) -> EpochPlan:
+        return EpochPlan(self._unit_rows, self._policy(cursor.shape), epoch=epoch,
+                         layout=cursor.layouts.get(epoch))
+
+    # -------------------------------------------------------------------------- reading
+
+    def __iter__(self) -> Iterator[Batch]:
+        cursor = self._start_cursor()
+        self._cursor = cursor
+        if get_worker_info() is None:
+            self._resume = None  # a later pass in this process starts afresh
+        for epoch in range(cursor.epoch, self.epochs):
+            plan = self._epoch_plan(cursor, epoch)
+            self._warn_tail(plan, cursor)
+            start = cursor.position if epoch == cursor.epoch else 0
+            for table, position in self._batches(plan, cursor.slice_index, start):
+                cursor.epoch, cursor.position = epoch, position
+                batch = to_tensors(table)
+                yield self.transform(batch) if self.transform is not None else batch
+
+    def _warn_tail(self, plan: EpochPlan, cursor: _Cursor) -> None:
+        tail = sum(p.size for p in plan.tail())
+        if tail and cursor.slice_index == 0:
+            log.warning("%s epoch %d: %d row(s) cannot be split in lockstep over %d slices "
+                        "with batch size %d; they are not delivered this epoch",
+                        self.snapshot.describe(), plan.epoch, tail, plan.policy.slices,
+                        plan.policy.batch_size)
+
+    def _batches(self, plan: EpochPlan, g: int, start: int) -> Iterator[tuple[pa.Table, int]]:
+        """Slice ``g``'s batches after ``start`` rows, each with the position after it."""
+        ends = plan.batch_ends(g)
+        j = int(np.searchsorted(ends, start, side="right"))
+        if j >= len(ends):
+            return
+        emitted = start  # rows of the slice read into batches (pending included)
+        pending: list[pa.Table] = []
+        offset = 0
+        for window in plan.windows(g):
+            size = window.size
+            if offset + size <= emitted:
+                offset += size
+                continue
+            table = self._read_window(plan, window, emitted - offset)
+            offset += size
+            taken = 0
+            while j < len(ends) and taken < table.num_rows:
+                need = int(ends[j]) - emitted
+                part = table.slice(taken, min(need, table.num_rows - taken))
+                pending.append(part)
+                taken += part.num_rows
+                emitted += part.num_rows
+                if emitted == ends[j]:
+                    yield _concat(pending), emitted
+                    pending = []
+                    j += 1
+            if j >= len(ends):
+                return
+
+    def _read_window(self, plan: EpochPlan, window: Piece, skip: int) -> pa.Table:
+        """The window's rows in emission order, from its ``skip``-th on."""
+        if window.seed is None:
+            return self._read_spans(plan, _cut_spans(window.spans, skip, window.size))
+        table = self._read_spans(plan, window.spans)
+        order = permutation(table.num_rows, window.seed)[window.lo + skip : window.hi]
+        return table.take(pa.array(order))
+
+    def _read_spans(self, plan: EpochPlan, spans: Sequence[tuple[int, int]]) -> pa.Table:
+        parts = [self._read_unit(u).slice(r0, r1 - r0) for u, r0, r1 in plan.locate(spans)]
+        return _concat(parts)
+
+    def _read_unit(self, u: int) -> pa.Table:
+        path = self._paths[u]
+        row_group = int(self._row_groups[u])
+        try:
+            handle = self._files.get(path)
+            if handle is None:
+                handle = self._files[path] = open_parquet(path)
+            table = handle.read_row_group(row_group, columns=self.columns)
+        except FileNotFoundError as exc:
+            raise PinnedFileMissingError(
+                f"{self.snapshot.describe()}: data file {path} of the pinned version is gone "
+                "(vacuumed or expired?); restore it, or start a new run on a newer version"
+            ) from exc
+        if table.num_rows != self._unit_rows[u]:
+            raise RowCountMismatchError(
+                f"{self.snapshot.describe()}: row group {row_group} of {path} holds "
+                f"{table.num_rows} rows, {self._unit_rows[u]} when the snapshot was pinned; "
+                "the file was rewritten in place")
+        return table.select(self.columns)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid:
+        return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _check_columns(snapshot: Snapshot, columns: Sequence[str] | None) -> list[str]:
+    names = list(snapshot.schema.names)
+    if columns is None:
+        wanted = names
+    else:
+        if isinstance(columns, str):
+            raise TypeError("columns must be a list of names, not a string")
+        wanted = list(columns)
+        unknown = [c for c in wanted if c not in names]
+        if unknown:
+            raise UnknownColumnError(
+                f"{snapshot.describe()} has no column(s) {unknown}; its columns are {names}")
+    for path, present in snapshot.file_columns.items():
+        lacking = [c for c in wanted if c not in present]
+        if lacking:
+            raise UnsupportedTableError(
+                f"{snapshot.describe()}: data file {path} lacks column(s) {lacking} (added or "
+                "renamed after the file was written); select other columns or rewrite the file")
+    return wanted
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    dist = torch.distributed
+    initialized = dist.is_available() and dist.is_initialized()
+    if world_size is None:
+        world_size = dist.get_world_size() if initialized else 1
+    if rank is None:
+        rank = dist.get_rank() if initialized else 0
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    return rank, world_size

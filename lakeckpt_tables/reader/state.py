@@ -1,0 +1,241 @@
+"""The reader state schema, defined once: what a position is, and how it is checked and encoded.
+
+A reader state is JSON-clean and never pickled. Its size grows with ranks x workers (one
+``[epoch, rows delivered]`` pair per slice), never with the data.
+
+Schema (``format`` = :data:`STATE_FORMAT`)::
+
+    {
+      "format":  "lakeckpt.reader/1",
+      "table":   {"format": "delta", "location": "...", "table_id": "..."},
+      "version": 12,                      # pinned table version / snapshot id
+      "segment": 0,                       # segment index (0: the pinned snapshot)
+      "config":  {"seed": 0, "shuffle": true, "shuffle_window": 4, "drop_last": false,
+                  "epochs": 1, "columns": ["id", "x"]},
+      "plan":    {"world_size": 2, "workers": 2, "batch_size": 64} | null,
+      "layouts": {"<epoch>": [piece, ...]},  # only epochs re-planned by an elastic resume
+      "slices":  [[epoch, rows delivered] | null, ...]   # one per (rank, worker)
+    }
+
+A state captured in one DataLoader worker knows only its own slice (others are null); states
+are merged with :func:`merge_states`. ``plan`` may differ on load (another world size, worker
+count or batch size) only when the state is complete: then the rows not yet delivered are
+re-planned.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lakeckpt_tables.errors import StateMismatchError
+from lakeckpt_tables.plan import Piece
+from lakeckpt_tables.types import TableIdentity
+
+__all__ = [
+    "STATE_FORMAT",
+    "ReaderState",
+    "decode_state",
+    "encode_state",
+    "merge_states",
+    "states_from_loader",
+]
+
+STATE_FORMAT = "lakeckpt.reader/1"
+_ENCODED_PREFIX = "lkr1:"
+
+KEY_FORMAT = "format"
+KEY_TABLE = "table"
+KEY_VERSION = "version"
+KEY_SEGMENT = "segment"
+KEY_CONFIG = "config"
+KEY_PLAN = "plan"
+KEY_LAYOUTS = "layouts"
+KEY_SLICES = "slices"
+_KEYS = (KEY_FORMAT, KEY_TABLE, KEY_VERSION, KEY_SEGMENT, KEY_CONFIG, KEY_PLAN, KEY_LAYOUTS,
+         KEY_SLICES)
+
+PlanShape = tuple[int, int, int]  # (world_size, workers, batch_size)
+SlicePos = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ReaderState:
+    """A parsed, validated reader state (see the module docstring for the JSON form)."""
+
+    table: TableIdentity
+    version: int
+    segment: int
+    config: Mapping[str, Any]
+    plan: PlanShape | None
+    layouts: Mapping[int, tuple[Piece, ...]]
+    slices: tuple[SlicePos | None, ...]
+
+    @property
+    def complete(self) -> bool:
+        return self.plan is not None and all(s is not None for s in self.slices)
+
+    def positions(self) -> list[SlicePos]:
+        """Every slice's position; only for a complete state."""
+        return [s for s in self.slices if s is not None]
+
+    def with_slice(self, g: int, pos: SlicePos) -> ReaderState:
+        slices = list(self.slices)
+        slices[g] = pos
+        return replace(self, slices=tuple(slices))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            KEY_FORMAT: STATE_FORMAT,
+            KEY_TABLE: self.table.to_json(),
+            KEY_VERSION: self.version,
+            KEY_SEGMENT: self.segment,
+            KEY_CONFIG: dict(self.config),
+            KEY_PLAN: None if self.plan is None else dict(
+                zip(("world_size", "workers", "batch_size"), self.plan, strict=True)),
+            KEY_LAYOUTS: {str(e): [p.to_json() for p in ps] for e, ps in self.layouts.items()},
+            KEY_SLICES: [None if s is None else list(s) for s in self.slices],
+        }
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> ReaderState:
+        """Parse and validate.
+
+        Raises:
+            StateMismatchError: not a reader state, another format version, or corrupt.
+        """
+        if not isinstance(state, Mapping):
+            raise StateMismatchError(f"reader state must be a dict, got {type(state).__name__}")
+        found = state.get(KEY_FORMAT)
+        if found != STATE_FORMAT:
+            raise StateMismatchError(
+                f"reader state format is {found!r}, this lakeckpt-tables reads {STATE_FORMAT!r}"
+            )
+        missing = [k for k in _KEYS if k not in state]
+        if missing:
+            raise StateMismatchError(f"reader state is corrupt: missing keys {missing}")
+        try:
+            return cls._parse(state)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise StateMismatchError(f"reader state is corrupt: {exc!r}") from exc
+
+    @classmethod
+    def _parse(cls, state: Mapping[str, Any]) -> ReaderState:
+        t = state[KEY_TABLE]
+        plan = state[KEY_PLAN]
+        shape = None if plan is None else (
+            _positive(plan["world_size"]), _positive(plan["workers"]), _positive(plan["batch_size"]))
+        slices = tuple(None if s is None else (_natural(s[0]), _natural(s[1]))
+                       for s in state[KEY_SLICES])
+        if shape is not None and len(slices) != shape[0] * shape[1]:
+            raise ValueError(f"{len(slices)} slices for {shape[0]} ranks x {shape[1]} workers")
+        layouts = {int(e): tuple(Piece.from_json(p) for p in ps)
+                   for e, ps in state[KEY_LAYOUTS].items()}
+        return cls(
+            table=TableIdentity(t["format"], str(t["location"]), str(t["table_id"])),
+            version=int(state[KEY_VERSION]),
+            segment=_natural(state[KEY_SEGMENT]),
+            config=dict(state[KEY_CONFIG]),
+            plan=shape,
+            layouts=layouts,
+            slices=slices,
+        )
+
+
+def _natural(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"expected a non-negative int, got {value!r}")
+    return value
+
+
+def _positive(value: Any) -> int:
+    if _natural(value) == 0:
+        raise ValueError("expected a positive int, got 0")
+    return int(value)
+
+
+def merge_states(states: Iterable[Mapping[str, Any] | ReaderState]) -> ReaderState:
+    """Merge the per-worker (and per-rank) states of one reader into one.
+
+    Raises:
+        StateMismatchError: the states belong to different tables, configurations or plans,
+            or two of them claim the same slice.
+    """
+    parsed = [s if isinstance(s, ReaderState) else ReaderState.from_dict(s) for s in states]
+    if not parsed:
+        raise StateMismatchError("no reader states to merge")
+    merged = parsed[0]
+    for other in parsed[1:]:
+        merged = _merge_two(merged, other)
+    return merged
+
+
+def _merge_two(a: ReaderState, b: ReaderState) -> ReaderState:
+    if a.plan is None:
+        return b
+    if b.plan is None:
+        return a
+    for name in ("table", "version", "segment", "config", "plan", "layouts"):
+        if getattr(a, name) != getattr(b, name):
+            raise StateMismatchError(
+                f"cannot merge reader states with different {name}: "
+                f"{getattr(a, name)!r} vs {getattr(b, name)!r}"
+            )
+    slices = list(a.slices)
+    for g, pos in enumerate(b.slices):
+        if pos is None:
+            continue
+        if slices[g] is not None and slices[g] != pos:
+            raise StateMismatchError(f"two reader states disagree on slice {g}: "
+                                     f"{slices[g]} vs {pos}")
+        slices[g] = pos
+    return replace(a, slices=tuple(slices))
+
+
+def states_from_loader(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The dataset states inside a torchdata ``StatefulDataLoader.state_dict()``.
+
+    Works for ``num_workers=0`` (one state) and for worker processes (one per worker).
+    """
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is not None:
+        workers = snapshot.get("_worker_snapshots", {})
+        found = [w.get("dataset_state") for _, w in sorted(workers.items())]
+    else:
+        found = [loader_state.get("dataset_state")]
+    states = [s for s in found if s is not None]
+    if not states:
+        raise StateMismatchError(
+            "the DataLoader state holds no LakeDataset state: was it taken from a "
+            "StatefulDataLoader over a LakeDataset?"
+        )
+    return states
+
+
+def encode_state(state: Mapping[str, Any] | ReaderState) -> str:
+    """Compact text form for the ledger: compressed JSON, base64."""
+    data = state.to_dict() if isinstance(state, ReaderState) else dict(state)
+    raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    return _ENCODED_PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode()
+
+
+def decode_state(text: str) -> dict[str, Any]:
+    """Inverse of :func:`encode_state`.
+
+    Raises:
+        StateMismatchError: not an encoded reader state, or damaged.
+    """
+    if not text.startswith(_ENCODED_PREFIX):
+        raise StateMismatchError(f"not an encoded reader state (expected prefix "
+                                 f"{_ENCODED_PREFIX!r}): {text[:20]!r}")
+    try:
+        value = json.loads(zlib.decompress(base64.b64decode(text[len(_ENCODED_PREFIX):])))
+    except (ValueError, zlib.error) as exc:
+        raise StateMismatchError(f"encoded reader state is damaged: {exc}") from exc
+    if not isinstance(value, dict):
+        raise StateMismatchError("encoded reader state does not hold a JSON object")
+    return value

@@ -1,0 +1,49 @@
+"""Collectives for the checkpoint protocol over torch.distributed, or a world of one.
+
+The protocol runs on its own gloo group: metadata travels as Python objects (gloo handles them on
+CPU whatever the training backend is), and a background async save never shares a group with
+training collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+__all__ = ["World"]
+
+T = TypeVar("T")
+
+
+class World:
+    """This process's place among the ranks; collective methods must be called by all ranks."""
+
+    def __init__(self) -> None:
+        self.distributed = dist.is_available() and dist.is_initialized()
+        if self.distributed:
+            self.rank = dist.get_rank()
+            self.size = dist.get_world_size()
+            self.group: Any = dist.new_group(backend="gloo")
+        else:
+            self.rank, self.size, self.group = 0, 1, None
+
+    def gather(self, value: T) -> list[T]:
+        """Every rank's ``value``, on every rank, in rank order."""
+        if not self.distributed:
+            return [value]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, value, group=self.group)
+        return out
+
+    def broadcast(self, value: T) -> T:
+        """Rank 0's ``value`` on every rank."""
+        if not self.distributed:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.group)

@@ -1,0 +1,501 @@
+"""``CheckpointManager``: model, optimizer, RNG and reader position, visible all at once or not at all.
+
+NOTE [ two-phase commit ]
+Phase 1, prepare (every rank): write the model/optimizer shard with torch.distributed.checkpoint
+into a directory unique to this attempt, capture the reader state and the rows consumed since
+the previous checkpoint, checksum the files written, and report success or failure.
+Phase 2, commit (rank 0): only if every rank prepared, make ONE ledger commit holding the
+checkpoint record (with the merged reader state of all ranks and workers) and all consumption
+records; then tell every rank the outcome. A directory the ledger does not name is not a
+checkpoint: a crash at any instant leaves the previous or the new checkpoint as the latest, and
+``gc`` removes the orphans. With ``async_save=True`` the files are written in the background
+and the commit happens at the next ``save`` (or ``wait``), so training overlaps the write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from lakeckpt_tables import errors
+from lakeckpt_tables.checkpoint._faults import crash_point
+from lakeckpt_tables.checkpoint._world import World
+from lakeckpt_tables.checkpoint.consumption import Consumed, consumed_between, rebase
+from lakeckpt_tables.checkpoint.manifest import checksum_files, verify_manifest
+from lakeckpt_tables.errors import CheckpointError, StateMismatchError
+from lakeckpt_tables.ledger import (
+    CheckpointRecord,
+    ConsumptionRecord,
+    Ledger,
+    LedgerEvent,
+    open_ledger,
+)
+from lakeckpt_tables.reader.dataset import LakeDataset
+from lakeckpt_tables.reader.state import (
+    ReaderState,
+    decode_state,
+    encode_state,
+    merge_states,
+    states_from_loader,
+)
+
+__all__ = ["CheckpointManager"]
+
+log = logging.getLogger(__name__)
+
+MODEL = "model"
+OPTIMIZER = "optimizer"
+LR_SCHEDULER = "lr_scheduler"
+EXTRA = "extra"
+_METADATA = ".metadata"
+
+
+def _rank_key(rank: int) -> str:
+    # DCP keeps ONE copy of a non-tensor value saved under the same key on every rank, so
+    # per-rank values (RNG, reader state) live under rank-specific keys.
+    return f"rank{rank}"
+
+
+class _Writer(dcp.FileSystemWriter):
+    """DCP's file writer with a crash point between the data files and ``.metadata``."""
+
+    def __init__(self, path: str, rank: int) -> None:
+        super().__init__(path)
+        self._rank = rank
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        crash_point("prepare:mid_write", self._rank)
+        super().finish(metadata, results)
+
+
+@dataclass
+class _Prepared:
+    """One rank's outcome of phase 1."""
+
+    ok: bool
+    error: str = ""
+    error_type: str = ""
+    manifest: dict[str, Any] = field(default_factory=dict)
+    reader: dict[str, Any] | None = None
+    consumed: list[Consumed] = field(default_factory=list)
+
+
+@dataclass
+class _Attempt:
+    step: int
+    checkpoint_id: str
+    location: str
+    tags: tuple[str, ...]
+    prepared: _Prepared
+    future: Future[Any] | None = None
+
+
+class CheckpointManager:
+    """Saves and restores checkpoints of one run, committed through a ledger.
+
+    Every method is collective: call it on all ranks (a process without torch.distributed is a
+    world of one).
+
+    Args:
+        root: directory holding the run's checkpoints (``<root>/<run_id>/step-...``).
+        run_id: the run; a ledger holds many runs.
+        ledger: a :class:`~lakeckpt_tables.ledger.Ledger`, a spec for
+            :func:`~lakeckpt_tables.ledger.open_ledger` (``"delta:<uri>"``,
+            ``"iceberg:<namespace.table>"``), or None for a Delta ledger at ``<root>/_ledger``.
+        keep_last: committed checkpoints whose model files are kept (tagged ones always are).
+        async_save: write model files in the background; the checkpoint is committed at the
+            next :meth:`save` or at :meth:`wait`.
+        config: the run configuration; its hash is recorded with every checkpoint.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        run_id: str,
+        *,
+        ledger: Ledger | str | None = None,
+        keep_last: int = 3,
+        async_save: bool = False,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not run_id or "/" in run_id:
+            raise ValueError(f"run_id must be a non-empty name without '/', got {run_id!r}")
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.root = os.fspath(root)
+        self.run_id = run_id
+        self.keep_last = keep_last
+        self.async_save = async_save
+        self.world = World()
+        self.ledger = open_ledger(ledger, root=self.root) if self.world.rank == 0 else None
+        self.config_hash = _config_hash(config or {})
+        self._started = time.monotonic()
+        self._baseline: ReaderState | None = None
+        self._parent: str | None = None
+        self._pending: _Attempt | None = None
+
+    # --------------------------------------------------------------------------- save
+
+    def save(
+        self,
+        step: int,
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: Any = None,
+        dataloader: Any = None,
+        extra: Mapping[str, Any] | None = None,
+        tags: Sequence[str] = (),
+    ) -> CheckpointRecord | None:
+        """Checkpoint ``step`` on every rank; committed now, or at the next save when async.
+
+        Args:
+            step: training step; strictly increasing within the run.
+            model, optimizer, lr_scheduler: saved through torch.distributed.checkpoint.
+            dataloader: a torchdata ``StatefulDataLoader`` over a :class:`LakeDataset`.
+            extra: any other state (same on every rank).
+            tags: labels kept with the checkpoint; tagged checkpoints survive retention.
+
+        Returns:
+            The committed record, or None when ``async_save`` defers the commit.
+
+        Raises:
+            CheckpointError: some rank failed to prepare; nothing became visible.
+            CommitConflictError: another job committed to this run first.
+        """
+        self.wait()
+        checkpoint_id = self.world.broadcast(uuid.uuid4().hex)
+        location = f"{self.run_id}/step-{step:09d}-{checkpoint_id[:8]}"
+        prepared, future = self._prepare(location, model, optimizer, lr_scheduler,
+                                         dataloader, extra)
+        attempt = _Attempt(step, checkpoint_id, location, tuple(tags), prepared, future)
+        if future is not None:
+            self._pending = attempt
+            return None
+        return self._commit(attempt)
+
+    def wait(self) -> CheckpointRecord | None:
+        """Finish and commit a pending async save (collective); None if there is none."""
+        attempt, self._pending = self._pending, None
+        if attempt is None:
+            return None
+        if attempt.future is not None and attempt.prepared.ok:
+            try:
+                attempt.future.result()
+                attempt.prepared.manifest = self._checksums(attempt.location)
+            except Exception as exc:  # reported to every rank by the commit phase
+                attempt.prepared = _failed(exc)
+        return self._commit(attempt)
+
+    def _prepare(self, location: str, model: Any, optimizer: Any, lr_scheduler: Any,
+                 dataloader: Any, extra: Any) -> tuple[_Prepared, Future[Any] | None]:
+        rank = self.world.rank
+        try:
+            crash_point("prepare:before_write", rank)
+            reader, consumed = self._capture_reader(dataloader)
+            state = self._state_dict(model, optimizer, lr_scheduler, extra, reader)
+            path = os.path.join(self.root, location)
+            writer = _Writer(path, rank)
+            if self.async_save:
+                future = dcp.async_save(state, storage_writer=writer, process_group=self.world.group,
+                                        no_dist=not self.world.distributed)
+                return _Prepared(True, reader=reader, consumed=consumed), future
+            dcp.save(state, storage_writer=writer, process_group=self.world.group,
+                     no_dist=not self.world.distributed)
+            manifest = self._checksums(location)
+            crash_point("prepare:after_write", rank)
+            return _Prepared(True, manifest=manifest, reader=reader, consumed=consumed), None
+        except Exception as exc:
+            log.exception("rank %d failed to prepare checkpoint %s", rank, location)
+            return _failed(exc), None
+
+    def _capture_reader(self, dataloader: Any) -> tuple[dict[str, Any] | None, list[Consumed]]:
+        if dataloader is None:
+            return None, []
+        dataset = _lake_dataset(dataloader)
+        state = merge_states(states_from_loader(dataloader.state_dict()))
+        if state.plan is None:  # nothing iterated yet
+            return state.to_dict(), []
+        before = None if self._baseline is None else rebase(self._baseline, state.plan,
+                                                            dataset.snapshot.units)
+        return state.to_dict(), consumed_between(dataset.snapshot.units, before, state)
+
+    def _state_dict(self, model: Any, optimizer: Any, lr_scheduler: Any, extra: Any,
+                    reader: dict[str, Any] | None) -> dict[str, Any]:
+        state: dict[str, Any] = {_rank_key(self.world.rank): {
+            "rng": _rng_state(), "reader": json.dumps(reader)}}
+        if model is not None:
+            state[MODEL] = get_model_state_dict(model)
+        if optimizer is not None:
+            if model is None:
+                raise CheckpointError("saving an optimizer needs its model (model=...)")
+            state[OPTIMIZER] = get_optimizer_state_dict(model, optimizer)
+        if lr_scheduler is not None:
+            state[LR_SCHEDULER] = lr_scheduler.state_dict()
+        if extra is not None:
+            state[EXTRA] = dict(extra)
+        return state
+
+    def _checksums(self, location: str) -> dict[str, Any]:
+        """This rank's files: its DCP data files, and ``.metadata`` on rank 0."""
+        path = os.path.join(self.root, location)
+        prefix = f"__{self.world.rank}_"
+        names = [n for n in os.listdir(path) if n.startswith(prefix)]
+        if self.world.rank == 0:
+            names.append(_METADATA)
+        return checksum_files(path, names)
+
+    def _commit(self, attempt: _Attempt) -> CheckpointRecord:
+        reports = self.world.gather(attempt.prepared)
+        outcome: tuple[str, Any] = ("abort", ("CheckpointError", "no outcome"))
+        if self.world.rank == 0:
+            outcome = self._decide(attempt, reports)
+        outcome = self.world.broadcast(outcome)
+        if outcome[0] != "ok":
+            error_type, message = outcome[1]
+            raise getattr(errors, error_type, CheckpointError)(message)
+        record: CheckpointRecord = outcome[1]
+        self._baseline = ReaderState.from_dict(decode_state(record.reader_state)) \
+            if record.reader_state else self._baseline
+        self._parent = record.checkpoint_id
+        if self.world.rank == 0:
+            self._retire_old()
+        return record
+
+    def _decide(self, attempt: _Attempt, reports: list[_Prepared]) -> tuple[str, Any]:
+        """Rank 0: commit if every rank prepared (the commit point), else abort."""
+        failed = [(r, p) for r, p in enumerate(reports) if not p.ok]
+        if failed:
+            shutil.rmtree(os.path.join(self.root, attempt.location), ignore_errors=True)
+            detail = "; ".join(f"rank {r}: {p.error}" for r, p in failed)
+            return "abort", ("CheckpointError",
+                             f"checkpoint of run {self.run_id} at step {attempt.step} aborted, "
+                             f"nothing was committed: {detail}")
+        try:
+            record, consumption = self._records(attempt, reports)
+            crash_point("commit:before", 0)
+            assert self.ledger is not None
+            committed = self.ledger.commit(record, consumption)
+            crash_point("commit:after", 0)
+            return "ok", committed
+        except errors.LakeckptError as exc:
+            return "abort", (type(exc).__name__, str(exc))
+        except Exception as exc:
+            log.exception("ledger commit of run %s step %d failed", self.run_id, attempt.step)
+            return "abort", ("CheckpointError", f"ledger commit of run {self.run_id} step "
+                                                f"{attempt.step} failed: {exc!r}")
+
+    def _records(self, attempt: _Attempt,
+                 reports: list[_Prepared]) -> tuple[CheckpointRecord, list[ConsumptionRecord]]:
+        manifest: dict[str, Any] = {}
+        for report in reports:
+            manifest.update(report.manifest)
+        readers = [r.reader for r in reports if r.reader is not None]
+        reader = merge_states(readers) if readers else None
+        if reader is not None and reader.plan is not None and not reader.complete:
+            raise CheckpointError(f"run {self.run_id} step {attempt.step}: the ranks' reader "
+                                  "states do not cover every rank and worker")
+        consumption = [ConsumptionRecord(c.rank, c.worker, c.segment, c.epoch, c.file,
+                                         c.row_group, c.row_start, c.row_end, rows=c.rows)
+                       for report in reports for c in report.consumed]
+        record = CheckpointRecord(
+            run_id=self.run_id, checkpoint_id=attempt.checkpoint_id, step=attempt.step,
+            parent_id=self._parent, model_location=attempt.location, manifest=manifest,
+            reader_state=encode_state(reader) if reader is not None else "",
+            source=None if reader is None else reader.table,
+            source_version=None if reader is None else reader.version,
+            world_size=self.world.size, tags=attempt.tags, config_hash=self.config_hash,
+            wall_time_s=time.monotonic() - self._started)
+        return record, consumption
+
+    # ------------------------------------------------------------------------ restore
+
+    def restore(
+        self,
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: Any = None,
+        dataloader: Any = None,
+        extra: dict[str, Any] | None = None,
+        step: int | None = None,
+        tag: str | None = None,
+    ) -> int | None:
+        """Load the run's latest committed checkpoint that verifies (or the one asked for).
+
+        A checkpoint whose files fail verification is skipped for the newest earlier one that
+        verifies; the fallback is logged and recorded in the ledger. Call before iterating the
+        dataloader. ``extra``, if given, is filled in place.
+
+        Returns:
+            The restored step, or None for a fresh run.
+
+        Raises:
+            CheckpointError: ``step``/``tag`` names no committed checkpoint, or none verifies.
+            StateMismatchError: the checkpoint's reader state is of another table or config.
+        """
+        self.wait()
+        choice = self.world.broadcast(self._choose(step, tag) if self.world.rank == 0 else None)
+        if isinstance(choice, tuple):
+            raise CheckpointError(choice[1])
+        if choice is None:
+            return None
+        record: CheckpointRecord = choice
+        self._load_files(record, model, optimizer, lr_scheduler, extra)
+        if dataloader is not None and record.reader_state:
+            state = ReaderState.from_dict(decode_state(record.reader_state))
+            _lake_dataset(dataloader).load_state_dict(state.to_dict())
+            self._baseline = state
+        self._parent = record.checkpoint_id
+        return record.step
+
+    def _choose(self, step: int | None, tag: str | None) -> CheckpointRecord | tuple[str, str] | None:
+        assert self.ledger is not None
+        records = [r for r in self.ledger.checkpoints(self.run_id)
+                   if (step is None or r.step == step) and (tag is None or tag in r.tags)]
+        if not records:
+            if step is None and tag is None:
+                return None
+            return "error", (f"run {self.run_id} has no committed checkpoint with step={step} "
+                             f"tag={tag} in {self.ledger.describe()}")
+        skipped = []
+        for record in reversed(records):
+            path = os.path.join(self.root, record.model_location)
+            if not os.path.isdir(path):
+                continue  # retired by retention
+            problems = verify_manifest(path, dict(record.manifest))
+            if not problems:
+                if skipped:
+                    self._record_fallback(record, skipped)
+                return record
+            log.warning("checkpoint %s (step %d) of run %s fails verification: %s",
+                        record.checkpoint_id, record.step, self.run_id, "; ".join(problems))
+            skipped.append({"checkpoint_id": record.checkpoint_id, "step": record.step,
+                            "problems": problems})
+        return "error", (f"no checkpoint of run {self.run_id} verifies: {skipped}")
+
+    def _record_fallback(self, chosen: CheckpointRecord, skipped: list[dict[str, Any]]) -> None:
+        log.warning("run %s: restoring step %d (%s) instead of newer checkpoints that fail "
+                    "verification: %s", self.run_id, chosen.step, chosen.checkpoint_id,
+                    [s["step"] for s in skipped])
+        assert self.ledger is not None
+        self.ledger.record_events(self.run_id, [LedgerEvent("restore_fallback", {
+            "restored": chosen.checkpoint_id, "step": chosen.step, "skipped": skipped})])
+
+    def _load_files(self, record: CheckpointRecord, model: Any, optimizer: Any,
+                    lr_scheduler: Any, extra: dict[str, Any] | None) -> None:
+        rank = self.world.rank
+        state: dict[str, Any] = {}
+        own = rank < record.world_size
+        if own:
+            state[_rank_key(rank)] = {"rng": _rng_state(), "reader": ""}
+        if model is not None:
+            state[MODEL] = get_model_state_dict(model)
+        if optimizer is not None:
+            state[OPTIMIZER] = get_optimizer_state_dict(model, optimizer)
+        if lr_scheduler is not None:
+            state[LR_SCHEDULER] = lr_scheduler.state_dict()
+        if extra is not None:
+            state[EXTRA] = extra
+        dcp.load(state, checkpoint_id=os.path.join(self.root, record.model_location),
+                 process_group=self.world.group, no_dist=not self.world.distributed)
+        if model is not None:
+            set_model_state_dict(model, state[MODEL])
+        if optimizer is not None:
+            set_optimizer_state_dict(model, optimizer, state[OPTIMIZER])
+        if lr_scheduler is not None:
+            lr_scheduler.load_state_dict(state[LR_SCHEDULER])
+        if extra is not None:
+            extra.update(state[EXTRA])
+        if own:
+            _set_rng_state(state[_rank_key(rank)]["rng"])
+
+    # ---------------------------------------------------------------------- retention
+
+    def checkpoints(self) -> list[CheckpointRecord]:
+        """This run's committed checkpoints, oldest first (rank 0 reads the ledger)."""
+        records = self.ledger.checkpoints(self.run_id) if self.ledger is not None else None
+        return list(self.world.broadcast(records) or [])
+
+    def _retire_old(self) -> None:
+        assert self.ledger is not None
+        records = self.ledger.checkpoints(self.run_id)
+        untagged = [r for r in records if not r.tags]
+        for record in untagged[: max(len(untagged) - self.keep_last, 0)]:
+            shutil.rmtree(os.path.join(self.root, record.model_location), ignore_errors=True)
+
+    def gc(self) -> list[str]:
+        """Remove model files no retained committed checkpoint needs (collective).
+
+        Removes directories of aborted attempts (never committed) and of checkpoints beyond
+        ``keep_last`` that carry no tag. Never touches a directory a retained checkpoint names.
+
+        Returns:
+            The directories removed (on rank 0; empty elsewhere).
+        """
+        self.wait()
+        removed: list[str] = []
+        if self.world.rank == 0:
+            assert self.ledger is not None
+            self._retire_old()
+            keep = {r.model_location for r in self.ledger.checkpoints(self.run_id)}
+            run_dir = os.path.join(self.root, self.run_id)
+            for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
+                location = f"{self.run_id}/{name}"
+                if location not in keep:
+                    shutil.rmtree(os.path.join(self.root, location), ignore_errors=True)
+                    removed.append(location)
+        self.world.barrier()
+        return removed
+
+
+def _failed(exc: BaseException) -> _Prepared:
+    return _Prepared(False, error=f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+
+
+def _lake_dataset(dataloader: Any) -> LakeDataset:
+    dataset = getattr(dataloader, "dataset", None)
+    if not isinstance(dataset, LakeDataset):
+        raise StateMismatchError(
+            f"dataloader must be a StatefulDataLoader over a LakeDataset, got {dataloader!r}")
+    if getattr(dataloader, "batch_size", None) is not None:
+        raise CheckpointError("create the StatefulDataLoader with batch_size=None: "
+                              "LakeDataset yields whole batches")
+    return dataset
+
+
+def _config_hash(config: Mapping[str, Any]) -> str:
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+

@@ -127,6 +127,7 @@ class LakeDataset(IterableDataset[Batch]):
         self._row_groups = np.array([u.row_group for u in units], dtype=np.int64)
         self._unit_rows = np.array([u.rows for u in units], dtype=np.int64)
         self._resume: ReaderState | None = None
+        self._resume_own = False  # the state was handed to this DataLoader worker by torchdata
         self._cursor: _Cursor | None = None
         self._files: dict[str, Any] = {}
 
@@ -177,6 +178,7 @@ class LakeDataset(IterableDataset[Batch]):
             parsed = ReaderState.from_dict(state_dict)
         self._check_compatible(parsed)
         self._resume = parsed if parsed.plan is not None else None
+        self._resume_own = get_worker_info() is not None
         self._cursor = None
 
     def _check_compatible(self, state: ReaderState) -> None:
@@ -213,12 +215,9 @@ class LakeDataset(IterableDataset[Batch]):
         if resume is None or resume.plan is None:
             return _Cursor(g, shape, {}, 0, 0)
         if resume.plan == shape:
-            pos = resume.slices[g]
-            if pos is None:
-                raise StateMismatchError(
-                    f"reader state has no position for rank {self.rank} worker {worker}; load "
-                    "the merged state of all workers (merge_states) or the loader's state")
-            return _Cursor(g, shape, dict(resume.layouts), pos[0], pos[1])
+            g = self._resumed_slice(resume, shape, worker)
+            epoch, position = resume.slices[g] or (0, 0)
+            return _Cursor(g, shape, dict(resume.layouts), epoch, position)
         if not resume.complete:
             raise StateMismatchError(
                 f"reader state was saved with (world_size, workers, batch_size)={resume.plan}, "
@@ -227,6 +226,62 @@ class LakeDataset(IterableDataset[Batch]):
         first, layouts = replan(self._unit_rows, self._policy(resume.plan), resume.layouts,
                                 resume.positions())
         return _Cursor(g, shape, layouts, first, 0)
+
+    def _resumed_slice(self, resume: ReaderState, shape: PlanShape, worker: int) -> int:
+        """The slice DataLoader worker ``worker`` continues when resuming at the same shape.
+
+        NOTE [ worker rotation ]
+        A DataLoader polls its workers round-robin, skipping exhausted ones, from worker 0 in a
+        fresh loader. torchdata's own ``load_state_dict`` restores where the round-robin stood
+        and hands every worker its own state: such a worker keeps the slice it holds. A state
+        loaded into the dataset carries no round-robin position, so there worker 0 takes the
+        slice the old loader would have polled next, worker 1 the one after, and so on: the
+        rank's batch order stays that of an uninterrupted run.
+        """
+        workers = shape[1]
+        mine = range(self.rank * workers, (self.rank + 1) * workers)
+        held = [g for g in mine if resume.slices[g] is not None]
+        if self._resume_own and len(held) == 1:
+            return held[0]
+        if len(held) != workers:
+            raise StateMismatchError(
+                f"reader state has no position for rank {self.rank} worker(s) "
+                f"{[g - mine[0] for g in mine if g not in held]}; load the merged state of all "
+                "workers (merge_states) or the loader's state")
+        return mine[(worker + self._next_in_turn(resume, shape)) % workers]
+
+    def _next_in_turn(self, resume: ReaderState, shape: PlanShape) -> int:
+        """Which of this rank's workers the old loader would have polled next."""
+        workers = shape[1]
+        if workers == 1:
+            return 0
+        # Every slice of the rank started together at the origin: the pass start, or the
+        # first epoch of the last elastic re-plan. Count batches yielded and due since then.
+        origin = min(resume.layouts, default=0)
+        cursor = _Cursor(0, shape, dict(resume.layouts), origin, 0)
+        plans = [self._epoch_plan(cursor, e) for e in range(origin, self.epochs)]
+        done, due = [], []
+        for g in range(self.rank * workers, (self.rank + 1) * workers):
+            epoch, position = resume.slices[g] or (origin, 0)
+            d = n = 0
+            for plan in plans:
+                count = plan.batch_count(g)
+                n += count
+                if plan.epoch < epoch:
+                    d += count
+                elif plan.epoch == epoch:
+                    d += int(np.searchsorted(plan.batch_ends(g), position, side="right"))
+            done.append(d)
+            due.append(n)
+        # Round j polls, in worker order, every worker with more than j batches: the workers
+        # that yielded the most form a prefix of the current round, the last of them went last.
+        most = max(done)
+        last = max(i for i, d in enumerate(done) if d == most) if most else -1
+        for step in range(1, workers + 1):
+            i = (last + step) % workers
+            if done[i] < due[i]:
+                return i
+        return 0
 
     def _epoch_plan(self, cursor: _Cursor, epoch: int) -> EpochPlan:
         return EpochPlan(self._unit_rows, self._policy(cursor.shape), epoch=epoch,

@@ -106,8 +106,15 @@ class Piece:
 
     @classmethod
     def plain(cls, spans: Sequence[Span]) -> Piece:
-        spans = tuple((a, b) for a, b in spans if b > a)
-        return cls(spans, None, 0, sum(b - a for a, b in spans))
+        merged: list[Span] = []  # adjacent spans merged: same rows, smaller state
+        for a, b in spans:
+            if b <= a:
+                continue
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        return cls(tuple(merged), None, 0, sum(b - a for a, b in merged))
 
     @property
     def size(self) -> int:
@@ -315,13 +322,23 @@ class EpochPlan:
         return out
 
     def remaining(self, g: int, position: int) -> list[Piece]:
-        """What slice ``g`` has not delivered after ``position`` rows, as pieces."""
+        """What slice ``g`` has not delivered after ``position`` rows, as pieces.
+
+        The rest of a begun window keeps its permutation; whole windows not begun come back
+        plain (their rows in base order), so that neighbours coalesce and a re-plan's layout
+        grows with the number of slices, not with the number of windows (reader state size).
+        """
         out = []
         offset = 0
         for window in self.windows(g):
             end = offset + window.size
             if end > position:
-                out.append(window.cut(max(position - offset, 0), window.size))
+                start = max(position - offset, 0)
+                whole = window.lo == 0 and window.hi == sum(b - a for a, b in window.spans)
+                if start == 0 and whole:
+                    out.append(Piece.plain(window.spans))
+                else:
+                    out.append(window.cut(start, window.size))
             offset = end
         return out
 
@@ -347,13 +364,16 @@ def replan(
         segment: segment index.
 
     Returns:
-        The epoch to start at, and a layout for every epoch some slice had begun.
+        The epoch to start at, and a layout for every epoch some slice had begun (now or
+        under an older shape).
     """
     if len(positions) != old.slices:
         raise ValueError(f"{len(positions)} positions for {old.slices} slices")
     first = min(e for e, _ in positions)
     last = max(e for e, _ in positions)
-    new_layouts: dict[int, tuple[Piece, ...]] = {}
+    # An epoch past every slice's position may still carry the layout of an earlier re-plan
+    # (some slice of an older shape had begun it): keep it, or its delivered rows come back.
+    new_layouts = {e: tuple(ps) for e, ps in layouts.items() if e > last}
     for epoch in range(first, last + 1):
         plan = EpochPlan(unit_rows, old, segment=segment, epoch=epoch, layout=layouts.get(epoch))
         pieces: list[Piece] = []

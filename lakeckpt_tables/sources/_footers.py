@@ -7,6 +7,7 @@ size, as a cheap guard) makes re-resolving a table, or following it, cost only t
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +48,10 @@ def open_parquet(path: str) -> pq.ParquetFile:
 
 
 def _read_footer(path: str) -> FileFooter:
-    meta = open_parquet(path).metadata
+    try:
+        meta = open_parquet(path).metadata
+    except FileNotFoundError as exc:  # pyarrow leaves ``filename`` unset: callers name the file
+        raise FileNotFoundError(errno.ENOENT, "no such data file", path) from exc
     rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     names = tuple(meta.schema.to_arrow_schema().names)
     return FileFooter(path, rows, names)

@@ -1,0 +1,73 @@
+"""The ledger: a sidecar table where a checkpoint exists once, and only once, it is committed.
+
+One flat table (:mod:`lakeckpt_tables.ledger.schema`) holds checkpoint, consumption and event
+rows, so that a checkpoint and everything its ranks consumed land in one atomic commit: the
+commit point of the checkpoint two-phase commit. Two backends implement the same
+:class:`Ledger` contract: :class:`DeltaLedger` (the default, next to the checkpoints) and
+:class:`IcebergLedger` (in a catalog, where audits can find it).
+"""
+
+from __future__ import annotations
+
+from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.ledger.base import Ledger
+from lakeckpt_tables.ledger.delta import DeltaLedger
+from lakeckpt_tables.ledger.iceberg import IcebergLedger
+from lakeckpt_tables.ledger.records import (
+    CheckpointRecord,
+    ConsumptionRecord,
+    FileDigest,
+    LedgerEvent,
+)
+from lakeckpt_tables.ledger.schema import LEDGER_FORMAT_VERSION, LEDGER_SCHEMA
+
+__all__ = [
+    "DEFAULT_LEDGER_DIR",
+    "LEDGER_FORMAT_VERSION",
+    "LEDGER_SCHEMA",
+    "CheckpointRecord",
+    "ConsumptionRecord",
+    "DeltaLedger",
+    "FileDigest",
+    "IcebergLedger",
+    "Ledger",
+    "LedgerEvent",
+    "open_ledger",
+]
+
+DEFAULT_LEDGER_DIR = "_ledger"
+"""Directory of the default Delta ledger, under the checkpoint root."""
+
+
+def open_ledger(spec: str | Ledger | None, *, root: str) -> Ledger:
+    """Open (creating if needed) the ledger a run is configured with.
+
+    Args:
+        spec: None for the default Delta ledger under ``root``; ``"delta:<uri>"``;
+            ``"iceberg:<namespace.table>"`` in the default catalog; or a ready ledger,
+            returned as is.
+        root: the checkpoint root, where the default ledger lives.
+
+    Returns:
+        The ledger.
+
+    Raises:
+        LedgerError: the spec is not one of the forms above, or the table is not a ledger of
+            this format version.
+    """
+    if spec is None:
+        return DeltaLedger(f"{root.rstrip('/')}/{DEFAULT_LEDGER_DIR}")
+    if not isinstance(spec, str):
+        return spec
+    kind, _, target = spec.partition(":")
+    if kind == "delta" and target:
+        return DeltaLedger(target)
+    if kind == "iceberg" and target:
+        from lakeckpt_tables.sources.iceberg import default_catalog
+
+        return IcebergLedger(target, catalog=default_catalog())
+    raise LedgerError(
+        f"ledger spec {spec!r} is not understood: use 'delta:<uri>', "
+        "'iceberg:<namespace.table>', or leave it unset for the Delta ledger under the "
+        "checkpoint root"
+    )

@@ -14,10 +14,12 @@ snapshot, or two committers of one run could both pass the check:
    by the catalog under its compare-and-swap). Concurrent commits of *other* runs or events are
    rebased by the table format and both land.
 3. If the commit lost a race it certainly did not land: go back to 1, which now sees the
-   winner and settles against it.
+   winner and settles against it, and commit the same prepared files again if still allowed.
 
-An error that leaves the outcome unknown becomes :class:`CommitStateUnknownError`; since
-commits are idempotent, retrying the same commit is the way to find out.
+The data files written for a commit are deleted only when it certainly did not land (a
+conflict, or a retry that found the checkpoint stored). An error that leaves the outcome
+unknown becomes :class:`CommitStateUnknownError` and leaves the files, which a landed commit
+may name; since commits are idempotent, committing the same checkpoint again finds out.
 """
 
 from __future__ import annotations
@@ -25,28 +27,40 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from lakeckpt_tables.errors import CommitConflictError
+from lakeckpt_tables.errors import CommitConflictError, CommitStateUnknownError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.records import (
     CheckpointRecord,
     ConsumptionRecord,
     LedgerEvent,
     checkpoints_from_arrow,
+    commit_rows,
+    event_rows,
 )
 
-__all__ = ["COMMIT_ATTEMPTS", "Ledger", "LedgerBase", "now_utc", "settle"]
+__all__ = [
+    "COMMIT_ATTEMPTS",
+    "Ledger",
+    "LedgerBase",
+    "Prepared",
+    "now_utc",
+    "outcome_unknown",
+    "settle",
+]
 
 COMMIT_ATTEMPTS = 5
 """How many times a commit that lost a race is settled and tried again before giving up."""
 
+Prepared = TypeVar("Prepared")
+"""What a backend's phase 1 wrote (data files), handed to its phase 2 and to its cleanup."""
 
-@runtime_checkable
+
 class Ledger(Protocol):
     """A sidecar table of checkpoints, consumption and events, committed atomically."""
 
@@ -91,9 +105,7 @@ class Ledger(Protocol):
         """The whole ledger table, in :data:`LEDGER_SCHEMA`."""
         ...
 
-    def consumption(
-        self, run_id: str | None = None, checkpoint_id: str | None = None
-    ) -> pa.Table:
+    def consumption(self, run_id: str | None = None, checkpoint_id: str | None = None) -> pa.Table:
         """Consumption rows, optionally of one run and/or checkpoint, in CONSUMPTION_COLUMNS."""
         ...
 
@@ -106,11 +118,14 @@ class Ledger(Protocol):
         ...
 
 
-class LedgerBase(abc.ABC):
-    """Read side of a ledger, built on one backend primitive: a filtered read of the table.
+class LedgerBase(abc.ABC, Generic[Prepared]):
+    """The ledger contract implemented once, on a few backend primitives.
 
-    Also holds the lock that makes one ledger object safe to share between threads; separate
-    objects (or processes) on the same table are kept apart by the table format's commits.
+    A backend says how to refresh its table handle, read rows, find a run's last step cheaply,
+    write data files (phase 1, invisible: the :data:`Prepared` value names them), commit them
+    (phase 2) and discard them; the commit protocol of NOTE [ ledger commit protocol ] lives
+    here. The lock makes one ledger object safe to share between threads; separate objects
+    (or processes) on one table are kept apart by the table format's commits.
     """
 
     def __init__(self) -> None:
@@ -121,19 +136,106 @@ class LedgerBase(abc.ABC):
         """Where the ledger lives, for error messages."""
 
     @abc.abstractmethod
-    def _scan(
+    def compact(self) -> None:
+        """Maintenance: merge the small files that one commit per checkpoint leaves behind."""
+
+    # -- backend primitives ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _refresh(self) -> None:
+        """Move the table handle to the newest snapshot."""
+
+    @abc.abstractmethod
+    def _read(
         self,
         *,
         record: str | None = None,
         run_id: str | None = None,
         checkpoint_id: str | None = None,
     ) -> pa.Table:
-        """Rows of the newest snapshot matching every filter given, in LEDGER_SCHEMA."""
+        """Rows of the handle's snapshot (no refresh) matching every filter given."""
+
+    @abc.abstractmethod
+    def _last_step(self, run_id: str) -> int | None:
+        """The run's last committed step in the handle's snapshot; None if it has none."""
+
+    @abc.abstractmethod
+    def _prepare(self, rows: pa.Table) -> Prepared:
+        """Phase 1: write the rows as data files that no snapshot names yet."""
+
+    @abc.abstractmethod
+    def _publish(
+        self, prepared: Prepared, *, run_id: str, checkpoint: CheckpointRecord | None
+    ) -> bool:
+        """Phase 2: one commit adding the prepared files, based on the handle's snapshot.
+
+        A checkpoint commit must fail if anything of its run was committed after that
+        snapshot; an events commit (``checkpoint`` None) is rebased like any append.
+
+        Returns:
+            True if the commit landed, False if it certainly did not (it lost a race).
+
+        Raises:
+            CommitStateUnknownError: nobody knows whether it landed.
+        """
+
+    @abc.abstractmethod
+    def _discard(self, prepared: Prepared) -> None:
+        """Delete prepared files that certainly no commit names."""
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def commit(
+        self,
+        checkpoint: CheckpointRecord,
+        consumption: Sequence[ConsumptionRecord] = (),
+        events: Sequence[LedgerEvent] = (),
+    ) -> CheckpointRecord:
+        """Commit a checkpoint with its consumption and events in one atomic commit.
+
+        See :meth:`Ledger.commit` and NOTE [ ledger commit protocol ].
+        """
+        with self._lock:
+            self._refresh()
+            stored = self._settle(checkpoint)
+            if stored is not None:
+                return stored
+            record = replace(checkpoint, committed_at=now_utc())
+            prepared = self._prepare(commit_rows(record, consumption, events))
+            try:
+                stored = self._publish_settled(record, prepared)
+            except CommitConflictError:
+                self._discard(prepared)
+                raise
+            if stored is not None:
+                self._discard(prepared)
+                return stored
+            return record
+
+    def record_events(self, run_id: str, events: Sequence[LedgerEvent]) -> None:
+        """Commit events outside any checkpoint (checkpoint id ``""``, step -1).
+
+        Raises:
+            CommitConflictError: the commit kept losing to concurrent commits.
+            CommitStateUnknownError: the commit may or may not have landed.
+        """
+        if not events:
+            return
+        with self._lock:
+            self._refresh()
+            prepared = self._prepare(event_rows(run_id, events, now_utc()))
+            if not self._publish(prepared, run_id=run_id, checkpoint=None):
+                self._discard(prepared)
+                raise CommitConflictError(
+                    f"ledger {self.describe()}: events of run {run_id!r} were not recorded: "
+                    "the commit lost to concurrent commits; record them again"
+                )
 
     def checkpoints(self, run_id: str | None = None) -> list[CheckpointRecord]:
         """Committed checkpoints of one run, or of all runs, ordered by (run, step)."""
         with self._lock:
-            rows = self._scan(record=s.RECORD_CHECKPOINT, run_id=run_id)
+            self._refresh()
+            rows = self._read(record=s.RECORD_CHECKPOINT, run_id=run_id)
         return checkpoints_from_arrow(rows)
 
     def latest(self, run_id: str) -> CheckpointRecord | None:
@@ -144,22 +246,59 @@ class LedgerBase(abc.ABC):
     def to_arrow(self) -> pa.Table:
         """The whole ledger table, in :data:`LEDGER_SCHEMA`."""
         with self._lock:
-            return self._scan()
+            self._refresh()
+            return self._read()
 
-    def consumption(
-        self, run_id: str | None = None, checkpoint_id: str | None = None
-    ) -> pa.Table:
+    def consumption(self, run_id: str | None = None, checkpoint_id: str | None = None) -> pa.Table:
         """Consumption rows, optionally of one run and/or checkpoint, in CONSUMPTION_COLUMNS.
 
         Ordered by run, step, rank, worker, then reading position, so that contiguous ranges
         of one worker come out next to each other.
         """
         with self._lock:
-            rows = self._scan(
+            self._refresh()
+            rows = self._read(
                 record=s.RECORD_CONSUMPTION, run_id=run_id, checkpoint_id=checkpoint_id
             )
         order = (s.RUN_ID, s.STEP, s.RANK, s.WORKER, s.SEGMENT, s.FILE, s.ROW_GROUP, s.ROW_START)
         return rows.select(list(s.CONSUMPTION_COLUMNS)).sort_by([(c, "ascending") for c in order])
+
+    # -- the protocol's steps --------------------------------------------------------------
+
+    def _settle(self, checkpoint: CheckpointRecord) -> CheckpointRecord | None:
+        """Step 1 against the handle's snapshot: see :func:`settle`.
+
+        A step after the run's last one, the common case, needs no data read.
+        """
+        last_step = self._last_step(checkpoint.run_id)
+        if last_step is None or checkpoint.step > last_step:
+            return None
+        committed = checkpoints_from_arrow(
+            self._read(record=s.RECORD_CHECKPOINT, run_id=checkpoint.run_id)
+        )
+        return settle(self.describe(), checkpoint, committed)
+
+    def _publish_settled(
+        self, record: CheckpointRecord, prepared: Prepared
+    ) -> CheckpointRecord | None:
+        """Steps 2 and 3: commit; after a lost race, settle against the winner and retry.
+
+        Returns:
+            None when our commit landed; the stored record when a concurrent commit of the
+            same checkpoint (a retrying coordinator) landed instead.
+        """
+        for _ in range(COMMIT_ATTEMPTS):
+            if self._publish(prepared, run_id=record.run_id, checkpoint=record):
+                return None
+            self._refresh()
+            stored = self._settle(record)
+            if stored is not None:
+                return stored
+        raise CommitConflictError(
+            f"ledger {self.describe()}: run {record.run_id!r} step {record.step} (checkpoint "
+            f"{record.checkpoint_id!r}) lost {COMMIT_ATTEMPTS} commit races in a row; nothing "
+            "of it was written"
+        )
 
 
 def settle(
@@ -197,18 +336,20 @@ def settle(
     return None
 
 
-def gave_up(location: str, new: CheckpointRecord) -> CommitConflictError:
-    """The error for a commit that kept losing races without ever conflicting outright."""
-    return CommitConflictError(
-        f"ledger {location}: run {new.run_id!r} step {new.step} (checkpoint "
-        f"{new.checkpoint_id!r}) lost {COMMIT_ATTEMPTS} commit races in a row; nothing of it "
-        "was written"
+def outcome_unknown(
+    location: str, run_id: str, checkpoint: CheckpointRecord | None, cause: Exception
+) -> CommitStateUnknownError:
+    """The error for a commit whose outcome nobody knows, saying how to find out."""
+    if checkpoint is None:
+        return CommitStateUnknownError(
+            f"ledger {location}: the commit of events of run {run_id!r} may or may not have "
+            f"landed ({cause}); look for them before recording them again"
+        )
+    return CommitStateUnknownError(
+        f"ledger {location}: the commit of run {run_id!r} step {checkpoint.step} (checkpoint "
+        f"{checkpoint.checkpoint_id!r}) may or may not have landed ({cause}); commit the same "
+        "checkpoint again to find out"
     )
-
-
-def equal_to(column: str, value: str | None) -> pc.Expression | None:
-    """An Arrow equality filter, or None when there is nothing to filter on."""
-    return None if value is None else pc.field(column) == value
 
 
 def now_utc() -> datetime:

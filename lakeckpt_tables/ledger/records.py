@@ -15,6 +15,7 @@ from typing import Any, TypedDict, cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.types import TableFormat, TableIdentity
 
@@ -101,8 +102,12 @@ class ConsumptionRecord:
         epoch: epoch of that segment.
         file: data file path or URI.
         row_group: row group index within the file.
-        row_start: first consumed row within the row group.
-        row_end: one past the last consumed row within the row group.
+        row_start: first row of the range, within the row group.
+        row_end: one past the last row of the range, within the row group.
+        rows: how many rows of the range were consumed. Left out (-1), the whole range. Fewer
+            where a checkpoint fell inside a shuffled window: the window's rows come out in a
+            seeded order, so a seeded subset of the range was consumed, and the next
+            checkpoint records the rest of it.
     """
 
     rank: int
@@ -113,17 +118,21 @@ class ConsumptionRecord:
     row_group: int
     row_start: int
     row_end: int
+    rows: int = -1
 
     def __post_init__(self) -> None:
-        if not 0 <= self.row_start <= self.row_end:
+        if self.rows == -1:
+            object.__setattr__(self, "rows", self.row_end - self.row_start)
+        if not 0 <= self.row_start <= self.row_end or not 0 <= self.rows <= self.span:
             raise ValueError(
-                f"rank {self.rank} worker {self.worker}: row range [{self.row_start}, "
-                f"{self.row_end}) of {self.file} row group {self.row_group} is not a range"
+                f"rank {self.rank} worker {self.worker}: {self.rows} rows consumed of range "
+                f"[{self.row_start}, {self.row_end}) of {self.file} row group {self.row_group} "
+                "is not possible"
             )
 
     @property
-    def rows(self) -> int:
-        """Number of rows consumed."""
+    def span(self) -> int:
+        """Number of rows in the range, consumed or not."""
         return self.row_end - self.row_start
 
 
@@ -144,14 +153,22 @@ def commit_rows(
     checkpoint: CheckpointRecord,
     consumption: Sequence[ConsumptionRecord],
     events: Sequence[LedgerEvent],
-    committed_at: datetime,
 ) -> pa.Table:
-    """Rows of one checkpoint commit: the checkpoint, its consumption and its events."""
+    """Rows of one checkpoint commit: the checkpoint, its consumption and its events.
+
+    Raises:
+        ValueError: the checkpoint's ``committed_at`` is not set yet.
+    """
+    if checkpoint.committed_at is None:
+        raise ValueError(
+            f"run {checkpoint.run_id!r} step {checkpoint.step}: committed_at must be set "
+            "before the checkpoint's rows are built"
+        )
     common = {
         s.RUN_ID: checkpoint.run_id,
         s.CHECKPOINT_ID: checkpoint.checkpoint_id,
         s.STEP: checkpoint.step,
-        s.COMMITTED_AT: committed_at,
+        s.COMMITTED_AT: checkpoint.committed_at,
     }
     rows = [{**common, **_checkpoint_fields(checkpoint)}]
     rows += [{**common, **_consumption_fields(c)} for c in consumption]
@@ -235,7 +252,7 @@ def _source_from_row(row: Mapping[str, Any]) -> TableIdentity | None:
     if fmt is None:
         return None
     if fmt not in _FORMATS:
-        raise ValueError(f"ledger row of run {row[s.RUN_ID]!r}: unknown source format {fmt!r}")
+        raise LedgerError(f"ledger row of run {row[s.RUN_ID]!r}: unknown source format {fmt!r}")
     return TableIdentity(
         format=cast(TableFormat, fmt),
         location=row[s.SOURCE_LOCATION],

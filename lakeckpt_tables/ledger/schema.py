@@ -62,7 +62,7 @@ RecordKind = Literal["checkpoint", "consumption", "event"]
 RECORD_CHECKPOINT: Final = "checkpoint"
 """One row per committed checkpoint."""
 RECORD_CONSUMPTION: Final = "consumption"
-"""One row per contiguous row range a (rank, worker) consumed since the previous checkpoint."""
+"""One row per row range a (rank, worker) consumed from since the previous checkpoint."""
 RECORD_EVENT: Final = "event"
 """A noteworthy happening (segment formed, commit skipped, restore fallback...)."""
 
@@ -118,11 +118,12 @@ FILE: Final = "file"
 ROW_GROUP: Final = "row_group"
 """Row group index within the file."""
 ROW_START: Final = "row_start"
-"""First consumed row, counted within the row group."""
+"""First row of the consumed range, counted within the row group."""
 ROW_END: Final = "row_end"
-"""One past the last consumed row, counted within the row group (end exclusive)."""
+"""One past the last row of the consumed range, counted within the row group."""
 ROWS: Final = "rows"
-"""``row_end - row_start``, stored so that sums need no arithmetic."""
+"""Rows of the range consumed: ``row_end - row_start``, or fewer where a checkpoint fell inside
+a shuffled window (a seeded subset was consumed; the next checkpoint records the rest)."""
 
 # -- event rows -----------------------------------------------------------------------------
 EVENT: Final = "event"

@@ -1,0 +1,198 @@
+"""The ledger as a Delta table (the default: one ledger per checkpoint root).
+
+A commit is the two phases of the checkpoint's 2PC in miniature: the rows are written to a
+Parquet file in the table directory first (invisible: no log entry names it), then one log
+commit adds that file together with an app transaction ``lakeckpt:<run>`` at version ``step``.
+delta-rs refuses to rebase a commit over a concurrent commit carrying the same app id
+("Concurrent transaction failed"), which is the condition NOTE [ ledger commit protocol ] in
+:mod:`lakeckpt_tables.ledger.base` needs; it rebases blind appends of other runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import operator
+import time
+import uuid
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pa_fs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.fs import DeltaStorageHandler
+from deltalake.transaction import AddAction, CommitProperties, Transaction
+
+from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
+from lakeckpt_tables.ledger.records import CheckpointRecord
+
+__all__ = ["DeltaLedger"]
+
+# Columns given min/max statistics in each add action, so that readers filtering on a run or
+# a kind of record can skip files. numRecords is there because without it count() undercounts.
+_STATS_COLUMNS = (s.RECORD, s.RUN_ID, s.CHECKPOINT_ID, s.STEP)
+
+
+class DeltaLedger(LedgerBase[AddAction]):
+    """A ledger kept in a Delta table, created on first use.
+
+    Args:
+        uri: table location (local path or object store URI).
+        storage_options: delta-rs storage options (credentials, endpoints...).
+
+    Raises:
+        LedgerError: the location holds a Delta table that is not a ledger, or a ledger of
+            another format version.
+    """
+
+    def __init__(self, uri: str, *, storage_options: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self._uri = uri
+        self._table = _open_or_create(uri, storage_options)
+        _check_format(self._table, self.describe())
+        # Data files are written through delta-rs's own object store, so storage_options
+        # apply to them exactly as they do to the log.
+        self._fs = pa_fs.PyFileSystem(DeltaStorageHandler(uri, storage_options))
+
+    def describe(self) -> str:
+        """Where the ledger lives, for error messages."""
+        return f"delta:{self._uri}"
+
+    def compact(self) -> None:
+        """Rewrite small files into large ones and checkpoint the log.
+
+        OPTIMIZE only rearranges rows (its commit has ``dataChange=false``), so concurrent
+        ledger commits are not disturbed and every row stays; the replaced files stay on disk
+        until a VACUUM.
+        """
+        with self._lock:
+            self._table.update_incremental()
+            self._table.optimize.compact()
+            self._table.update_incremental()
+            self._table.create_checkpoint()
+
+    def _refresh(self) -> None:
+        # The handle does not advance by itself, not even after our own commits.
+        self._table.update_incremental()
+
+    def _read(
+        self,
+        *,
+        record: str | None = None,
+        run_id: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> pa.Table:
+        wanted = {s.RECORD: record, s.RUN_ID: run_id, s.CHECKPOINT_ID: checkpoint_id}
+        conditions = [pc.field(name) == v for name, v in wanted.items() if v is not None]
+        where = functools.reduce(operator.and_, conditions) if conditions else None
+        rows = self._table.to_pyarrow_dataset().to_table(filter=where)
+        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+
+    def _last_step(self, run_id: str) -> int | None:
+        # Each checkpoint commit sets the run's app transaction version to its step, and
+        # steps only grow, so the version is the run's last step: no data read needed.
+        return self._table.transaction_version(_app_id(run_id))
+
+    def _prepare(self, rows: pa.Table) -> AddAction:
+        path = f"lakeckpt-{uuid.uuid4().hex}.parquet"
+        pq.write_table(rows, path, filesystem=self._fs)
+        return AddAction(
+            path=path,
+            size=self._fs.get_file_info(path).size,
+            partition_values={},
+            modification_time=int(time.time() * 1000),
+            data_change=True,
+            stats=_stats(rows),
+        )
+
+    def _publish(
+        self, prepared: AddAction, *, run_id: str, checkpoint: CheckpointRecord | None
+    ) -> bool:
+        properties = CommitProperties(
+            custom_metadata=_commit_info(run_id, checkpoint),
+            app_transactions=(
+                None
+                if checkpoint is None
+                else [Transaction(app_id=_app_id(run_id), version=checkpoint.step)]
+            ),
+        )
+        try:
+            self._table.create_write_transaction(
+                [prepared], mode="append", schema=s.LEDGER_SCHEMA, commit_properties=properties
+            )
+        except CommitFailedError:
+            # delta-rs raises this only when it did not write the log entry: a concurrent
+            # commit took the version, and rebasing over it was refused or ran out of tries.
+            return False
+        except (DeltaError, OSError) as e:
+            raise outcome_unknown(self.describe(), run_id, checkpoint, e) from e
+        return True
+
+    def _discard(self, prepared: AddAction) -> None:
+        # A file we fail to delete is an orphan, which maintenance removes.
+        with contextlib.suppress(OSError):
+            self._fs.delete_file(prepared.path)
+
+
+def _open_or_create(uri: str, storage_options: dict[str, str] | None) -> DeltaTable:
+    if not DeltaTable.is_deltatable(uri, storage_options):
+        # CommitFailedError: another process created it between our check and our create.
+        with contextlib.suppress(CommitFailedError):
+            DeltaTable.create(
+                uri,
+                s.LEDGER_SCHEMA,
+                mode="ignore",
+                name="lakeckpt_ledger",
+                description="lakeckpt-tables ledger: checkpoints, consumption and events",
+                configuration={s.FORMAT_PROPERTY: str(s.LEDGER_FORMAT_VERSION)},
+                storage_options=storage_options,
+                raise_if_key_not_exists=False,
+            )
+    try:
+        return DeltaTable(uri, storage_options=storage_options)
+    except DeltaError as e:
+        raise LedgerError(f"ledger delta:{uri} could not be opened or created: {e}") from e
+
+
+def _check_format(table: DeltaTable, where: str) -> None:
+    found = table.metadata().configuration.get(s.FORMAT_PROPERTY)
+    if found != str(s.LEDGER_FORMAT_VERSION):
+        raise LedgerError(
+            f"ledger {where} has format version {found or 'none (not a ledger)'}, "
+            f"this lakeckpt-tables reads format version {s.LEDGER_FORMAT_VERSION}"
+        )
+
+
+def _app_id(run_id: str) -> str:
+    return f"lakeckpt:{run_id}"
+
+
+def _commit_info(run_id: str, checkpoint: CheckpointRecord | None) -> dict[str, object]:
+    """Commit metadata shown by ``DESCRIBE HISTORY``: which run and checkpoint a commit is."""
+    info: dict[str, object] = {"lakeckpt.run": run_id, s.FORMAT_PROPERTY: s.LEDGER_FORMAT_VERSION}
+    if checkpoint is not None:
+        info["lakeckpt.step"] = checkpoint.step
+        info["lakeckpt.checkpoint"] = checkpoint.checkpoint_id
+    return info
+
+
+def _stats(rows: pa.Table) -> str:
+    """Delta add-action statistics: row count, and min/max of the columns readers filter on."""
+    lows: dict[str, object] = {}
+    highs: dict[str, object] = {}
+    for name in _STATS_COLUMNS:
+        bounds = pc.min_max(rows[name]).as_py()
+        lows[name], highs[name] = bounds["min"], bounds["max"]
+    return json.dumps(
+        {
+            "numRecords": rows.num_rows,
+            "minValues": lows,
+            "maxValues": highs,
+            "nullCount": {name: rows[name].null_count for name in _STATS_COLUMNS},
+        }
+    )

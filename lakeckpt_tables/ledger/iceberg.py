@@ -1,0 +1,293 @@
+"""The ledger as an Iceberg table in a catalog (one ledger per catalog namespace).
+
+A commit is one pyiceberg append whose snapshot summary names the run, step and checkpoint.
+The check that the step is new and the append are kept atomic by a table requirement that the
+catalog validates under its compare-and-swap of the metadata pointer: see
+NOTE [ ledger commit protocol ] in :mod:`lakeckpt_tables.ledger.base` and
+NOTE [ iceberg run requirement ] below.
+
+Only catalogs that validate requirements in-process work (pyiceberg's SQL, Hive, Glue...
+catalogs, all through ``Catalog._update_and_stage_table``); a REST catalog would have to
+serialise the custom requirement and cannot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import Field
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    ValidationException,
+)
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, Reference
+from pyiceberg.expressions.literals import literal
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import ValidatableTableRequirement
+from sqlalchemy.exc import SQLAlchemyError
+
+from lakeckpt_tables.errors import CommitConflictError, LedgerError
+from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
+from lakeckpt_tables.ledger.records import CheckpointRecord
+
+__all__ = ["IcebergLedger"]
+
+RUN_PROPERTY = "lakeckpt.run"
+"""Snapshot summary key naming the run of a checkpoint commit."""
+STEP_PROPERTY = "lakeckpt.step"
+"""Snapshot summary key holding the step of a checkpoint commit."""
+CHECKPOINT_PROPERTY = "lakeckpt.checkpoint"
+"""Snapshot summary key holding the checkpoint id of a checkpoint commit."""
+EVENTS_PROPERTY = "lakeckpt.events"
+"""Snapshot summary key naming the run of an events-only commit (deliberately not RUN_PROPERTY:
+events never conflict with checkpoints)."""
+COMPACTION_PROPERTY = "lakeckpt.compaction"
+"""Snapshot summary key marking the rewrite made by :meth:`IcebergLedger.compact`."""
+
+# Errors after which an Iceberg commit certainly did not land (pyiceberg itself deletes the
+# commit's manifests on these, and only on these).
+_NOT_LANDED = (CommitFailedException, ValidationException)
+# Errors after which nobody knows: the catalog may have swapped the pointer.
+_UNKNOWN = (CommitStateUnknownException, SQLAlchemyError, OSError)
+
+
+class _AssertNoCommitSince(ValidatableTableRequirement):
+    """Table requirement: nothing (of one run, if given) was committed after a snapshot.
+
+    NOTE [ iceberg run requirement ]
+    pyiceberg retries a commit that lost the compare-and-swap by rebasing it onto the new
+    snapshot, and on a retry it drops the ``AssertRefSnapshotId`` requirement the append
+    carried. A check made against the old snapshot would then be silently bypassed, and two
+    committers of one run could both land. This requirement is kept across retries and is
+    validated by the catalog against the metadata it swaps from, so an append of another run
+    is still rebased while one of the same run fails with ``ValidationException`` (which
+    pyiceberg does not retry).
+    """
+
+    type: Literal["lakeckpt-assert-no-commit-since"] = Field(
+        default="lakeckpt-assert-no-commit-since"
+    )
+    snapshot_id: int | None
+    run_id: str | None = None
+
+    # pydantic's BaseModel has a deprecated classmethod of the same name; pyiceberg's own
+    # requirements shadow it the same way.
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]
+        """Raise ValidationException if the lineage since ``snapshot_id`` holds a rival commit."""
+        if base_metadata is None:
+            raise ValidationException("Requirement failed: the ledger table is gone")
+        for snapshot in _lineage(base_metadata):
+            if snapshot.snapshot_id == self.snapshot_id:
+                return
+            if self.run_id is None or _summary(snapshot, RUN_PROPERTY) == self.run_id:
+                raise ValidationException(
+                    f"Requirement failed: expected no commit of run {self.run_id!r} after "
+                    f"snapshot {self.snapshot_id}, found snapshot {snapshot.snapshot_id} "
+                    f"(step {_summary(snapshot, STEP_PROPERTY)})"
+                )
+        if self.snapshot_id is not None:
+            raise ValidationException(
+                f"Requirement failed: snapshot {self.snapshot_id} is no longer in the history"
+            )
+
+
+class IcebergLedger(LedgerBase[list[DataFile]]):
+    """A ledger kept in an Iceberg table, created (with its namespace) on first use.
+
+    Args:
+        identifier: ``namespace.table``.
+        catalog: the pyiceberg catalog holding it (a ``SqlCatalog`` on SQLite or PostgreSQL).
+
+    Raises:
+        LedgerError: the identifier has no namespace, or names a table that is not a ledger
+            or is a ledger of another format version.
+    """
+
+    def __init__(self, identifier: str, *, catalog: Catalog) -> None:
+        super().__init__()
+        self._identifier = identifier
+        self._catalog = catalog
+        self._table = _open_or_create(catalog, identifier, self.describe())
+        _check_format(self._table, self.describe())
+
+    def describe(self) -> str:
+        """Where the ledger lives, for error messages."""
+        return f"iceberg:{self._identifier} (catalog {self._catalog.name})"
+
+    def compact(self) -> None:
+        """Rewrite all data files into one, then expire the snapshots before the rewrite.
+
+        pyiceberg has no rewrite-data-files action, so the rewrite is an overwrite that
+        deletes exactly the files it read, guarded so that it fails rather than drop a row
+        committed meanwhile. Expiring the older snapshots keeps the metadata file, which every
+        commit rewrites, from growing with every checkpoint ever made; it drops their
+        summaries, so the next commit of each run settles against the data instead. The
+        replaced files stay on disk for orphan-file maintenance.
+
+        Raises:
+            CommitConflictError: a concurrent commit landed during the rewrite; nothing was
+                changed, and compacting again later will do.
+        """
+        with self._lock:
+            self._table.refresh()
+            current = self._table.current_snapshot()
+            if current is None:
+                return
+            old_files = [task.file for task in self._table.scan().plan_files()]
+            if len(old_files) > 1:
+                self._rewrite(current.snapshot_id, old_files)
+                current = self._table.current_snapshot()
+            if current is not None:
+                cutoff = datetime.fromtimestamp(current.timestamp_ms / 1000, UTC)
+                self._table.maintenance.expire_snapshots().older_than(cutoff).commit()
+
+    def _refresh(self) -> None:
+        self._table.refresh()
+
+    def _read(
+        self,
+        *,
+        record: str | None = None,
+        run_id: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> pa.Table:
+        wanted = {s.RECORD: record, s.RUN_ID: run_id, s.CHECKPOINT_ID: checkpoint_id}
+        conditions: list[BooleanExpression] = [
+            EqualTo(term=Reference(name), value=literal(v))
+            for name, v in wanted.items()
+            if v is not None
+        ]
+        where = functools.reduce(And, conditions) if conditions else AlwaysTrue()
+        rows = self._table.scan(row_filter=where).to_arrow()
+        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+
+    def _last_step(self, run_id: str) -> int | None:
+        # The newest snapshot summary of the run holds its last step. Without one (a new run,
+        # or one whose snapshots compact() expired) the data decides.
+        for snapshot in _lineage(self._table.metadata):
+            if _summary(snapshot, RUN_PROPERTY) == run_id:
+                return int(_summary(snapshot, STEP_PROPERTY) or -1)
+        steps = self._read(record=s.RECORD_CHECKPOINT, run_id=run_id)[s.STEP]
+        return pc.max(steps).as_py() if len(steps) else None
+
+    def _prepare(self, rows: pa.Table) -> list[DataFile]:
+        # Written here rather than by Table.append so that the files are known to us: pyiceberg
+        # deletes the manifests of a failed commit but leaves its data files behind.
+        return list(
+            _dataframe_to_data_files(
+                table_metadata=self._table.metadata, df=rows, io=self._table.io
+            )
+        )
+
+    def _publish(
+        self, prepared: list[DataFile], *, run_id: str, checkpoint: CheckpointRecord | None
+    ) -> bool:
+        transaction = self._table.transaction()
+        if checkpoint is None:
+            summary = {EVENTS_PROPERTY: run_id}
+        else:
+            since = self._table.metadata.current_snapshot_id
+            _require(transaction, _AssertNoCommitSince(snapshot_id=since, run_id=run_id))
+            summary = _checkpoint_summary(checkpoint)
+        with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
+            for data_file in prepared:
+                append.append_data_file(data_file)
+        try:
+            transaction.commit_transaction()
+        except _NOT_LANDED:
+            return False
+        except _UNKNOWN as e:
+            raise outcome_unknown(self.describe(), run_id, checkpoint, e) from e
+        return True
+
+    def _discard(self, prepared: list[DataFile]) -> None:
+        for data_file in prepared:
+            # A file we fail to delete is an orphan, which maintenance removes.
+            with contextlib.suppress(OSError):
+                self._table.io.delete(data_file.file_path)
+
+    def _rewrite(self, snapshot_id: int, old_files: list[DataFile]) -> None:
+        new_files = self._prepare(self._read())
+        transaction = self._table.transaction()
+        _require(transaction, _AssertNoCommitSince(snapshot_id=snapshot_id))
+        summary = {COMPACTION_PROPERTY: "true"}
+        with transaction.update_snapshot(snapshot_properties=summary).overwrite() as rewrite:
+            for data_file in old_files:
+                rewrite.delete_data_file(data_file)
+            for data_file in new_files:
+                rewrite.append_data_file(data_file)
+        try:
+            transaction.commit_transaction()
+        except _NOT_LANDED as e:
+            self._discard(new_files)
+            raise CommitConflictError(
+                f"ledger {self.describe()}: compaction lost to a concurrent commit and changed "
+                f"nothing; compact again later ({e})"
+            ) from e
+
+
+def _open_or_create(catalog: Catalog, identifier: str, where: str) -> Table:
+    namespace = Catalog.namespace_from(identifier)
+    if not namespace:
+        raise LedgerError(f"ledger {where}: the identifier needs a namespace, e.g. 'ml.ledger'")
+    catalog.create_namespace_if_not_exists(namespace)
+    return catalog.create_table_if_not_exists(
+        identifier,
+        schema=s.LEDGER_SCHEMA,
+        properties={s.FORMAT_PROPERTY: str(s.LEDGER_FORMAT_VERSION)},
+    )
+
+
+def _check_format(table: Table, where: str) -> None:
+    found = table.properties.get(s.FORMAT_PROPERTY)
+    if found != str(s.LEDGER_FORMAT_VERSION):
+        raise LedgerError(
+            f"ledger {where} has format version {found or 'none (not a ledger)'}, "
+            f"this lakeckpt-tables reads format version {s.LEDGER_FORMAT_VERSION}"
+        )
+
+
+def _require(transaction: Transaction, requirement: _AssertNoCommitSince) -> None:
+    """Add a requirement to a transaction before anything is staged in it.
+
+    pyiceberg has no public way to do this; ``_stage`` is what its own update builders use.
+    Its type lists pyiceberg's requirement classes only, hence the ignore.
+    """
+    transaction._stage((), (requirement,))  # type: ignore[arg-type]
+
+
+def _checkpoint_summary(record: CheckpointRecord) -> dict[str, str]:
+    return {
+        RUN_PROPERTY: record.run_id,
+        STEP_PROPERTY: str(record.step),
+        CHECKPOINT_PROPERTY: record.checkpoint_id,
+    }
+
+
+def _lineage(metadata: TableMetadata) -> Iterator[Snapshot]:
+    """The current snapshot, then its parents, newest first, until one is missing (expired).
+
+    Walks an id index: pyiceberg's ``ancestors_of`` scans the snapshot list at every step.
+    """
+    by_id = {snapshot.snapshot_id: snapshot for snapshot in metadata.snapshots}
+    snapshot_id = metadata.current_snapshot_id
+    while snapshot_id is not None and (snapshot := by_id.get(snapshot_id)) is not None:
+        yield snapshot
+        snapshot_id = snapshot.parent_snapshot_id
+
+
+def _summary(snapshot: Snapshot, key: str) -> str | None:
+    return snapshot.summary.get(key) if snapshot.summary is not None else None

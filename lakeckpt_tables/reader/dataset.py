@@ -106,7 +106,7 @@ class LakeDataset(IterableDataset[Batch]):
         transform: Callable[[Batch], Any] | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(epochs, int) or epochs < 1:
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs must be a positive int, got {epochs!r}")
         PlanPolicy(batch_size=batch_size, shuffle_window=shuffle_window)  # validates both
         self.source = source

@@ -44,6 +44,9 @@ class DeltaSource:
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError, TableNotFoundError
 
+        if version is not None and version < 0:  # delta-rs raises OverflowError for these
+            raise SourceNotFoundError(f"Delta table {self.uri} has no version {version}: "
+                                      "versions start at 0")
         try:
             return DeltaTable(self.uri, version=version, storage_options=self.storage_options)
         except TableNotFoundError as exc:

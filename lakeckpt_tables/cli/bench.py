@@ -1,0 +1,68 @@
+"""``lakeckpt bench``: measure the figures of DESIGN.md ("Figures we hold ourselves to").
+
+``lakeckpt bench read [--rows N | --quick] [--dir PATH] [--json]``: reader throughput against
+the raw pyarrow-to-torch limit, resume time to first batch, and reader state size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["register", "run"]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` subcommands to ``parser``."""
+    from lakeckpt_tables.bench.read import DEFAULT_ROWS, QUICK_ROWS
+
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    read = sub.add_parser("read", help="reader throughput, resume time and state size",
+                          description="Reader throughput as a ratio to the raw pyarrow-to-torch "
+                          "batch limit, time to first batch after resuming at 0/50/90%, and "
+                          "the reader state size for a simulated 10 TB table, 128 ranks x 8 "
+                          "workers.")
+    size = read.add_mutually_exclusive_group()
+    size.add_argument("--rows", type=_positive, default=DEFAULT_ROWS,
+                      help=f"rows of the synthetic table (default {DEFAULT_ROWS:,})")
+    size.add_argument("--quick", action="store_const", dest="rows", const=QUICK_ROWS,
+                      help=f"a fast smoke run on {QUICK_ROWS:,} rows")
+    read.add_argument("--dir", metavar="PATH", default=None,
+                      help="keep the synthetic table under PATH and reuse it on later runs "
+                      "(default: a temporary directory, removed afterwards)")
+    read.add_argument("--rounds", type=_positive, default=5,
+                      help="least interleaved throughput rounds (default 5)")
+    read.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
+                      help="keep adding throughput rounds (up to 50) until S seconds are spent "
+                      "(default 3)")
+    read.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen benchmark; exit status 0 when every target is met, 1 otherwise."""
+    if args.bench == "read":
+        return _read(args)
+    raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
+
+
+def _read(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.bench.read import format_report, run_read_bench
+
+    def progress(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    report = run_read_bench(rows=args.rows, root=args.dir, rounds=args.rounds,
+                            min_seconds=args.min_seconds, progress=progress)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_report(report))
+    return 0 if report.to_json()["passed"] else 1
+
+
+def _positive(text: str) -> int:
+    value = int(text.replace("_", ""))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value

@@ -1,0 +1,104 @@
+"""``lakeckpt bench read`` end to end on a tiny table: structure, not timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from lakeckpt_tables import DeltaSource, LakeDataset
+from lakeckpt_tables.bench.data import ensure_synthetic_table
+from lakeckpt_tables.bench.read import (
+    STATE_TARGET_BYTES,
+    format_report,
+    interleaved_pass,
+    measure_state_size,
+    raw_batches,
+    run_read_bench,
+)
+from lakeckpt_tables.cli import main
+from lakeckpt_tables.reader.state import decode_state, encode_state
+
+ROWS = 50_000
+
+
+@pytest.fixture(scope="module")
+def bench_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench")
+
+
+def test_the_synthetic_table_is_built_once_and_then_reused(bench_root: Path) -> None:
+    first = ensure_synthetic_table(bench_root, ROWS)
+    again = ensure_synthetic_table(bench_root, ROWS)
+    assert (first.rows, first.files) == (ROWS, 2)
+    assert again.reused and again.uri == first.uri
+    assert DeltaSource(first.uri).snapshot().rows == ROWS
+
+
+def test_the_raw_loop_and_the_reader_deliver_the_same_rows_in_the_same_order(
+        bench_root: Path) -> None:
+    table = ensure_synthetic_table(bench_root, ROWS)
+    dataset = LakeDataset(DeltaSource(table.uri), columns=["id", "x"], batch_size=8192,
+                          shuffle=False)
+    units = [(u.path, u.row_group) for u in dataset.snapshot.units]
+    handles = {p: pq.ParquetFile(p) for p, _ in units}
+    raw = torch.cat([b["id"] for b in raw_batches(handles, units, ["id", "x"], 8192)])
+    ours = torch.cat([b["id"] for b in dataset])
+    assert torch.equal(raw, ours) and len(ours) == ROWS
+    times = interleaved_pass({"raw": raw_batches(handles, units, ["id", "x"], 8192),
+                              "reader": dataset}, "id")
+    assert {t.rows for t in times.values()} == {ROWS}
+    assert all(t.wall_s > 0 and t.cpu_s >= 0 for t in times.values())
+
+
+def test_run_read_bench_reports_every_figure_with_its_target(bench_root: Path) -> None:
+    report = run_read_bench(rows=ROWS, root=bench_root, rounds=1, min_seconds=0,
+                            resume_rounds=1)
+    data = report.to_json()
+    assert json.loads(json.dumps(data)) == data  # JSON-clean
+    assert data["table"]["rows"] == ROWS
+    throughput = data["throughput"]
+    assert throughput["rows"] == ROWS and throughput["rounds"] == 1
+    assert throughput["raw"] > 0 and throughput["reader"] > 0 and throughput["shuffled"] > 0
+    assert [r["shuffle"] for r in data["resume"]] == [False, True]
+    for resume in data["resume"]:
+        assert resume["fractions"] == [0.0, 0.5, 0.9]
+        assert resume["positions"][0] == 0 < resume["positions"][1] < resume["positions"][2]
+        assert resume["verified"], "a resumed first batch differs from the full pass"
+    steady, elastic = data["state_size"]
+    assert (steady["ranks"], steady["workers"]) == (128, 8)
+    assert (elastic["ranks"], elastic["workers"]) == (64, 8) and elastic["layout_pieces"] > 0
+    with_target = [f for f in data["figures"] if f["target"]]
+    assert [f["verdict"] for f in with_target] and all(
+        f["verdict"] in ("PASS", "MISS") for f in with_target)
+    names = [f["name"] for f in data["figures"]]
+    assert "reader / raw, shuffle off" in names
+    assert any(n.startswith("reader state, 10 TB, steady") for n in names)
+    text = format_report(report)
+    assert "reader / raw, shuffle off" in text and ">= 0.9x" in text and "<= 64 KB" in text
+
+
+def test_reader_state_for_128_ranks_by_8_workers_is_under_64_kb() -> None:
+    size = measure_state_size(ranks=128, workers=8)
+    assert size.encoded_bytes <= STATE_TARGET_BYTES, size
+    assert size.json_bytes > size.encoded_bytes  # compressed
+
+
+def test_the_simulated_state_round_trips_through_its_encoding() -> None:
+    from lakeckpt_tables.bench.read import simulated_state
+    from lakeckpt_tables.reader.state import ReaderState
+
+    state, _ = simulated_state()
+    assert ReaderState.from_dict(decode_state(encode_state(state))) == state
+
+
+def test_the_cli_prints_the_report_as_json(bench_root: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "read", "--rows", str(ROWS), "--dir", str(bench_root), "--rounds",
+                 "1", "--min-seconds", "0", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == (0 if data["passed"] else 1)
+    assert data["table"]["reused"] and data["table"]["rows"] == ROWS

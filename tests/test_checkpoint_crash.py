@@ -123,12 +123,14 @@ def test_a_crash_at_any_protocol_point_leaves_the_previous_or_the_new_checkpoint
 
 def test_a_two_rank_torchrun_job_killed_twice_equals_the_failure_free_run(
         table: Path, tmp_path: Path) -> None:
+    # 600 rows over 2 ranks at batch 32: 10 steps; checkpoints at 3, 6, 9
+    every = ("--every", "3")
     ref = tmp_path / "ref"
-    assert _run(table, ref / "ckpt", ref / "out", nproc=2) == 0
+    assert _run(table, ref / "ckpt", ref / "out", nproc=2, extra=every) == 0
     root, out = tmp_path / "ckpt", tmp_path / "out"
-    assert _run(table, root, out, nproc=2, extra=("--kill-after-step", "7")) != 0
-    assert _run(table, root, out, nproc=2, extra=("--kill-after-step", "13")) != 0
-    assert _run(table, root, out, nproc=2) == 0
+    assert _run(table, root, out, nproc=2, extra=(*every, "--kill-after-step", "5")) != 0
+    assert _run(table, root, out, nproc=2, extra=(*every, "--kill-after-step", "8")) != 0
+    assert _run(table, root, out, nproc=2, extra=every) == 0
     _assert_exactly_once(_logs(out))
     _assert_same_run(out, ref / "out")
 
@@ -136,8 +138,11 @@ def test_a_two_rank_torchrun_job_killed_twice_equals_the_failure_free_run(
 def test_a_three_rank_job_resumed_at_two_ranks_trains_every_row_exactly_once(
         table: Path, tmp_path: Path) -> None:
     root, out = tmp_path / "ckpt", tmp_path / "out"
-    assert _run(table, root, out, nproc=3, extra=("--kill-after-step", "6")) != 0
-    assert _run(table, root, out, nproc=2, extra=("--workers", "1")) == 0
+    # 600 rows over 3 ranks at batch 32: 7 steps; checkpoint at 3, killed after step 5
+    every = ("--every", "3")
+    assert _run(table, root, out, nproc=3, extra=(*every, "--kill-after-step", "5")) != 0
+    assert [r.step for r in DeltaLedger(str(root / "_ledger")).checkpoints("run")] == [3]
+    assert _run(table, root, out, nproc=2, extra=(*every, "--workers", "1")) == 0
     _assert_exactly_once(_logs(out))
 
 

@@ -27,10 +27,10 @@ def crash_point(point: str, rank: int) -> None:
     spec = os.environ.get(ENV)
     if not spec:
         return
-    name, _, rest = spec.partition("@")
+    spec, _, nth = spec.partition("#")
+    name, _, want_rank = spec.partition("@")
     if name != point:
         return
-    want_rank, _, nth = rest.partition("#")
     if want_rank and int(want_rank) != rank:
         return
     _hits[point] = _hits.get(point, 0) + 1

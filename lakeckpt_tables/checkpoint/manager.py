@@ -77,15 +77,17 @@ def _rank_key(rank: int) -> str:
 
 
 class _Writer(dcp.FileSystemWriter):
-    """DCP's file writer with a crash point between the data files and ``.metadata``."""
+    """DCP's file writer with a crash point after a rank's data files, before ``.metadata``."""
 
     def __init__(self, path: str, rank: int) -> None:
         super().__init__(path)
         self._rank = rank
 
-    def finish(self, metadata: Any, results: Any) -> None:
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        future = super().write_data(plan, planner)
+        future.wait()  # the data files of this rank are on disk; .metadata comes later
         crash_point("prepare:mid_write", self._rank)
-        super().finish(metadata, results)
+        return future
 
 
 @dataclass

@@ -306,3 +306,29 @@ def test_merged_positions_are_rows_delivered_per_slice(delta_table: Table) -> No
     assert merged.plan == (2, 1, 8)
     assert merged.positions() == [(0, len(flat(run))) for run in runs]
     assert np.all(np.array([len(flat(run)) for run in runs]) == 40)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_crash_after_an_elastic_resume_resumes_into_the_same_sequence(
+    delta_table: Table, workers: int
+) -> None:
+    """Determinism holds on the re-planned pass too, whichever way it is resumed."""
+    common = Common(seed=5, shuffle=True, shuffle_window=2, epochs=2)
+    run = Run(delta_table, common)
+    run.stage(Shape(3, 0, 10), 7)
+    after = Shape(2, workers, 12)
+
+    def resumed(rank: int, state: Any) -> Any:
+        dataset = delta_table.dataset(**common.reader_args(after, rank))
+        dataset.load_state_dict(state)
+        return dataset
+
+    for rank in range(after.world_size):
+        full = take(loader_for(resumed(rank, run.state), workers))
+        loader = loader_for(resumed(rank, run.state), workers)
+        head = take(loader, 5)
+        saved = json.loads(json.dumps(loader.state_dict()))
+        assert head + take(loader_for(resumed(rank, saved), workers)) == full
+        again = loader_for(delta_table.dataset(**common.reader_args(after, rank)), workers)
+        again.load_state_dict(saved)
+        assert head + take(again) == full

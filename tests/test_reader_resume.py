@@ -152,6 +152,7 @@ def test_resuming_with_dataloader_workers_continues_the_uninterrupted_sequence(
     check_resume(source, cfg, fraction)
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 @pytest.mark.parametrize(("workers", "batch_size", "steps"), [
     (2, 40, [1, 7, 9, 10]),     # 10 batches per epoch: resume mid-round, in the next epoch
     (2, 193, [1, 3, 4, 5]),     # slices of 193 and 194 rows: one worker runs out first

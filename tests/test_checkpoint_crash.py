@@ -87,6 +87,15 @@ def _assert_exactly_once(logs: dict[int, list[list[int]]], rows: int = ROWS) -> 
     assert not duplicated and not missing, (duplicated[:10], missing[:10])
 
 
+def _assert_ledger_exactly_once(root: Path, table: Path) -> None:
+    """The ledger alone proves it: rows consumed per row group add up to its rows, once."""
+    consumed: Counter[tuple[str, int]] = Counter()
+    for rec in DeltaLedger(str(root / "_ledger")).consumption(run_id="run").to_pylist():
+        consumed[(rec["file"], rec["row_group"])] += rec["rows"]
+    units = DeltaSource(str(table)).snapshot().units
+    assert consumed == Counter({(u.path, u.row_group): u.rows for u in units})
+
+
 def _assert_same_run(out: Path, reference: Path) -> None:
     assert _logs(out) == _logs(reference)
     ours, theirs = _params(out), _params(reference)
@@ -117,6 +126,7 @@ def test_a_crash_at_any_protocol_point_leaves_the_previous_or_the_new_checkpoint
     assert _run(table, root, out) == 0
     _assert_exactly_once(_logs(out))
     _assert_same_run(out, reference)
+    _assert_ledger_exactly_once(root, table)
     final = DeltaLedger(str(root / "_ledger")).checkpoints("run")
     assert len({r.step for r in final}) == len(final), "a step committed twice"
 
@@ -133,6 +143,7 @@ def test_a_two_rank_torchrun_job_killed_twice_equals_the_failure_free_run(
     assert _run(table, root, out, nproc=2, extra=every) == 0
     _assert_exactly_once(_logs(out))
     _assert_same_run(out, ref / "out")
+    _assert_ledger_exactly_once(root, table)
 
 
 def test_a_three_rank_job_resumed_at_two_ranks_trains_every_row_exactly_once(
@@ -144,6 +155,7 @@ def test_a_three_rank_job_resumed_at_two_ranks_trains_every_row_exactly_once(
     assert [r.step for r in DeltaLedger(str(root / "_ledger")).checkpoints("run")] == [3]
     assert _run(table, root, out, nproc=2, extra=(*every, "--workers", "1")) == 0
     _assert_exactly_once(_logs(out))
+    _assert_ledger_exactly_once(root, table)
 
 
 def test_a_rank_crashing_mid_write_under_torchrun_aborts_the_checkpoint(

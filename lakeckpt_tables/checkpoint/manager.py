@@ -380,11 +380,13 @@ class CheckpointManager:
                 return None
             return "error", (f"run {self.run_id} has no committed checkpoint with step={step} "
                              f"tag={tag} in {self.ledger.describe()}")
-        skipped = []
+        skipped: list[dict[str, Any]] = []
+        retired = []
         for record in reversed(records):
             path = os.path.join(self.root, record.model_location)
             if not os.path.isdir(path):
-                continue  # retired by retention
+                retired.append(record.step)  # model files removed by retention or gc
+                continue
             problems = verify_manifest(path, dict(record.manifest))
             if not problems:
                 if skipped:
@@ -394,7 +396,12 @@ class CheckpointManager:
                         record.checkpoint_id, record.step, self.run_id, "; ".join(problems))
             skipped.append({"checkpoint_id": record.checkpoint_id, "step": record.step,
                             "problems": problems})
-        return "error", (f"no checkpoint of run {self.run_id} verifies: {skipped}")
+        detail = [f"step {s['step']}: {'; '.join(s['problems'])}" for s in skipped]
+        if retired:
+            detail.append(f"steps {sorted(retired)}: model files removed by retention "
+                          f"(keep_last={self.keep_last}) or gc")
+        return "error", (f"no checkpoint of run {self.run_id} under {self.root} can be "
+                         f"restored: {' | '.join(detail)}")
 
     def _record_fallback(self, chosen: CheckpointRecord, skipped: list[dict[str, Any]]) -> None:
         log.warning("run %s: restoring step %d (%s) instead of newer checkpoints that fail "

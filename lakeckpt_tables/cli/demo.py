@@ -121,7 +121,7 @@ def _ledger_lines(ledger: LedgerProof, rows: int, epochs: int) -> list[str]:
         when = c.committed_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
         parent = "-" if c.parent_step is None else str(c.parent_step)
         lines.append(f"  {c.step:>5}  {when}  {c.attempt or '?':>7}  {parent:>6}  "
-                     f"{c.records:>7}  {c.rows:>9,}  {','.join(c.tags)}")
+                     f"{c.records:>7}  {c.rows:>9,}  {','.join(c.tags)}".rstrip())
     lines += [
         f"  {'consumption records':<{_W}}{cov.records} ({cov.exact_records} exact ranges, "
         f"{cov.records - cov.exact_records} counts inside shuffled windows)",

@@ -4,20 +4,51 @@
 #   scripts/dev.sh demo [args...]   set up, then `lakeckpt demo`
 #   scripts/dev.sh test [args...]   set up (with PostgreSQL), then the test suite
 #
+# Works from any directory: it runs from the repository root, so a relative LAKECKPT_VENV is
+# relative to the root too.
+#
 # A machine without torch gets exactly torch==2.13.0 (the CPU build pip finds locally);
 # asking pip for any newer torch would download gigabytes of CUDA wheels. With a torch of your
-# own already in the venv, nothing is reinstalled.
+# own already in the venv, nothing is reinstalled: the project install runs with that torch
+# pinned as a constraint, so pip fails instead of replacing it.
+#
+# `test` starts PostgreSQL through scripts/postgres.sh (root and apt) unless LAKECKPT_TEST_PG_URI
+# is already set, and fails if it cannot: the PostgreSQL tests are part of the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${LAKECKPT_VENV:-.venv}
 PY=${PYTHON:-python3}
+TORCH_PIN="torch==2.13.0"
+
+log() { echo "dev.sh: $*" >&2; }
+die() { log "error: $*"; exit 1; }
 
 setup() {
-    [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-    if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-        "$VENV/bin/pip" install --quiet "torch==2.13.0"
+    local started=$SECONDS
+    if [ ! -x "$VENV/bin/python" ]; then
+        command -v "$PY" >/dev/null 2>&1 || die "$PY not found (set PYTHON to a Python 3.11+)"
+        "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+            || die "$PY is $("$PY" -V 2>&1); lakeckpt-tables needs Python 3.11+ (set PYTHON)"
+        log "creating $VENV with $("$PY" -V 2>&1)"
+        "$PY" -m venv "$VENV" || die "could not create a virtualenv in $VENV"
     fi
-    "$VENV/bin/pip" install --quiet -e ".[dev]"
+    if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+        log "no torch in $VENV: installing exactly $TORCH_PIN"
+        "$VENV/bin/pip" install --quiet "$TORCH_PIN" || die "pip install $TORCH_PIN failed"
+    fi
+    # Pin whatever torch is now installed (2.13.0+cpu, or your own): pip may never swap it for
+    # another, whatever a dependency's range says; a conflict fails here instead of downloading.
+    local torch_version constraints
+    torch_version=$("$VENV/bin/python" -c "import torch; print(torch.__version__)") \
+        || die "torch is installed in $VENV but does not import"
+    constraints=$(mktemp)
+    echo "torch==$torch_version" >"$constraints"
+    log "installing lakeckpt-tables[dev] (torch kept at $torch_version)"
+    local status=0
+    "$VENV/bin/pip" install --quiet -c "$constraints" -e ".[dev]" || status=$?
+    rm -f "$constraints"
+    [ "$status" -eq 0 ] || die "pip install -e .[dev] failed (torch pinned to $torch_version)"
+    log "set-up took $((SECONDS - started)) s"
 }
 
 cmd=${1:-}
@@ -30,9 +61,20 @@ case "$cmd" in
     test)
         setup
         if [ -z "${LAKECKPT_TEST_PG_URI:-}" ]; then
-            LAKECKPT_TEST_PG_URI=$(scripts/postgres.sh | tail -n 1)
+            started=$SECONDS
+            if ! out=$(scripts/postgres.sh); then
+                die "scripts/postgres.sh could not install or start PostgreSQL (see above); the" \
+                    "PostgreSQL tests need it. Use an existing server with" \
+                    "LAKECKPT_TEST_PG_URI=postgresql+psycopg://user:pw@host:port/db, or run" \
+                    "'$VENV/bin/python -m pytest' directly to skip them."
+            fi
+            LAKECKPT_TEST_PG_URI=$(printf '%s\n' "$out" | tail -n 1)
+            [[ "$LAKECKPT_TEST_PG_URI" == postgresql* ]] \
+                || die "scripts/postgres.sh printed no URI (got '$LAKECKPT_TEST_PG_URI')"
             export LAKECKPT_TEST_PG_URI
+            log "PostgreSQL ready in $((SECONDS - started)) s"
         fi
+        log "running the tests (PostgreSQL: ${LAKECKPT_TEST_PG_URI%%:*}://…@${LAKECKPT_TEST_PG_URI##*@})"
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     *)

@@ -39,7 +39,7 @@ setup() {
     # Pin whatever torch is now installed (2.13.0+cpu, or your own): pip may never swap it for
     # another, whatever a dependency's range says; a conflict fails here instead of downloading.
     local torch_version constraints
-    torch_version=$("$VENV/bin/python" -c "import torch; print(torch.__version__)") \
+    torch_version=$("$VENV/bin/python" -W ignore -c "import torch; print(torch.__version__)") \
         || die "torch is installed in $VENV but does not import"
     constraints=$(mktemp)
     echo "torch==$torch_version" >"$constraints"

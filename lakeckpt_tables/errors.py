@@ -16,6 +16,7 @@ __all__ = [
     "LedgerError",
     "PinnedFileMissingError",
     "RowCountMismatchError",
+    "SourceChangedError",
     "SourceNotFoundError",
     "StateMismatchError",
     "UnknownColumnError",
@@ -49,6 +50,11 @@ class RowCountMismatchError(LakeckptError):
 
 class PinnedFileMissingError(LakeckptError):
     """A data file of the pinned snapshot is gone (vacuum, snapshot expiry)."""
+
+
+class SourceChangedError(LakeckptError):
+    """A followed table committed what the reader cannot honour (a delete, an overwrite, a
+    schema change) under the chosen policy."""
 
 
 class StateMismatchError(LakeckptError):

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.reader import merge_states, states_from_loader
+from lakeckpt_tables.reader.rounds import RoundUnits
 
 
 class CountingDataset(LakeDataset):
@@ -29,9 +30,9 @@ class CountingDataset(LakeDataset):
         super().__init__(*args, **kwargs)
         self.reads: list[int] = []
 
-    def _read_unit(self, u: int) -> pa.Table:
+    def _read_unit(self, units: RoundUnits, u: int) -> pa.Table:
         self.reads.append(u)
-        return super()._read_unit(u)
+        return super()._read_unit(units, u)
 
 
 def counting(table: Table, **kwargs: Any) -> CountingDataset:

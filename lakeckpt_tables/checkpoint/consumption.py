@@ -9,17 +9,18 @@ counts over a run add up to its rows exactly once (what the exactly-once audit c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy, _cut_spans, permutation, replan
-from lakeckpt_tables.reader.state import PlanShape, ReaderState
+from lakeckpt_tables.plan import EpochPlan, Piece, _cut_spans, permutation
+from lakeckpt_tables.reader.dataset import LakeDataset
+from lakeckpt_tables.reader.rounds import RoundUnits
+from lakeckpt_tables.reader.state import ReaderState
 from lakeckpt_tables.types import Unit
 
-__all__ = ["Consumed", "consumed_between", "policy_for", "rebase"]
+__all__ = ["Consumed", "consumed_between", "segment_events"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,59 +38,57 @@ class Consumed:
     rows: int
 
 
-def policy_for(config: Mapping[str, Any], shape: PlanShape) -> PlanPolicy:
-    """The plan policy a reader state was recorded under."""
-    world, workers, batch = shape
-    return PlanPolicy(batch_size=batch, world_size=world, workers=workers,
-                      shuffle=bool(config["shuffle"]), seed=int(config["seed"]),
-                      shuffle_window=int(config["shuffle_window"]),
-                      drop_last=bool(config["drop_last"]))
-
-
-def rebase(before: ReaderState | None, shape: PlanShape, units: tuple[Unit, ...]) -> ReaderState:
-    """``before`` as seen by a reader of ``shape``: re-planned when the shape changed.
-
-    The reader re-plans the same way when it resumes at another shape, so positions taken
-    after the resume are relative to this state.
-    """
-    if before is None:
-        raise ValueError("no state to rebase")
-    if before.plan == shape:
-        return before
-    rows = np.array([u.rows for u in units], dtype=np.int64)
-    first, layouts = replan(rows, policy_for(before.config, before.plan or shape),
-                            before.layouts, before.positions())
-    slices = ((first, 0),) * (shape[0] * shape[1])
-    return ReaderState(before.table, before.version, before.segment, before.config, shape,
-                       layouts, slices)
-
-
-def consumed_between(
-    units: tuple[Unit, ...], before: ReaderState | None, after: ReaderState
-) -> list[Consumed]:
+def consumed_between(dataset: LakeDataset, before: ReaderState | None,
+                     after: ReaderState) -> list[Consumed]:
     """Records of every slice ``after`` knows, from its position in ``before`` (start if None).
 
-    ``before`` must be of ``after``'s shape (see :func:`rebase`).
+    ``before`` is first re-planned to ``after``'s shape if the shape changed in between
+    (an elastic resume), exactly as the reader did.
     """
     assert after.plan is not None, "a captured reader state always has a plan"
-    policy = policy_for(after.config, after.plan)
-    rows = np.array([u.rows for u in units], dtype=np.int64)
-    plans: dict[int, EpochPlan] = {}
+    if before is not None:
+        before = dataset.reshape(before, after.plan)
+    known = {**(before.rounds if before is not None else {}), **after.rounds}
+    plans: dict[int, tuple[EpochPlan, RoundUnits]] = {}
     out: list[Consumed] = []
     for g, end in enumerate(after.slices):
         if end is None:
             continue
         start = (0, 0) if before is None or before.slices[g] is None else before.slices[g]
         assert start is not None
-        for epoch in range(start[0], end[0] + 1):
-            if epoch not in plans:
-                plans[epoch] = EpochPlan(rows, policy, segment=after.segment, epoch=epoch,
-                                         layout=after.layouts.get(epoch))
-            plan = plans[epoch]
-            lo = start[1] if epoch == start[0] else 0
-            hi = end[1] if epoch == end[0] else plan.delivered_rows(g)
-            out.extend(_slice_records(plan, units, g, lo, hi))
+        for index in range(start[0], end[0] + 1):
+            if index not in plans:
+                plans[index] = dataset.round_plan(index, after.plan, dict(after.layouts), known)
+            plan, units = plans[index]
+            lo = start[1] if index == start[0] else 0
+            hi = end[1] if index == end[0] else plan.delivered_rows(g)
+            out.extend(_slice_records(plan, units.units, g, lo, hi))
     return _coalesce(out)
+
+
+def segment_events(dataset: LakeDataset, before: ReaderState | None,
+                   after: ReaderState) -> list[tuple[str, dict[str, Any]]]:
+    """Follow segments first reached between two states, and the commits they skipped."""
+    if dataset.follow is None or after.plan is None:
+        return []
+    reached = max((s[0] for s in after.slices if s is not None), default=0)
+    since = 0 if before is None else max((s[0] for s in before.slices if s is not None),
+                                         default=0)
+    known = {**(before.rounds if before is not None else {}), **after.rounds}
+    events: list[tuple[str, dict[str, Any]]] = []
+    for index in range(since + 1, reached + 1):
+        rnd = dataset.rounds.get(index, known, wait=False)
+        if rnd is None:
+            break
+        known[index] = rnd
+        units = dataset.rounds.units(rnd)
+        events.append(("segment", {"segment": rnd.segment, "from_version": rnd.base,
+                                   "to_version": rnd.to, "rows": int(units.rows.sum()),
+                                   "files": len({u.path for u in units.units})}))
+        events.extend(("skipped_commit", {"segment": rnd.segment, "version": version,
+                                          "reason": reason})
+                      for version, reason in rnd.skipped)
+    return events
 
 
 def _slice_records(plan: EpochPlan, units: tuple[Unit, ...], g: int, lo: int,

@@ -1,4 +1,4 @@
-"""``CheckpointManager``: model, optimizer, RNG and reader position, visible all at once or not at all.
+"""``CheckpointManager``: model, optimizer, RNG and reader position, visible together or not.
 
 NOTE [ two-phase commit ]
 Phase 1, prepare (every rank): write the model/optimizer shard with torch.distributed.checkpoint
@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint._world import World
-from lakeckpt_tables.checkpoint.consumption import Consumed, consumed_between, rebase
+from lakeckpt_tables.checkpoint.consumption import Consumed, consumed_between, segment_events
 from lakeckpt_tables.checkpoint.manifest import checksum_files, verify_manifest
 from lakeckpt_tables.errors import CheckpointError, StateMismatchError
 from lakeckpt_tables.ledger import (
@@ -100,6 +100,7 @@ class _Prepared:
     manifest: dict[str, Any] = field(default_factory=dict)
     reader: dict[str, Any] | None = None
     consumed: list[Consumed] = field(default_factory=list)
+    events: list[LedgerEvent] = field(default_factory=list)
 
 
 @dataclass
@@ -214,33 +215,37 @@ class CheckpointManager:
         rank = self.world.rank
         try:
             crash_point("prepare:before_write", rank)
-            reader, consumed = self._capture_reader(dataloader)
+            reader, consumed, events = self._capture_reader(dataloader)
             state = self._state_dict(model, optimizer, lr_scheduler, extra, reader)
             path = os.path.join(self.root, location)
             writer = _Writer(path, rank)
             if self.async_save:
-                future = dcp.async_save(state, storage_writer=writer, process_group=self.world.group,
+                future = dcp.async_save(state, storage_writer=writer,
+                                        process_group=self.world.group,
                                         no_dist=not self.world.distributed)
-                return _Prepared(True, reader=reader, consumed=consumed), future
+                return _Prepared(True, reader=reader, consumed=consumed, events=events), future
             dcp.save(state, storage_writer=writer, process_group=self.world.group,
                      no_dist=not self.world.distributed)
             manifest = self._checksums(location)
             crash_point("prepare:after_write", rank)
-            return _Prepared(True, manifest=manifest, reader=reader, consumed=consumed), None
+            return _Prepared(True, manifest=manifest, reader=reader, consumed=consumed,
+                             events=events), None
         except Exception as exc:
             log.exception("rank %d failed to prepare checkpoint %s", rank, location)
             return _failed(exc), None
 
-    def _capture_reader(self, dataloader: Any) -> tuple[dict[str, Any] | None, list[Consumed]]:
+    def _capture_reader(self, dataloader: Any) -> tuple[dict[str, Any] | None, list[Consumed],
+                                                        list[LedgerEvent]]:
         if dataloader is None:
-            return None, []
+            return None, [], []
         dataset = _lake_dataset(dataloader)
         state = merge_states(states_from_loader(dataloader.state_dict()))
         if state.plan is None:  # nothing iterated yet
-            return state.to_dict(), []
-        before = None if self._baseline is None else rebase(self._baseline, state.plan,
-                                                            dataset.snapshot.units)
-        return state.to_dict(), consumed_between(dataset.snapshot.units, before, state)
+            return state.to_dict(), [], []
+        consumed = consumed_between(dataset, self._baseline, state)
+        events = [LedgerEvent(name, detail)
+                  for name, detail in segment_events(dataset, self._baseline, state)]
+        return state.to_dict(), consumed, events
 
     def _state_dict(self, model: Any, optimizer: Any, lr_scheduler: Any, extra: Any,
                     reader: dict[str, Any] | None) -> dict[str, Any]:
@@ -297,7 +302,9 @@ class CheckpointManager:
             record, consumption = self._records(attempt, reports)
             crash_point("commit:before", 0)
             assert self.ledger is not None
-            committed = self.ledger.commit(record, consumption)
+            # rank 0's reader sees the same follow segments as every rank (they are derived
+            # from the commit log alone), so its events speak for all
+            committed = self.ledger.commit(record, consumption, reports[0].events)
             crash_point("commit:after", 0)
             return "ok", committed
         except errors.LakeckptError as exc:
@@ -371,7 +378,8 @@ class CheckpointManager:
         self._parent = record.checkpoint_id
         return record.step
 
-    def _choose(self, step: int | None, tag: str | None) -> CheckpointRecord | tuple[str, str] | None:
+    def _choose(self, step: int | None,
+                tag: str | None) -> CheckpointRecord | tuple[str, str] | None:
         assert self.ledger is not None
         records = [r for r in self.ledger.checkpoints(self.run_id)
                    if (step is None or r.step == step) and (tag is None or tag in r.tags)]

@@ -17,9 +17,11 @@ __all__ = ["main"]
 
 # name -> (module, one-line help)
 _COMMANDS = {
-    "demo": ("lakeckpt_tables.cli.demo", "train from a synthetic Delta table, SIGKILL it, resume, prove exactly-once"),
+    "demo": ("lakeckpt_tables.cli.demo",
+             "train from a synthetic Delta table, SIGKILL it, resume, prove exactly-once"),
     "bench": ("lakeckpt_tables.cli.bench", "measure reader, checkpoint and state figures"),
-    "checkpoints": ("lakeckpt_tables.cli.checkpoints", "list the committed checkpoints under a root"),
+    "checkpoints": ("lakeckpt_tables.cli.checkpoints",
+                    "list the committed checkpoints under a root"),
 }
 
 
@@ -27,20 +29,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lakeckpt`` console script."""
     parser = argparse.ArgumentParser(prog="lakeckpt", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module, help_text) in _COMMANDS.items():
+    for name, (_, help_text) in _COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     args, rest = parser.parse_known_args(argv)
-    module = importlib.import_module(_COMMANDS[args.command][0])
-    cmd_parser = argparse.ArgumentParser(prog=f"lakeckpt {args.command}",
-                                         description=_COMMANDS[args.command][1])
-    module.register(cmd_parser)
+    module_name, help_text = _COMMANDS[args.command]
+    command = importlib.import_module(module_name)
+    cmd_parser = argparse.ArgumentParser(prog=f"lakeckpt {args.command}", description=help_text)
+    command.register(cmd_parser)
     cmd_args = cmd_parser.parse_args(rest)
     try:
-        return int(module.run(cmd_args) or 0)
+        return int(command.run(cmd_args) or 0)
     except LakeckptError as exc:
         print(f"lakeckpt {args.command}: error: {exc}", file=sys.stderr)
         return 2
-
 
 if __name__ == "__main__":
     sys.exit(main())

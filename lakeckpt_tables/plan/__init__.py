@@ -27,7 +27,7 @@ or fewer rows than slices) the last ``rows mod slices`` rows of the layout form 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ __all__ = [
     "derive_seed",
     "permutation",
     "replan",
+    "replan_rounds",
 ]
 
 
@@ -356,6 +357,9 @@ def replan(
 ) -> tuple[int, dict[int, tuple[Piece, ...]]]:
     """Turn every old slice's undelivered rows into layouts any new policy can plan.
 
+    The epochs of one segment share its units; see :func:`replan_rounds` for rounds with
+    units of their own (follow mode).
+
     Args:
         unit_rows: the segment's unit sizes, canonical order.
         old: the policy the positions were recorded under.
@@ -369,13 +373,30 @@ def replan(
     """
     if len(positions) != old.slices:
         raise ValueError(f"{len(positions)} positions for {old.slices} slices")
+
+    def plan_for(epoch: int, layout: Sequence[Piece] | None) -> EpochPlan:
+        return EpochPlan(unit_rows, old, segment=segment, epoch=epoch, layout=layout)
+
+    return replan_rounds(plan_for, layouts, positions)
+
+
+def replan_rounds(
+    plan_for: Callable[[int, Sequence[Piece] | None], EpochPlan],
+    layouts: dict[int, tuple[Piece, ...]],
+    positions: Sequence[SlicePosition],
+) -> tuple[int, dict[int, tuple[Piece, ...]]]:
+    """:func:`replan` over rounds: ``plan_for(round, layout)`` gives a round's old plan.
+
+    Returns:
+        The round to start at, and a layout for every round some slice had begun.
+    """
     first = min(e for e, _ in positions)
     last = max(e for e, _ in positions)
-    # An epoch past every slice's position may still carry the layout of an earlier re-plan
+    # A round past every slice's position may still carry the layout of an earlier re-plan
     # (some slice of an older shape had begun it): keep it, or its delivered rows come back.
     new_layouts = {e: tuple(ps) for e, ps in layouts.items() if e > last}
     for epoch in range(first, last + 1):
-        plan = EpochPlan(unit_rows, old, segment=segment, epoch=epoch, layout=layouts.get(epoch))
+        plan = plan_for(epoch, layouts.get(epoch))
         pieces: list[Piece] = []
         for g, (e, pos) in enumerate(positions):
             if e <= epoch:

@@ -1,11 +1,11 @@
-"""``LakeDataset``: a torch IterableDataset over a pinned table snapshot whose state is a position."""
+"""``LakeDataset``: a torch IterableDataset over a Delta or Iceberg table, resumable."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +20,16 @@ from lakeckpt_tables.errors import (
     UnknownColumnError,
     UnsupportedTableError,
 )
-from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy, _cut_spans, permutation, replan
+from lakeckpt_tables.plan import (
+    EpochPlan,
+    Piece,
+    PlanPolicy,
+    _cut_spans,
+    permutation,
+    replan_rounds,
+)
 from lakeckpt_tables.reader.convert import to_tensors
+from lakeckpt_tables.reader.rounds import FollowPolicy, Round, RoundSequence, RoundUnits
 from lakeckpt_tables.reader.state import (
     STATE_FORMAT,
     PlanShape,
@@ -46,8 +54,9 @@ class _Cursor:
     slice_index: int
     shape: PlanShape
     layouts: dict[int, tuple[Piece, ...]]
-    epoch: int
+    epoch: int  # the round: an epoch, or a follow segment (lakeckpt_tables.reader.rounds)
     position: int
+    rounds: dict[int, Round]
 
 
 class LakeDataset(IterableDataset[Batch]):
@@ -83,10 +92,21 @@ class LakeDataset(IterableDataset[Batch]):
         drop_last: deliver full batches only (per worker); the rest is reported undelivered.
         shuffle_window: units read and shuffled together; memory is about this many row groups.
         transform: called on every batch dict in the worker, before it is yielded.
+        follow: after the pinned snapshot, go on with the rows appended to the table, segment
+            by segment, without epochs (see ``lakeckpt_tables.reader.rounds``).
+        poll_interval: follow mode: seconds between looks at the table while waiting.
+        max_idle: follow mode: end the pass after this many seconds without a new commit
+            (one rank only); None waits until ``until_version`` or for ever.
+        until_version: follow mode: the last version (Delta) or snapshot id (Iceberg) to read.
+        on_change: follow mode: commits that delete or rewrite rows raise
+            :class:`~lakeckpt_tables.errors.SourceChangedError` (``"fail"``) or are skipped.
+        min_segment_rows: follow mode: appended rows a segment waits for; default
+            ``world_size * batch_size``. Must be at least ranks x workers.
 
     Raises:
         SourceNotFoundError, UnsupportedTableError, EmptySourceError, UnknownColumnError,
-        PinnedFileMissingError, RowCountMismatchError: see :mod:`lakeckpt_tables.errors`.
+        PinnedFileMissingError, RowCountMismatchError, SourceChangedError: see
+        :mod:`lakeckpt_tables.errors`.
     """
 
     def __init__(
@@ -104,6 +124,12 @@ class LakeDataset(IterableDataset[Batch]):
         drop_last: bool = False,
         shuffle_window: int = 4,
         transform: Callable[[Batch], Any] | None = None,
+        follow: bool = False,
+        poll_interval: float = 1.0,
+        max_idle: float | None = None,
+        until_version: int | None = None,
+        on_change: Literal["fail", "skip"] = "fail",
+        min_segment_rows: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
@@ -111,7 +137,7 @@ class LakeDataset(IterableDataset[Batch]):
         PlanPolicy(batch_size=batch_size, shuffle_window=shuffle_window)  # validates both
         self.source = source
         self.snapshot: Snapshot = source.snapshot(version)
-        if self.snapshot.rows == 0:
+        if self.snapshot.rows == 0 and not follow:
             raise EmptySourceError(f"{self.snapshot.describe()} holds no rows; nothing to read")
         self.columns = _check_columns(self.snapshot, columns)
         self.batch_size = batch_size
@@ -122,10 +148,12 @@ class LakeDataset(IterableDataset[Batch]):
         self.shuffle_window = shuffle_window
         self.transform = transform
         self.rank, self.world_size = _rank_and_world(rank, world_size)
-        units = self.snapshot.units
-        self._paths = [u.path for u in units]
-        self._row_groups = np.array([u.row_group for u in units], dtype=np.int64)
-        self._unit_rows = np.array([u.rows for u in units], dtype=np.int64)
+        self.follow = _follow_policy(follow, epochs, self.world_size, batch_size,
+                                     poll_interval=poll_interval, max_idle=max_idle,
+                                     until_version=until_version, on_change=on_change,
+                                     min_segment_rows=min_segment_rows)
+        self.rounds = RoundSequence(source, self.snapshot, self.columns, epochs=epochs,
+                                    follow=self.follow)
         self._resume: ReaderState | None = None
         self._resume_own = False  # the state was handed to this DataLoader worker by torchdata
         self._cursor: _Cursor | None = None
@@ -141,8 +169,14 @@ class LakeDataset(IterableDataset[Batch]):
     @property
     def config(self) -> dict[str, Any]:
         """The run configuration a state must match to be loaded."""
-        return {"seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window,
-                "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns)}
+        config: dict[str, Any] = {
+            "seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window,
+            "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns)}
+        if self.follow is not None:
+            config["follow"] = {"min_segment_rows": self.follow.min_segment_rows,
+                                "on_change": self.follow.on_change,
+                                "until_version": self.follow.until_version}
+        return config
 
     def _empty_state(self, shape: PlanShape | None) -> ReaderState:
         slices = () if shape is None else (None,) * (shape[0] * shape[1])
@@ -161,7 +195,8 @@ class LakeDataset(IterableDataset[Batch]):
         if cursor is None:
             return (self._resume or self._empty_state(None)).to_dict()
         state = ReaderState(self.snapshot.identity, self.snapshot.version, 0, self.config,
-                            cursor.shape, cursor.layouts, (None,) * (cursor.shape[0] * cursor.shape[1]))
+                            cursor.shape, cursor.layouts,
+                            (None,) * (cursor.shape[0] * cursor.shape[1]), cursor.rounds)
         return state.with_slice(cursor.slice_index, (cursor.epoch, cursor.position)).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -211,21 +246,66 @@ class LakeDataset(IterableDataset[Batch]):
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         shape = (self.world_size, workers, self.batch_size)
         g = self.rank * workers + worker
+        if self.follow is not None and self.follow.min_segment_rows < self.world_size * workers:
+            raise ValueError(
+                f"min_segment_rows={self.follow.min_segment_rows} is below ranks x workers = "
+                f"{self.world_size * workers}: a segment could not give every worker a row. "
+                "Raise min_segment_rows.")
         resume = self._resume
         if resume is None or resume.plan is None:
-            return _Cursor(g, shape, {}, 0, 0)
+            return _Cursor(g, shape, {}, 0, 0, {})
         if resume.plan == shape:
             g = self._resumed_slice(resume, shape, worker)
             epoch, position = resume.slices[g] or (0, 0)
-            return _Cursor(g, shape, dict(resume.layouts), epoch, position)
-        if not resume.complete:
+            return _Cursor(g, shape, dict(resume.layouts), epoch, position,
+                           _own_round(resume.rounds, epoch))
+        reshaped = self.reshape(resume, shape)
+        first = reshaped.slices[0]
+        assert first is not None
+        return _Cursor(g, shape, dict(reshaped.layouts), first[0], 0,
+                       _own_round(reshaped.rounds, first[0]))
+
+    def reshape(self, state: ReaderState, shape: PlanShape) -> ReaderState:
+        """``state`` as a reader of ``shape`` starts from it: its undelivered rows re-planned.
+
+        Raises:
+            StateMismatchError: the state does not cover every rank and worker.
+        """
+        if state.plan == shape:
+            return state
+        if not state.complete or state.plan is None:
             raise StateMismatchError(
-                f"reader state was saved with (world_size, workers, batch_size)={resume.plan}, "
+                f"reader state was saved with (world_size, workers, batch_size)={state.plan}, "
                 f"this reader runs {shape}; re-planning for another shape needs the merged "
                 "state of every rank and worker (CheckpointManager saves it; or merge_states)")
-        first, layouts = replan(self._unit_rows, self._policy(resume.plan), resume.layouts,
-                                resume.positions())
-        return _Cursor(g, shape, layouts, first, 0)
+        old = self._policy(state.plan)
+        known = dict(state.rounds)
+
+        def plan_for(index: int, layout: Sequence[Piece] | None) -> EpochPlan:
+            rnd = self.rounds.get(index, known, wait=False)
+            assert rnd is not None, f"round {index} of a reader state cannot be listed again"
+            known[index] = rnd
+            return self._round_plan(old, rnd, layout)
+
+        first, layouts = replan_rounds(plan_for, dict(state.layouts), state.positions())
+        rounds = {r: d for r, d in known.items() if r >= first and d.base is not None}
+        return ReaderState(state.table, state.version, state.segment, state.config, shape,
+                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds)
+
+    def round_plan(self, index: int, shape: PlanShape, layouts: dict[int, tuple[Piece, ...]],
+                   known: dict[int, Round]) -> tuple[EpochPlan, RoundUnits]:
+        """Round ``index``'s plan for ``shape`` and its units (for consumption records)."""
+        rnd = self.rounds.get(index, known, wait=False)
+        if rnd is None:
+            raise StateMismatchError(f"{self.snapshot.describe()}: round {index} of the reader "
+                                     "state cannot be listed again from the table")
+        return (self._round_plan(self._policy(shape), rnd, layouts.get(index)),
+                self.rounds.units(rnd))
+
+    def _round_plan(self, policy: PlanPolicy, rnd: Round,
+                    layout: Sequence[Piece] | None) -> EpochPlan:
+        return EpochPlan(self.rounds.units(rnd).rows, policy, segment=rnd.segment,
+                         epoch=rnd.epoch, layout=layout)
 
     def _resumed_slice(self, resume: ReaderState, shape: PlanShape, worker: int) -> int:
         """The slice DataLoader worker ``worker`` continues when resuming at the same shape.
@@ -258,8 +338,14 @@ class LakeDataset(IterableDataset[Batch]):
         # Every slice of the rank started together at the origin: the pass start, or the
         # first epoch of the last elastic re-plan. Count batches yielded and due since then.
         origin = min(resume.layouts, default=0)
-        cursor = _Cursor(0, shape, dict(resume.layouts), origin, 0)
-        plans = [self._epoch_plan(cursor, e) for e in range(origin, self.epochs)]
+        mine = [s for s in resume.slices[self.rank * workers:(self.rank + 1) * workers] if s]
+        last = self.epochs - 1 if self.follow is None else max(e for e, _ in mine)
+        policy, known = self._policy(shape), dict(resume.rounds)
+        plans = []
+        for index in range(origin, last + 1):
+            rnd = self.rounds.get(index, known, wait=False)
+            if rnd is not None:
+                plans.append(self._round_plan(policy, rnd, resume.layouts.get(index)))
         done, due = [], []
         for g in range(self.rank * workers, (self.rank + 1) * workers):
             epoch, position = resume.slices[g] or (origin, 0)
@@ -272,7 +358,7 @@ class LakeDataset(IterableDataset[Batch]):
                 elif plan.epoch == epoch:
                     d += int(np.searchsorted(plan.batch_ends(g), position, side="right"))
             done.append(d)
-            due.append(n)
+            due.append(n if self.follow is None else n + 1)  # a follower never runs dry
         # Round j polls, in worker order, every worker with more than j batches: the workers
         # that yielded the most form a prefix of the current round, the last of them went last.
         most = max(done)
@@ -283,10 +369,6 @@ class LakeDataset(IterableDataset[Batch]):
                 return i
         return 0
 
-    def _epoch_plan(self, cursor: _Cursor, epoch: int) -> EpochPlan:
-        return EpochPlan(self._unit_rows, self._policy(cursor.shape), epoch=epoch,
-                         layout=cursor.layouts.get(epoch))
-
     # -------------------------------------------------------------------------- reading
 
     def __iter__(self) -> Iterator[Batch]:
@@ -294,24 +376,30 @@ class LakeDataset(IterableDataset[Batch]):
         self._cursor = cursor
         if get_worker_info() is None:
             self._resume = None  # a later pass in this process starts afresh
-        for epoch in range(cursor.epoch, self.epochs):
-            plan = self._epoch_plan(cursor, epoch)
+        policy = self._policy(cursor.shape)
+        index = cursor.epoch
+        while (rnd := self.rounds.get(index, cursor.rounds, wait=True)) is not None:
+            plan = self._round_plan(policy, rnd, cursor.layouts.get(index))
+            units = self.rounds.units(rnd)
             self._warn_tail(plan, cursor)
-            start = cursor.position if epoch == cursor.epoch else 0
-            for table, position in self._batches(plan, cursor.slice_index, start):
-                cursor.epoch, cursor.position = epoch, position
+            start = cursor.position if index == cursor.epoch else 0
+            for table, position in self._batches(plan, units, cursor.slice_index, start):
+                cursor.epoch, cursor.position = index, position
+                cursor.rounds = _own_round({index: rnd}, index)
                 batch = to_tensors(table)
                 yield self.transform(batch) if self.transform is not None else batch
+            index += 1
 
     def _warn_tail(self, plan: EpochPlan, cursor: _Cursor) -> None:
         tail = sum(p.size for p in plan.tail())
         if tail and cursor.slice_index == 0:
-            log.warning("%s epoch %d: %d row(s) cannot be split in lockstep over %d slices "
-                        "with batch size %d; they are not delivered this epoch",
-                        self.snapshot.describe(), plan.epoch, tail, plan.policy.slices,
-                        plan.policy.batch_size)
+            log.warning("%s segment %d epoch %d: %d row(s) cannot be split in lockstep over "
+                        "%d slices with batch size %d; they are not delivered",
+                        self.snapshot.describe(), plan.segment, plan.epoch, tail,
+                        plan.policy.slices, plan.policy.batch_size)
 
-    def _batches(self, plan: EpochPlan, g: int, start: int) -> Iterator[tuple[pa.Table, int]]:
+    def _batches(self, plan: EpochPlan, units: RoundUnits, g: int,
+                 start: int) -> Iterator[tuple[pa.Table, int]]:
         """Slice ``g``'s batches after ``start`` rows, each with the position after it."""
         ends = plan.batch_ends(g)
         j = int(np.searchsorted(ends, start, side="right"))
@@ -325,7 +413,7 @@ class LakeDataset(IterableDataset[Batch]):
             if offset + size <= emitted:
                 offset += size
                 continue
-            table = self._read_window(plan, window, emitted - offset)
+            table = self._read_window(plan, units, window, emitted - offset)
             offset += size
             taken = 0
             while j < len(ends) and taken < table.num_rows:
@@ -341,21 +429,24 @@ class LakeDataset(IterableDataset[Batch]):
             if j >= len(ends):
                 return
 
-    def _read_window(self, plan: EpochPlan, window: Piece, skip: int) -> pa.Table:
+    def _read_window(self, plan: EpochPlan, units: RoundUnits, window: Piece,
+                     skip: int) -> pa.Table:
         """The window's rows in emission order, from its ``skip``-th on."""
         if window.seed is None:
-            return self._read_spans(plan, _cut_spans(window.spans, skip, window.size))
-        table = self._read_spans(plan, window.spans)
+            return self._read_spans(plan, units, _cut_spans(window.spans, skip, window.size))
+        table = self._read_spans(plan, units, window.spans)
         order = permutation(table.num_rows, window.seed)[window.lo + skip : window.hi]
         return table.take(pa.array(order))
 
-    def _read_spans(self, plan: EpochPlan, spans: Sequence[tuple[int, int]]) -> pa.Table:
-        parts = [self._read_unit(u).slice(r0, r1 - r0) for u, r0, r1 in plan.locate(spans)]
+    def _read_spans(self, plan: EpochPlan, units: RoundUnits,
+                    spans: Sequence[tuple[int, int]]) -> pa.Table:
+        parts = [self._read_unit(units, u).slice(r0, r1 - r0)
+                 for u, r0, r1 in plan.locate(spans)]
         return _concat(parts)
 
-    def _read_unit(self, u: int) -> pa.Table:
-        path = self._paths[u]
-        row_group = int(self._row_groups[u])
+    def _read_unit(self, units: RoundUnits, u: int) -> pa.Table:
+        unit = units.units[u]
+        path, row_group = unit.path, unit.row_group
         try:
             handle = self._files.get(path)
             if handle is None:
@@ -366,10 +457,10 @@ class LakeDataset(IterableDataset[Batch]):
                 f"{self.snapshot.describe()}: data file {path} of the pinned version is gone "
                 "(vacuumed or expired?); restore it, or start a new run on a newer version"
             ) from exc
-        if table.num_rows != self._unit_rows[u]:
+        if table.num_rows != unit.rows:
             raise RowCountMismatchError(
                 f"{self.snapshot.describe()}: row group {row_group} of {path} holds "
-                f"{table.num_rows} rows, {self._unit_rows[u]} when the snapshot was pinned; "
+                f"{table.num_rows} rows, {unit.rows} when the snapshot was pinned; "
                 "the file was rewritten in place")
         return table.select(self.columns)
 
@@ -414,3 +505,25 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
     return rank, world_size
+
+
+def _own_round(rounds: dict[int, Round] | Any, index: int) -> dict[int, Round]:
+    """The descriptor a state needs for round ``index``: follow segments only."""
+    rnd = rounds.get(index)
+    return {index: rnd} if rnd is not None and rnd.base is not None else {}
+
+
+def _follow_policy(follow: bool, epochs: int, world_size: int, batch_size: int,
+                   **options: Any) -> FollowPolicy | None:
+    if not follow:
+        return None
+    if epochs != 1:
+        raise ValueError("follow mode has no epochs: leave epochs=1")
+    if options["max_idle"] is not None and world_size > 1:
+        raise ValueError(
+            "max_idle ends a pass when no commit came for a while, which each rank would "
+            "notice at a different step; with several ranks use until_version, or stop all "
+            "ranks together from the training loop")
+    if options["min_segment_rows"] is None:
+        options["min_segment_rows"] = world_size * batch_size
+    return FollowPolicy(**options)

@@ -14,6 +14,7 @@ Schema (``format`` = :data:`STATE_FORMAT`)::
                   "epochs": 1, "columns": ["id", "x"]},
       "plan":    {"world_size": 2, "workers": 2, "batch_size": 64} | null,
       "layouts": {"<epoch>": [piece, ...]},  # only epochs re-planned by an elastic resume
+      "rounds":  {"<round>": [index, segment, epoch, base, to, skipped]},  # follow mode only
       "slices":  [[epoch, rows delivered] | null, ...]   # one per (rank, worker)
     }
 
@@ -29,11 +30,12 @@ import base64
 import json
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import Piece
+from lakeckpt_tables.reader.rounds import Round
 from lakeckpt_tables.types import TableIdentity
 
 __all__ = [
@@ -55,6 +57,7 @@ KEY_SEGMENT = "segment"
 KEY_CONFIG = "config"
 KEY_PLAN = "plan"
 KEY_LAYOUTS = "layouts"
+KEY_ROUNDS = "rounds"  # optional: descriptors of the follow segments slices stand in
 KEY_SLICES = "slices"
 _KEYS = (KEY_FORMAT, KEY_TABLE, KEY_VERSION, KEY_SEGMENT, KEY_CONFIG, KEY_PLAN, KEY_LAYOUTS,
          KEY_SLICES)
@@ -74,6 +77,7 @@ class ReaderState:
     plan: PlanShape | None
     layouts: Mapping[int, tuple[Piece, ...]]
     slices: tuple[SlicePos | None, ...]
+    rounds: Mapping[int, Round] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -99,6 +103,8 @@ class ReaderState:
                 zip(("world_size", "workers", "batch_size"), self.plan, strict=True)),
             KEY_LAYOUTS: {str(e): [p.to_json() for p in ps] for e, ps in self.layouts.items()},
             KEY_SLICES: [None if s is None else list(s) for s in self.slices],
+            **({KEY_ROUNDS: {str(r): d.to_json() for r, d in sorted(self.rounds.items())}}
+               if self.rounds else {}),
         }
 
     @classmethod
@@ -127,14 +133,16 @@ class ReaderState:
     def _parse(cls, state: Mapping[str, Any]) -> ReaderState:
         t = state[KEY_TABLE]
         plan = state[KEY_PLAN]
-        shape = None if plan is None else (
-            _positive(plan["world_size"]), _positive(plan["workers"]), _positive(plan["batch_size"]))
+        shape = None if plan is None else (_positive(plan["world_size"]),
+                                           _positive(plan["workers"]),
+                                           _positive(plan["batch_size"]))
         slices = tuple(None if s is None else (_natural(s[0]), _natural(s[1]))
                        for s in state[KEY_SLICES])
         if shape is not None and len(slices) != shape[0] * shape[1]:
             raise ValueError(f"{len(slices)} slices for {shape[0]} ranks x {shape[1]} workers")
         layouts = {int(e): tuple(Piece.from_json(p) for p in ps)
                    for e, ps in state[KEY_LAYOUTS].items()}
+        rounds = {int(r): Round.from_json(d) for r, d in state.get(KEY_ROUNDS, {}).items()}
         return cls(
             table=TableIdentity(t["format"], str(t["location"]), str(t["table_id"])),
             version=int(state[KEY_VERSION]),
@@ -143,6 +151,7 @@ class ReaderState:
             plan=shape,
             layouts=layouts,
             slices=slices,
+            rounds=rounds,
         )
 
 
@@ -185,6 +194,10 @@ def _merge_two(a: ReaderState, b: ReaderState) -> ReaderState:
                 f"cannot merge reader states with different {name}: "
                 f"{getattr(a, name)!r} vs {getattr(b, name)!r}"
             )
+    for r in set(a.rounds) & set(b.rounds):
+        if a.rounds[r] != b.rounds[r]:
+            raise StateMismatchError(f"two reader states disagree on follow segment {r}: "
+                                     f"{a.rounds[r]} vs {b.rounds[r]}")
     slices = list(a.slices)
     for g, pos in enumerate(b.slices):
         if pos is None:
@@ -193,7 +206,7 @@ def _merge_two(a: ReaderState, b: ReaderState) -> ReaderState:
             raise StateMismatchError(f"two reader states disagree on slice {g}: "
                                      f"{slices[g]} vs {pos}")
         slices[g] = pos
-    return replace(a, slices=tuple(slices))
+    return replace(a, slices=tuple(slices), rounds={**a.rounds, **b.rounds})
 
 
 def states_from_loader(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -12,6 +12,9 @@ import pyarrow as pa
 from lakeckpt_tables.errors import PinnedFileMissingError, RowCountMismatchError
 from lakeckpt_tables.sources._footers import FileFooter, read_footers
 from lakeckpt_tables.types import TableIdentity, Unit
+
+if TYPE_CHECKING:
+    from lakeckpt_tables.sources.commits import Commit
 
 __all__ = ["DataFile", "Snapshot", "Source", "local_path_or_uri", "units_from_files"]
 
@@ -49,6 +52,8 @@ class Snapshot:
     schema: pa.Schema
     units: tuple[Unit, ...]
     file_columns: dict[str, tuple[str, ...]]
+    column_types: dict[str, str] = field(default_factory=dict)
+    """Column name -> the table format's own type text, to detect type changes in follow mode."""
 
     @property
     def rows(self) -> int:
@@ -63,6 +68,15 @@ class Source(Protocol):
 
     def snapshot(self, version: int | None = None) -> Snapshot:
         """Resolve ``version`` (latest when None) to an immutable snapshot."""
+        ...
+
+    def commit_after(self, version: int, snapshot: Snapshot,
+                     columns: Sequence[str]) -> Commit | None:
+        """The commit following ``version``, classified; None if none yet. Fork-safe."""
+        ...
+
+    def is_after(self, version: int, until: int) -> bool:
+        """Whether ``version`` comes after ``until`` in the table's history."""
         ...
 
 

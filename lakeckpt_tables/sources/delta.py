@@ -7,7 +7,9 @@ DataLoader workers read those files with pyarrow alone.
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -15,6 +17,7 @@ import pyarrow as pa
 
 from lakeckpt_tables.errors import SourceNotFoundError, UnsupportedTableError
 from lakeckpt_tables.sources.base import DataFile, Snapshot, local_path_or_uri, units_from_files
+from lakeckpt_tables.sources.commits import Commit, read_delta_commit
 from lakeckpt_tables.types import TableIdentity
 
 __all__ = ["DeltaSource"]
@@ -87,10 +90,21 @@ class DeltaSource:
         files = _data_files(dt, identity.location)
         units, columns = units_from_files(identity, pinned, files)
         schema = pa.schema(dt.schema().to_arrow())
-        snap = Snapshot(identity, pinned, schema, units, columns)
+        types = {f["name"]: json.dumps(f["type"])
+                 for f in json.loads(dt.schema().to_json())["fields"]}
+        snap = Snapshot(identity, pinned, schema, units, columns, types)
         with self._lock:
             self._snapshots[pinned] = snap
         return snap
+
+    def commit_after(self, version: int, snapshot: Snapshot,
+                     columns: Sequence[str]) -> Commit | None:
+        """Commit ``version + 1`` from the log JSON (fork-safe: no deltalake); None if absent."""
+        return read_delta_commit(snapshot.identity.location, version + 1, list(columns),
+                                 snapshot.column_types)
+
+    def is_after(self, version: int, until: int) -> bool:
+        return version > until
 
 
 def _data_files(dt: Any, root: str) -> list[DataFile]:

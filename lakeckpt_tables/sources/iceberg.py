@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import threading
 import tomllib
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from lakeckpt_tables.errors import SourceNotFoundError, UnsupportedTableError
+from lakeckpt_tables.errors import SourceChangedError, SourceNotFoundError, UnsupportedTableError
 from lakeckpt_tables.sources.base import DataFile, Snapshot, local_path_or_uri, units_from_files
+from lakeckpt_tables.sources.commits import Commit
 from lakeckpt_tables.types import TableIdentity
 
 __all__ = ["DEFAULT_CATALOG_NAME", "IcebergSource", "default_catalog"]
@@ -55,8 +57,31 @@ class IcebergSource:
     def __init__(self, identifier: str | tuple[str, ...], *, catalog: Any = None) -> None:
         self.identifier = identifier
         self.catalog = catalog if catalog is not None else default_catalog()
+        self._catalog_pid = os.getpid()
         self._snapshots: dict[int, Snapshot] = {}
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A catalog holds connections that must not cross into another process: it is
+        # re-created from its class, name and properties there (see _catalog_here).
+        state = self.__dict__.copy()
+        state["catalog"] = (type(self.catalog), self.catalog.name, dict(self.catalog.properties))
+        state["_catalog_pid"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _catalog_here(self) -> Any:
+        """This process's catalog: a forked DataLoader worker opens its own connections."""
+        if self._catalog_pid != os.getpid():
+            cls, name, props = (self.catalog if isinstance(self.catalog, tuple) else
+                                (type(self.catalog), self.catalog.name, self.catalog.properties))
+            self.catalog = cls(name, **props)
+            self._catalog_pid = os.getpid()
+        return self.catalog
 
     def __repr__(self) -> str:
         return f"IcebergSource({self.identifier!r})"
@@ -65,11 +90,12 @@ class IcebergSource:
         """The table's current metadata (main process only)."""
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
+        catalog = self._catalog_here()
         try:
-            return self.catalog.load_table(self.identifier)
+            return catalog.load_table(self.identifier)
         except (NoSuchTableError, NoSuchNamespaceError) as exc:
             raise SourceNotFoundError(
-                f"no Iceberg table {self.identifier!r} in catalog {self.catalog.name!r}: {exc}"
+                f"no Iceberg table {self.identifier!r} in catalog {catalog.name!r}: {exc}"
             ) from exc
 
     def latest_version(self) -> int | None:
@@ -103,10 +129,40 @@ class IcebergSource:
         files = self._data_files(table, identity, pinned)
         units, columns = units_from_files(identity, pinned, files)
         schema = _snapshot_schema(table, snap_meta)
-        snap = Snapshot(identity, pinned, schema, units, columns)
+        snap = Snapshot(identity, pinned, schema, units, columns,
+                        _column_types(table, snap_meta.schema_id))
         with self._lock:
             self._snapshots[pinned] = snap
         return snap
+
+    def commit_after(self, version: int, snapshot: Snapshot,
+                     columns: Sequence[str]) -> Commit | None:
+        """The snapshot after ``version`` on the table's main lineage, classified."""
+        table = self.load_table()
+        child = _child_in_lineage(table, version, snapshot.identity)
+        if child is None:
+            return None
+        sid, operation = int(child.snapshot_id), child.summary.operation.value
+        problem = _schema_problem(table, child.schema_id, columns, snapshot.column_types)
+        if problem:
+            return Commit(sid, "schema", operation, detail=problem)
+        if operation == "replace":
+            return Commit(sid, "rearrange", operation, detail="replace changed no rows")
+        if operation != "append":
+            return Commit(sid, "change", operation, detail=f"{operation} snapshot")
+        scan = table.incremental_append_scan(from_snapshot_id_exclusive=version,
+                                             to_snapshot_id_inclusive=sid)
+        files = []
+        for task in scan.plan_files():
+            if task.delete_files:
+                return Commit(sid, "change", operation, detail="adds delete files")
+            files.append(DataFile(local_path_or_uri(task.file.file_path),
+                                  task.file.file_size_in_bytes, task.file.record_count))
+        return Commit(sid, "append", operation, tuple(files))
+
+    def is_after(self, version: int, until: int) -> bool:
+        """Snapshot ids are not ordered; only reaching ``until`` itself ends a follow."""
+        return False
 
     def _data_files(self, table: Any, identity: TableIdentity, pinned: int) -> list[DataFile]:
         files = []
@@ -120,6 +176,38 @@ class IcebergSource:
             files.append(DataFile(local_path_or_uri(task.file.file_path),
                                   task.file.file_size_in_bytes, task.file.record_count))
         return files
+
+
+def _child_in_lineage(table: Any, version: int, identity: TableIdentity) -> Any:
+    """The snapshot whose parent is ``version`` on the current lineage; None if ``version``
+    is current."""
+    child = None
+    current = table.current_snapshot()
+    while current is not None:
+        if current.snapshot_id == version:
+            return child
+        child = current
+        parent = current.parent_snapshot_id
+        current = None if parent is None else table.snapshot_by_id(parent)
+    raise SourceChangedError(
+        f"{identity.describe()}: snapshot {version} is no longer an ancestor of the current "
+        "snapshot (rolled back or expired); the followed history is gone")
+
+
+def _column_types(table: Any, schema_id: int) -> dict[str, str]:
+    schema = table.schemas().get(schema_id, table.schema())
+    return {f.name: str(f.field_type) for f in schema.fields}
+
+
+def _schema_problem(table: Any, schema_id: int, columns: Sequence[str],
+                    types: dict[str, str]) -> str:
+    now = _column_types(table, schema_id)
+    for name in columns:
+        if name not in now:
+            return f"column {name!r} was dropped or renamed"
+        if name in types and now[name] != types[name]:
+            return f"column {name!r} changed type from {types[name]} to {now[name]}"
+    return ""
 
 
 def _snapshot_schema(table: Any, snap_meta: Any) -> pa.Schema:

@@ -1,0 +1,227 @@
+"""The rounds a reader passes through: epochs of a pinned snapshot, or segments of a followed table.
+
+A *round* is one planned pass over a set of units; a slice's position is (round, rows). With a
+pinned snapshot, round ``e`` is epoch ``e`` of it. In follow mode, round 0 is the pinned
+snapshot and round ``k`` is segment ``k``: the rows appended by the commits after segment
+``k - 1``'s last version.
+
+NOTE [ segment boundaries ]
+Every DataLoader worker of every rank forms segments on its own (workers cannot run
+collectives), so a boundary must not depend on when a process looks. Segment ``k`` therefore
+spans the commits after segment ``k - 1`` up to the FIRST commit at which at least
+``min_segment_rows`` appended rows have accumulated, or up to ``until_version``: a function of
+the immutable commit log alone. Waiting never cuts a segment short; ``max_idle`` only ends the
+pass, and the same segment is formed, identically, when reading resumes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from lakeckpt_tables.errors import SourceChangedError
+from lakeckpt_tables.sources.base import Snapshot, units_from_files
+from lakeckpt_tables.sources.commits import Commit
+from lakeckpt_tables.types import Unit
+
+__all__ = ["FollowPolicy", "Round", "RoundSequence", "RoundUnits"]
+
+OnChange = Literal["fail", "skip"]
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One round. ``base is None``: the whole snapshot at ``to``; else rows appended in
+    commits ``(base, to]``, minus ``skipped`` commits (version, reason)."""
+
+    index: int
+    segment: int
+    epoch: int
+    base: int | None
+    to: int
+    skipped: tuple[tuple[int, str], ...] = ()
+
+    def to_json(self) -> list[Any]:
+        return [self.index, self.segment, self.epoch, self.base, self.to,
+                [list(s) for s in self.skipped]]
+
+    @classmethod
+    def from_json(cls, value: Any) -> Round:
+        index, segment, epoch, base, to, skipped = value
+        return cls(int(index), int(segment), int(epoch), None if base is None else int(base),
+                   int(to), tuple((int(v), str(r)) for v, r in skipped))
+
+
+@dataclass(frozen=True)
+class RoundUnits:
+    """A round's units (canonical order) and their row counts."""
+
+    units: tuple[Unit, ...]
+    rows: np.ndarray[Any, np.dtype[np.int64]]
+
+    @classmethod
+    def of(cls, units: Sequence[Unit]) -> RoundUnits:
+        return cls(tuple(units), np.array([u.rows for u in units], dtype=np.int64))
+
+
+@dataclass(frozen=True, kw_only=True)
+class FollowPolicy:
+    """How a reader follows its table (see NOTE [ segment boundaries ]).
+
+    Attributes:
+        min_segment_rows: appended rows a segment waits for before it is formed.
+        poll_interval: seconds between looks at the table while waiting.
+        max_idle: end the pass after this many seconds without a new commit (world size 1
+            only: ranks would stop at different steps); None waits for ever.
+        until_version: last version (Delta) or snapshot id (Iceberg) to read; None: no end.
+        on_change: commits that delete or rewrite rows: ``"fail"`` or ``"skip"``.
+    """
+
+    min_segment_rows: int
+    poll_interval: float = 1.0
+    max_idle: float | None = None
+    until_version: int | None = None
+    on_change: OnChange = "fail"
+
+    def __post_init__(self) -> None:
+        if self.min_segment_rows < 1:
+            raise ValueError(f"min_segment_rows must be >= 1, got {self.min_segment_rows}")
+        if self.poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0, got {self.poll_interval}")
+        if self.on_change not in ("fail", "skip"):
+            raise ValueError(f"on_change must be 'fail' or 'skip', got {self.on_change!r}")
+
+
+class FollowableSource(Protocol):
+    def commit_after(self, version: int, snapshot: Snapshot,
+                     columns: Sequence[str]) -> Commit | None: ...
+
+    def is_after(self, version: int, until: int) -> bool: ...
+
+
+class RoundSequence:
+    """The rounds of one reader: the same in every process that asks."""
+
+    def __init__(self, source: Any, snapshot: Snapshot, columns: Sequence[str], *,
+                 epochs: int, follow: FollowPolicy | None) -> None:
+        self.source = source
+        self.snapshot = snapshot
+        self.columns = list(columns)
+        self.epochs = epochs
+        self.follow = follow
+        self._units: dict[int, RoundUnits] = {0: RoundUnits.of(snapshot.units)}
+        self._formed: dict[int, Round] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_units"] = {0: self._units[0]}  # other rounds are cheap to list again
+        state["_formed"] = {}
+        return state
+
+    def first(self) -> Round:
+        return Round(0, 0, 0, None, self.snapshot.version)
+
+    def get(self, index: int, known: Mapping[int, Round], *, wait: bool) -> Round | None:
+        """Round ``index``; None when the pass ends before it (epochs done, end version,
+        idle). ``known`` holds rounds named by a reader state."""
+        if self.follow is None:
+            return Round(index, 0, index, None, self.snapshot.version) \
+                if index < self.epochs else None
+        if index == 0:
+            return self.first()
+        if index in known:
+            return known[index]
+        if index in self._formed:
+            return self._formed[index]
+        prev = self.get(index - 1, known, wait=wait)
+        if prev is None:
+            return None
+        formed = self._form(prev, wait)
+        if formed is not None:
+            self._formed[index] = formed
+        return formed
+
+    def units(self, rnd: Round) -> RoundUnits:
+        """The units a round reads (listed from the commit log for follow segments)."""
+        key = rnd.index if rnd.base is not None else 0
+        if key not in self._units:
+            self._units[key] = RoundUnits.of(self._segment_units(rnd))
+        return self._units[key]
+
+    # ------------------------------------------------------------------------ follow
+
+    def _at_end(self, version: int) -> bool:
+        assert self.follow is not None
+        until = self.follow.until_version
+        return until is not None and (version == until or self.source.is_after(version, until))
+
+    def _next_commit(self, version: int, wait: bool) -> Commit | None:
+        assert self.follow is not None
+        idle_since = time.monotonic()
+        while True:
+            commit: Commit | None = self.source.commit_after(version, self.snapshot,
+                                                             self.columns)
+            if commit is not None or not wait:
+                return commit
+            if (self.follow.max_idle is not None
+                    and time.monotonic() - idle_since >= self.follow.max_idle):
+                return None
+            time.sleep(self.follow.poll_interval)
+
+    def _form(self, prev: Round, wait: bool) -> Round | None:
+        """Segment after ``prev``, by NOTE [ segment boundaries ]; None if not formed yet."""
+        assert self.follow is not None
+        version, rows = prev.to, 0
+        units: list[Unit] = []
+        skipped: list[tuple[int, str]] = []
+        while not self._at_end(version):
+            commit = self._next_commit(version, wait)
+            if commit is None:
+                return None  # idle: the segment is formed, identically, when reading resumes
+            version = commit.version
+            if commit.kind == "append":
+                new, _ = units_from_files(self.snapshot.identity, version, commit.files)
+                units.extend(new)
+                rows += sum(u.rows for u in new)
+            else:
+                skipped.append((version, self._skip_reason(commit)))
+            if rows >= self.follow.min_segment_rows:
+                break
+        if version == prev.to:
+            return None  # at the end version already
+        formed = Round(prev.index + 1, prev.segment + 1, 0, prev.to, version, tuple(skipped))
+        self._units[formed.index] = RoundUnits.of(sorted(units))
+        return formed
+
+    def _skip_reason(self, commit: Commit) -> str:
+        assert self.follow is not None
+        where = f"{self.snapshot.identity.describe()} version {commit.version}"
+        if commit.kind == "schema":
+            raise SourceChangedError(f"{where} ({commit.operation}): {commit.detail}; the "
+                                     "reader cannot honour it. Start a new run on the new schema.")
+        if commit.kind == "change" and self.follow.on_change == "fail":
+            raise SourceChangedError(
+                f"{where} ({commit.operation}) deletes or rewrites rows: {commit.detail}. "
+                "Pass on_change='skip' to go on without that commit's rows.")
+        return f"{commit.kind} {commit.operation}: {commit.detail}"
+
+    def _segment_units(self, rnd: Round) -> list[Unit]:
+        """List a known segment's units again (in another process, or after a resume)."""
+        assert rnd.base is not None
+        skipped = {v for v, _ in rnd.skipped}
+        version, units = rnd.base, []
+        while version != rnd.to:
+            commit = self.source.commit_after(version, self.snapshot, self.columns)
+            if commit is None:
+                raise SourceChangedError(
+                    f"{self.snapshot.identity.describe()}: the commit after version {version} "
+                    f"is gone, but segment {rnd.segment} of the reader state covers versions "
+                    f"({rnd.base}, {rnd.to}]; the log was cleaned up or rewritten")
+            version = commit.version
+            if commit.kind == "append" and version not in skipped:
+                units.extend(units_from_files(self.snapshot.identity, version, commit.files)[0])
+        return sorted(units)

@@ -1,0 +1,126 @@
+"""One commit of a source, classified for follow mode: what it did to the rows.
+
+NOTE [ commit kinds ]
+- ``append``: adds rows and removes none (Delta adds with ``dataChange=true`` and no removes
+  with it; Iceberg ``append``). Its added files are the next segment's data.
+- ``rearrange``: changes no rows (Delta ``dataChange=false`` everywhere, e.g. OPTIMIZE;
+  Iceberg ``replace``; metadata-only commits). Skipped: reading its files would repeat rows.
+- ``change``: removes or rewrites rows (DELETE, UPDATE, MERGE, overwrite). A follower cannot
+  un-train rows, so the policy decides: ``on_change="fail"`` (default) or ``"skip"`` (the
+  commit's added rows are not read, like Spark's ``skipChangeCommits``).
+- ``schema``: changes the type of a selected column or drops it. Always fails.
+
+Commits are read without deltalake (its runtime is not fork-safe; DataLoader workers follow
+tables): a Delta commit is the JSON file ``_delta_log/<version>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import unquote
+
+import pyarrow.fs as pafs
+
+from lakeckpt_tables.sources.base import DataFile
+
+__all__ = ["Commit", "CommitKind", "read_delta_commit"]
+
+CommitKind = Literal["append", "rearrange", "change", "schema"]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit after the pinned version.
+
+    Attributes:
+        version: Delta version or Iceberg snapshot id.
+        kind: see NOTE [ commit kinds ].
+        operation: the operation the writer recorded (WRITE, OPTIMIZE, DELETE, append...).
+        files: files with rows added (appends only; empty otherwise).
+        detail: why the commit is not an append, for errors and the ledger.
+    """
+
+    version: int
+    kind: CommitKind
+    operation: str
+    files: tuple[DataFile, ...] = field(default=())
+    detail: str = ""
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows or 0 for f in self.files)
+
+
+def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in root:
+        return pafs.FileSystem.from_uri(root)  # type: ignore[no-any-return]
+    return pafs.LocalFileSystem(), root
+
+
+def read_delta_commit(root: str, version: int, columns: list[str],
+                      types: dict[str, str]) -> Commit | None:
+    """Delta commit ``version`` of the table at ``root``; None when it is not committed yet.
+
+    Args:
+        root: table root (local path or URI).
+        version: commit version.
+        columns: the columns the reader reads (schema changes to others are harmless).
+        types: their Delta type strings at the pinned version, to detect type changes.
+    """
+    fs, base = _filesystem(root)
+    path = f"{base}/_delta_log/{version:020d}.json"
+    try:
+        with fs.open_input_stream(path) as stream:
+            text = stream.read().decode()
+    except FileNotFoundError:
+        return None
+    actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return _classify(root, version, actions, columns, types)
+
+
+def _classify(root: str, version: int, actions: list[dict[str, Any]], columns: list[str],
+              types: dict[str, str]) -> Commit:
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    operation = str(info.get("operation", "UNKNOWN"))
+    schema_problem = _schema_problem(actions, columns, types)
+    if schema_problem:
+        return Commit(version, "schema", operation, detail=schema_problem)
+    adds = [a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
+    removes = [a["remove"] for a in actions
+               if "remove" in a and a["remove"].get("dataChange", True)]
+    if removes:
+        return Commit(version, "change", operation,
+                      detail=f"{operation} removed {len(removes)} file(s) with changed rows")
+    if not adds:
+        return Commit(version, "rearrange", operation,
+                      detail=f"{operation} changed no rows (dataChange=false)")
+    if any(a.get("deletionVector") for a in adds):
+        return Commit(version, "change", operation, detail="adds files with deletion vectors")
+    return Commit(version, "append", operation, tuple(_data_file(root, a) for a in adds))
+
+
+def _data_file(root: str, add: dict[str, Any]) -> DataFile:
+    rel = add["path"]
+    path = rel if "://" in rel else f"{root}/{unquote(rel)}"
+    stats = json.loads(add["stats"]) if add.get("stats") else {}
+    rows = stats.get("numRecords")
+    return DataFile(path, add.get("size"), None if rows is None else int(rows))
+
+
+def _schema_problem(actions: list[dict[str, Any]], columns: list[str],
+                    types: dict[str, str]) -> str:
+    meta = next((a["metaData"] for a in actions if "metaData" in a), None)
+    if meta is None:
+        return ""
+    if meta.get("partitionColumns"):
+        return f"the table became partitioned by {meta['partitionColumns']}"
+    fields = {f["name"]: json.dumps(f["type"]) for f in json.loads(meta["schemaString"])["fields"]}
+    for name in columns:
+        if name not in fields:
+            return f"column {name!r} was dropped or renamed"
+        if name in types and fields[name] != types[name]:
+            return f"column {name!r} changed type from {types[name]} to {fields[name]}"
+    return ""
+

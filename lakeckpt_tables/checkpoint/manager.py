@@ -370,6 +370,10 @@ class CheckpointManager:
         if choice is None:
             return None
         record: CheckpointRecord = choice
+        if record.config_hash != self.config_hash:
+            log.warning("run %s: restoring step %d, saved under configuration %s, with "
+                        "configuration %s; later checkpoints record the new one",
+                        self.run_id, record.step, record.config_hash, self.config_hash)
         self._load_files(record, model, optimizer, lr_scheduler, extra)
         if dataloader is not None and record.reader_state:
             state = ReaderState.from_dict(decode_state(record.reader_state))

@@ -9,10 +9,11 @@ commit point of the checkpoint two-phase commit. Two backends implement the same
 
 from __future__ import annotations
 
+from typing import Any
+
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger.base import Ledger
 from lakeckpt_tables.ledger.delta import DeltaLedger
-from lakeckpt_tables.ledger.iceberg import IcebergLedger
 from lakeckpt_tables.ledger.records import (
     CheckpointRecord,
     ConsumptionRecord,
@@ -63,6 +64,7 @@ def open_ledger(spec: str | Ledger | None, *, root: str) -> Ledger:
     if kind == "delta" and target:
         return DeltaLedger(target)
     if kind == "iceberg" and target:
+        from lakeckpt_tables.ledger.iceberg import IcebergLedger
         from lakeckpt_tables.sources.iceberg import default_catalog
 
         return IcebergLedger(target, catalog=default_catalog())
@@ -71,3 +73,12 @@ def open_ledger(spec: str | Ledger | None, *, root: str) -> Ledger:
         "'iceberg:<namespace.table>', or leave it unset for the Delta ledger under the "
         "checkpoint root"
     )
+
+
+def __getattr__(name: str) -> Any:
+    # pyiceberg and SQLAlchemy cost a second or more to import: only Iceberg ledger users pay.
+    if name == "IcebergLedger":
+        from lakeckpt_tables.ledger.iceberg import IcebergLedger
+
+        return IcebergLedger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

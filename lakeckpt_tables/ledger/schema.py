@@ -100,7 +100,7 @@ WORLD_SIZE: Final = "world_size"
 TAGS: Final = "tags"
 """Free-form labels given by the user."""
 CONFIG_HASH: Final = "config_hash"
-"""Hash of the run configuration, to refuse resuming with another one."""
+"""Hash of the run configuration; a restore under another configuration warns, naming both."""
 WALL_TIME_S: Final = "wall_time_s"
 """Seconds of training wall time up to the checkpoint."""
 

@@ -102,6 +102,8 @@ class LakeDataset(IterableDataset[Batch]):
             :class:`~lakeckpt_tables.errors.SourceChangedError` (``"fail"``) or are skipped.
         min_segment_rows: follow mode: appended rows a segment waits for; default
             ``world_size * batch_size``. Must be at least ranks x workers.
+        refresh: ``"epoch"``: every epoch reads the table's latest version, pinned for it by
+            :meth:`set_epoch` (call it before iterating each epoch); one pass is one epoch.
 
     Raises:
         SourceNotFoundError, UnsupportedTableError, EmptySourceError, UnknownColumnError,
@@ -130,12 +132,14 @@ class LakeDataset(IterableDataset[Batch]):
         until_version: int | None = None,
         on_change: Literal["fail", "skip"] = "fail",
         min_segment_rows: int | None = None,
+        refresh: Literal["epoch"] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs must be a positive int, got {epochs!r}")
         PlanPolicy(batch_size=batch_size, shuffle_window=shuffle_window)  # validates both
         self.source = source
+        self._requested_version = version
         self.snapshot: Snapshot = source.snapshot(version)
         if self.snapshot.rows == 0 and not follow:
             raise EmptySourceError(f"{self.snapshot.describe()} holds no rows; nothing to read")
@@ -152,8 +156,15 @@ class LakeDataset(IterableDataset[Batch]):
                                      poll_interval=poll_interval, max_idle=max_idle,
                                      until_version=until_version, on_change=on_change,
                                      min_segment_rows=min_segment_rows)
+        if refresh not in (None, "epoch"):
+            raise ValueError(f"refresh must be None or 'epoch', got {refresh!r}")
+        if refresh is not None and (follow or epochs != 1):
+            raise ValueError("refresh='epoch' reads one epoch per pass (call set_epoch(e) "
+                             "before each); it takes neither follow=True nor epochs")
+        self.refresh = refresh
         self.rounds = RoundSequence(source, self.snapshot, self.columns, epochs=epochs,
-                                    follow=self.follow)
+                                    follow=self.follow, refresh=refresh is not None)
+        self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None
         self._resume_own = False  # the state was handed to this DataLoader worker by torchdata
         self._cursor: _Cursor | None = None
@@ -172,6 +183,8 @@ class LakeDataset(IterableDataset[Batch]):
         config: dict[str, Any] = {
             "seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window,
             "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns)}
+        if self.refresh is not None:
+            config["refresh"] = self.refresh
         if self.follow is not None:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows,
                                 "on_change": self.follow.on_change,
@@ -219,9 +232,14 @@ class LakeDataset(IterableDataset[Batch]):
     def _check_compatible(self, state: ReaderState) -> None:
         ours = self._empty_state(None)
         diffs = []
-        if (state.table.format, state.table.table_id) != (ours.table.format, ours.table.table_id):
+        same_table = (state.table.format, state.table.table_id) == (ours.table.format,
+                                                                     ours.table.table_id)
+        if not same_table:
             diffs.append(f"table: state is of {state.table.describe()}, "
                          f"this reader reads {ours.table.describe()}")
+        if same_table and state.version != ours.version and self._adopts_versions():
+            self._repin(state.version)
+            ours = self._empty_state(None)
         if state.version != ours.version:
             diffs.append(f"version: state pinned {state.version}, this reader pinned "
                          f"{ours.version} (pass version={state.version})")
@@ -232,6 +250,56 @@ class LakeDataset(IterableDataset[Batch]):
         if diffs:
             raise StateMismatchError("reader state does not match this LakeDataset: "
                                      + "; ".join(diffs))
+
+    def _adopts_versions(self) -> bool:
+        """Follow and refresh readers built for the latest version resume where the state
+        began instead (in the main process: resolving a snapshot there is fork-safe)."""
+        return ((self.follow is not None or self.refresh is not None)
+                and self._requested_version is None and get_worker_info() is None)
+
+    def _repin(self, version: int) -> None:
+        self.snapshot = self.source.snapshot(version)
+        self.columns = _check_columns(self.snapshot, self.columns)
+        self.rounds = RoundSequence(self.source, self.snapshot, self.columns,
+                                    epochs=self.epochs, follow=self.follow,
+                                    refresh=self.refresh is not None)
+
+    # ------------------------------------------------------------------- re-pinned epochs
+
+    @property
+    def resume_epoch(self) -> int:
+        """The earliest round a loaded state stands in (0 without one): with
+        ``refresh="epoch"``, the epoch to call :meth:`set_epoch` with first after a restore."""
+        if self._resume is None:
+            return 0
+        return min((s[0] for s in self._resume.slices if s is not None), default=0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """``refresh="epoch"``: pin the version epoch ``epoch`` reads (collective).
+
+        NOTE [ re-pinned epochs ]
+        Ranks and workers must read one version per epoch, but "the latest version" depends
+        on when one looks. So the main process decides: rank 0 resolves the latest version
+        and broadcasts it over torch.distributed; every rank pins that snapshot, and the
+        DataLoader workers started for the epoch inherit it. An epoch named by a loaded
+        reader state keeps the version it had.
+
+        Raises:
+            ValueError: the dataset was not built with ``refresh="epoch"``.
+        """
+        if self.refresh is None:
+            raise ValueError("set_epoch pins a version per epoch; build the LakeDataset with "
+                             "refresh='epoch' for that")
+        resumed = self._resume.rounds.get(epoch) if self._resume is not None else None
+        if resumed is not None:
+            version = resumed.to
+        else:
+            latest = self.source.snapshot(None).version if self.rank == 0 else None
+            version = _broadcast_from_rank0(latest)
+        snapshot = self.source.snapshot(version)
+        _check_columns(snapshot, self.columns)
+        self.rounds.pin(epoch, snapshot)
+        self._epoch = epoch
 
     # ------------------------------------------------------------------------- planning
 
@@ -252,18 +320,26 @@ class LakeDataset(IterableDataset[Batch]):
                 f"{self.world_size * workers}: a segment could not give every worker a row. "
                 "Raise min_segment_rows.")
         resume = self._resume
+        start = 0
+        if self.refresh is not None:
+            if self._epoch is None:
+                raise ValueError("refresh='epoch': call dataset.set_epoch(epoch) in the main "
+                                 "process before iterating each epoch")
+            start = self._epoch
+            if resume is not None and all(s is None or s[0] < start for s in resume.slices):
+                resume = None  # the loaded state's epochs are over; this one starts afresh
         if resume is None or resume.plan is None:
-            return _Cursor(g, shape, {}, 0, 0, {})
+            return _Cursor(g, shape, {}, start, 0, {})
         if resume.plan == shape:
             g = self._resumed_slice(resume, shape, worker)
             epoch, position = resume.slices[g] or (0, 0)
             return _Cursor(g, shape, dict(resume.layouts), epoch, position,
-                           _own_round(resume.rounds, epoch))
+                           self._own_round(resume.rounds, epoch))
         reshaped = self.reshape(resume, shape)
         first = reshaped.slices[0]
         assert first is not None
         return _Cursor(g, shape, dict(reshaped.layouts), first[0], 0,
-                       _own_round(reshaped.rounds, first[0]))
+                       self._own_round(reshaped.rounds, first[0]))
 
     def reshape(self, state: ReaderState, shape: PlanShape) -> ReaderState:
         """``state`` as a reader of ``shape`` starts from it: its undelivered rows re-planned.
@@ -288,7 +364,8 @@ class LakeDataset(IterableDataset[Batch]):
             return self._round_plan(old, rnd, layout)
 
         first, layouts = replan_rounds(plan_for, dict(state.layouts), state.positions())
-        rounds = {r: d for r, d in known.items() if r >= first and d.base is not None}
+        rounds = {r: d for r, d in known.items()
+                  if r >= first and self.rounds.needs_descriptor(d)}
         return ReaderState(state.table, state.version, state.segment, state.config, shape,
                            layouts, ((first, 0),) * (shape[0] * shape[1]), rounds)
 
@@ -339,7 +416,8 @@ class LakeDataset(IterableDataset[Batch]):
         # first epoch of the last elastic re-plan. Count batches yielded and due since then.
         origin = min(resume.layouts, default=0)
         mine = [s for s in resume.slices[self.rank * workers:(self.rank + 1) * workers] if s]
-        last = self.epochs - 1 if self.follow is None else max(e for e, _ in mine)
+        pinned = self.follow is None and self.refresh is None
+        last = self.epochs - 1 if pinned else max(e for e, _ in mine)
         policy, known = self._policy(shape), dict(resume.rounds)
         plans = []
         for index in range(origin, last + 1):
@@ -369,6 +447,11 @@ class LakeDataset(IterableDataset[Batch]):
                 return i
         return 0
 
+    def _own_round(self, rounds: dict[int, Round] | Any, index: int) -> dict[int, Round]:
+        """The descriptor a state needs for round ``index`` (see ``needs_descriptor``)."""
+        rnd = rounds.get(index)
+        return {index: rnd} if rnd is not None and self.rounds.needs_descriptor(rnd) else {}
+
     # -------------------------------------------------------------------------- reading
 
     def __iter__(self) -> Iterator[Batch]:
@@ -385,7 +468,7 @@ class LakeDataset(IterableDataset[Batch]):
             start = cursor.position if index == cursor.epoch else 0
             for table, position in self._batches(plan, units, cursor.slice_index, start):
                 cursor.epoch, cursor.position = index, position
-                cursor.rounds = _own_round({index: rnd}, index)
+                cursor.rounds = self._own_round({index: rnd}, index)
                 batch = to_tensors(table)
                 yield self.transform(batch) if self.transform is not None else batch
             index += 1
@@ -507,10 +590,13 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return rank, world_size
 
 
-def _own_round(rounds: dict[int, Round] | Any, index: int) -> dict[int, Round]:
-    """The descriptor a state needs for round ``index``: follow segments only."""
-    rnd = rounds.get(index)
-    return {index: rnd} if rnd is not None and rnd.base is not None else {}
+def _broadcast_from_rank0(value: Any) -> Any:
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _follow_policy(follow: bool, epochs: int, world_size: int, batch_size: int,

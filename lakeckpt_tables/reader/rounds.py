@@ -3,7 +3,8 @@
 A *round* is one planned pass over a set of units; a slice's position is (round, rows). With a
 pinned snapshot, round ``e`` is epoch ``e`` of it. In follow mode, round 0 is the pinned
 snapshot and round ``k`` is segment ``k``: the rows appended by the commits after segment
-``k - 1``'s last version.
+``k - 1``'s last version. With ``refresh="epoch"``, round ``e`` is epoch ``e`` of the version
+pinned for it by ``LakeDataset.set_epoch`` (NOTE [ re-pinned epochs ] there).
 
 NOTE [ segment boundaries ]
 Every DataLoader worker of every rank forms segments on its own (workers cannot run
@@ -107,14 +108,17 @@ class RoundSequence:
     """The rounds of one reader: the same in every process that asks."""
 
     def __init__(self, source: Any, snapshot: Snapshot, columns: Sequence[str], *,
-                 epochs: int, follow: FollowPolicy | None) -> None:
+                 epochs: int, follow: FollowPolicy | None, refresh: bool = False) -> None:
         self.source = source
         self.snapshot = snapshot
         self.columns = list(columns)
         self.epochs = epochs
         self.follow = follow
+        self.refresh = refresh
         self._units: dict[int, RoundUnits] = {0: RoundUnits.of(snapshot.units)}
         self._formed: dict[int, Round] = {}
+        self._pinned: dict[int, Round] = {}  # refresh="epoch": epochs pinned by set_epoch
+        self._versions: dict[int, RoundUnits] = {snapshot.version: self._units[0]}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -122,12 +126,26 @@ class RoundSequence:
         state["_formed"] = {}
         return state
 
+    def pin(self, index: int, snapshot: Snapshot) -> Round:
+        """refresh="epoch": round ``index`` reads all of ``snapshot`` (resolved by the caller
+        in the main process, since resolving a Delta snapshot is not fork-safe)."""
+        rnd = Round(index, index, index, None, snapshot.version)
+        self._pinned[index] = rnd
+        self._versions[snapshot.version] = RoundUnits.of(snapshot.units)
+        return rnd
+
+    def needs_descriptor(self, rnd: Round) -> bool:
+        """Whether a reader state must name ``rnd`` (it cannot be derived from the config)."""
+        return self.refresh or rnd.base is not None
+
     def first(self) -> Round:
         return Round(0, 0, 0, None, self.snapshot.version)
 
     def get(self, index: int, known: Mapping[int, Round], *, wait: bool) -> Round | None:
         """Round ``index``; None when the pass ends before it (epochs done, end version,
         idle). ``known`` holds rounds named by a reader state."""
+        if self.refresh:
+            return known.get(index, self._pinned.get(index))
         if self.follow is None:
             return Round(index, 0, index, None, self.snapshot.version) \
                 if index < self.epochs else None
@@ -147,7 +165,11 @@ class RoundSequence:
 
     def units(self, rnd: Round) -> RoundUnits:
         """The units a round reads (listed from the commit log for follow segments)."""
-        key = rnd.index if rnd.base is not None else 0
+        if rnd.base is None:
+            if rnd.to not in self._versions:  # a re-pinned epoch named by a reader state
+                self._versions[rnd.to] = RoundUnits.of(self.source.snapshot(rnd.to).units)
+            return self._versions[rnd.to]
+        key = rnd.index
         if key not in self._units:
             self._units[key] = RoundUnits.of(self._segment_units(rnd))
         return self._units[key]

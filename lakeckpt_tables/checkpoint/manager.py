@@ -29,13 +29,17 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._faults import crash_point
@@ -76,7 +80,7 @@ def _rank_key(rank: int) -> str:
     return f"rank{rank}"
 
 
-class _Writer(dcp.FileSystemWriter):
+class _Writer(FileSystemWriter):
     """DCP's file writer with a crash point after a rank's data files, before ``.metadata``."""
 
     def __init__(self, path: str, rank: int) -> None:
@@ -129,6 +133,8 @@ class CheckpointManager:
         async_save: write model files in the background; the checkpoint is committed at the
             next :meth:`save` or at :meth:`wait`.
         config: the run configuration; its hash is recorded with every checkpoint.
+        compact_every: compact the ledger (fewer, larger files; a Delta log checkpoint) after
+            this many of this manager's commits, so reading it stays fast.
     """
 
     def __init__(
@@ -139,6 +145,7 @@ class CheckpointManager:
         ledger: Ledger | str | None = None,
         keep_last: int = 3,
         async_save: bool = False,
+        compact_every: int = 100,
         config: Mapping[str, Any] | None = None,
     ) -> None:
         if not run_id or "/" in run_id:
@@ -148,6 +155,9 @@ class CheckpointManager:
         self.root = os.fspath(root)
         self.run_id = run_id
         self.keep_last = keep_last
+        self.compact_every = compact_every
+        self._run_cache: list[CheckpointRecord] | None = None  # rank 0: this run's records
+        self._commits = 0
         self.async_save = async_save
         self.world = World()
         self.ledger = open_ledger(ledger, root=self.root) if self.world.rank == 0 else None
@@ -220,11 +230,13 @@ class CheckpointManager:
             path = os.path.join(self.root, location)
             writer = _Writer(path, rank)
             if self.async_save:
-                future = dcp.async_save(state, storage_writer=writer,
-                                        process_group=self.world.group,
-                                        no_dist=not self.world.distributed)
+                response = dcp_async_save(state, storage_writer=writer,
+                                          process_group=self.world.group,
+                                          no_dist=not self.world.distributed)
+                future = (response.upload_completion
+                          if isinstance(response, AsyncSaveResponse) else response)
                 return _Prepared(True, reader=reader, consumed=consumed, events=events), future
-            dcp.save(state, storage_writer=writer, process_group=self.world.group,
+            dcp_save(state, storage_writer=writer, process_group=self.world.group,
                      no_dist=not self.world.distributed)
             manifest = self._checksums(location)
             crash_point("prepare:after_write", rank)
@@ -286,7 +298,7 @@ class CheckpointManager:
             if record.reader_state else self._baseline
         self._parent = record.checkpoint_id
         if self.world.rank == 0:
-            self._retire_old()
+            self._committed(record)
         return record
 
     def _decide(self, attempt: _Attempt, reports: list[_Prepared]) -> tuple[str, Any]:
@@ -385,7 +397,8 @@ class CheckpointManager:
     def _choose(self, step: int | None,
                 tag: str | None) -> CheckpointRecord | tuple[str, str] | None:
         assert self.ledger is not None
-        records = [r for r in self.ledger.checkpoints(self.run_id)
+        self._run_cache = None
+        records = [r for r in self._run_records()
                    if (step is None or r.step == step) and (tag is None or tag in r.tags)]
         if not records:
             if step is None and tag is None:
@@ -399,7 +412,7 @@ class CheckpointManager:
             if not os.path.isdir(path):
                 retired.append(record.step)  # model files removed by retention or gc
                 continue
-            problems = verify_manifest(path, dict(record.manifest))
+            problems = verify_manifest(path, record.manifest)
             if not problems:
                 if skipped:
                     self._record_fallback(record, skipped)
@@ -438,7 +451,7 @@ class CheckpointManager:
             state[LR_SCHEDULER] = lr_scheduler.state_dict()
         if extra is not None:
             state[EXTRA] = extra
-        dcp.load(state, checkpoint_id=os.path.join(self.root, record.model_location),
+        dcp_load(state, checkpoint_id=os.path.join(self.root, record.model_location),
                  process_group=self.world.group, no_dist=not self.world.distributed)
         if model is not None:
             set_model_state_dict(model, state[MODEL])
@@ -455,13 +468,30 @@ class CheckpointManager:
 
     def checkpoints(self) -> list[CheckpointRecord]:
         """This run's committed checkpoints, oldest first (rank 0 reads the ledger)."""
-        records = self.ledger.checkpoints(self.run_id) if self.ledger is not None else None
-        return list(self.world.broadcast(records) or [])
+        records = list(self.ledger.checkpoints(self.run_id)) if self.ledger is not None else []
+        return self.world.broadcast(records)
+
+    def _run_records(self) -> list[CheckpointRecord]:
+        """Rank 0: the run's committed checkpoints, read once, then kept up to date by
+        :meth:`_committed` (re-reading the ledger after every commit grows with its size)."""
+        assert self.ledger is not None
+        if self._run_cache is None:
+            self._run_cache = list(self.ledger.checkpoints(self.run_id))
+        return self._run_cache
+
+    def _committed(self, record: CheckpointRecord) -> None:
+        """Rank 0, after a commit: remember it, retire old model files, compact now and then."""
+        records = self._run_records()
+        if not any(r.checkpoint_id == record.checkpoint_id for r in records):
+            records.append(record)
+        self._retire_old()
+        self._commits += 1
+        if self._commits % self.compact_every == 0:
+            assert self.ledger is not None
+            self.ledger.compact()
 
     def _retire_old(self) -> None:
-        assert self.ledger is not None
-        records = self.ledger.checkpoints(self.run_id)
-        untagged = [r for r in records if not r.tags]
+        untagged = [r for r in self._run_records() if not r.tags]
         for record in untagged[: max(len(untagged) - self.keep_last, 0)]:
             shutil.rmtree(os.path.join(self.root, record.model_location), ignore_errors=True)
 
@@ -478,8 +508,9 @@ class CheckpointManager:
         removed: list[str] = []
         if self.world.rank == 0:
             assert self.ledger is not None
+            self._run_cache = None  # gc is explicit: read the ledger afresh
             self._retire_old()
-            keep = {r.model_location for r in self.ledger.checkpoints(self.run_id)}
+            keep = {r.model_location for r in self._run_records()}
             run_dir = os.path.join(self.root, self.run_id)
             for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
                 location = f"{self.run_id}/{name}"

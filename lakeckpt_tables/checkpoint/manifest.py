@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = ["checksum_files", "verify_manifest"]
 
@@ -29,7 +30,7 @@ def checksum_files(directory: str, names: Iterable[str]) -> Manifest:
     return out
 
 
-def verify_manifest(directory: str, manifest: Manifest) -> list[str]:
+def verify_manifest(directory: str, manifest: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Problems found (missing, resized or altered files); empty when the checkpoint verifies."""
     problems = []
     for name, expected in sorted(manifest.items()):

@@ -9,7 +9,7 @@ commit point of the checkpoint two-phase commit. Two backends implement the same
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger.base import Ledger
@@ -21,6 +21,9 @@ from lakeckpt_tables.ledger.records import (
     LedgerEvent,
 )
 from lakeckpt_tables.ledger.schema import LEDGER_FORMAT_VERSION, LEDGER_SCHEMA
+
+if TYPE_CHECKING:
+    from lakeckpt_tables.ledger.iceberg import IcebergLedger
 
 __all__ = [
     "DEFAULT_LEDGER_DIR",

@@ -287,7 +287,7 @@ class EpochPlan:
     def _window_plain(self, piece: Piece, g: int, first_index: int) -> list[Piece]:
         chunks = [c for span in piece.spans for c in self._unit_chunks(span)]
         k = self.policy.shuffle_window
-        out = []
+        out: list[Piece] = []
         for i in range(0, len(chunks), k):
             group = chunks[i : i + k]
             window = Piece.plain(group)

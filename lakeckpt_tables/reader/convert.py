@@ -72,17 +72,21 @@ def _column(name: str, column: pa.ChunkedArray) -> Any:
 
 
 def _numpy(name: str, array: pa.Array) -> np.ndarray[Any, Any]:
+    out: np.ndarray[Any, Any]
     if array.null_count:
         if pa.types.is_floating(array.type):
-            return array.to_numpy(zero_copy_only=False)  # nulls become NaN
+            out = array.to_numpy(zero_copy_only=False)  # nulls become NaN
+            return out
         raise UnsupportedTableError(
             f"column {name!r} ({array.type}) holds {array.null_count} null(s) in a batch; "
             "torch has no null for it. Fill the nulls in the table or leave the column out."
         )
     if pa.types.is_boolean(array.type):
-        return array.to_numpy(zero_copy_only=False)  # bit-packed: one copy is unavoidable
+        out = array.to_numpy(zero_copy_only=False)  # bit-packed: one copy is unavoidable
+        return out
     if pa.types.is_primitive(array.type):
-        return array.to_numpy(zero_copy_only=True)
+        out = array.to_numpy(zero_copy_only=True)
+        return out
     raise UnsupportedTableError(f"column {name!r} has type {array.type}, which has no tensor "
                                 "form; leave it out with columns=[...]")
 

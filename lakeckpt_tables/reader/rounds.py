@@ -235,7 +235,7 @@ class RoundSequence:
         """List a known segment's units again (in another process, or after a resume)."""
         assert rnd.base is not None
         skipped = {v for v, _ in rnd.skipped}
-        version, units = rnd.base, []
+        version, units = rnd.base, list[Unit]()
         while version != rnd.to:
             commit = self.source.commit_after(version, self.snapshot, self.columns)
             if commit is None:

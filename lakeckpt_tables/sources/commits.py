@@ -82,7 +82,7 @@ def read_delta_commit(root: str, version: int, columns: list[str],
 
 def _classify(root: str, version: int, actions: list[dict[str, Any]], columns: list[str],
               types: dict[str, str]) -> Commit:
-    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     operation = str(info.get("operation", "UNKNOWN"))
     schema_problem = _schema_problem(actions, columns, types)
     if schema_problem:

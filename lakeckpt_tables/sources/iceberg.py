@@ -42,7 +42,8 @@ def default_catalog() -> Any:
     from pyiceberg.utils.config import Config
 
     props = _default_catalog_properties()
-    props.update(Config().get_catalog_config(DEFAULT_CATALOG_NAME) or {})
+    overrides = Config().get_catalog_config(DEFAULT_CATALOG_NAME) or {}
+    props.update({k: str(v) for k, v in overrides.items()})
     return load_catalog(DEFAULT_CATALOG_NAME, **props)
 
 

@@ -187,3 +187,16 @@ def test_the_manager_commits_through_an_iceberg_ledger_in_a_sql_catalog(
     assert [r.step for r in again.checkpoints("ice")] == [1]
     assert again.consumption(run_id="ice").num_rows > 0
     assert CheckpointManager(tmp_path / "ck", "ice", ledger=again).restore(model=model) == 1
+
+
+def test_periodic_ledger_compaction_keeps_every_checkpoint_and_retention_working(
+        tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    manager = CheckpointManager(tmp_path, "c", keep_last=2, compact_every=3)
+    for step in range(1, 8):
+        manager.save(step, model=model)
+    ledger_dir = tmp_path / "_ledger" / "_delta_log"
+    assert any(p.name.endswith(".checkpoint.parquet") for p in ledger_dir.iterdir())
+    records = CheckpointManager(tmp_path, "c").checkpoints()
+    assert [r.step for r in records] == list(range(1, 8))
+    assert [r.step for r in records if (tmp_path / r.model_location).is_dir()] == [6, 7]

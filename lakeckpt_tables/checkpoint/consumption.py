@@ -9,37 +9,22 @@ counts over a run add up to its rows exactly once (what the exactly-once audit c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from lakeckpt_tables.ledger.records import ConsumptionRecord
 from lakeckpt_tables.plan import EpochPlan, Piece, _cut_spans, permutation
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.reader.rounds import RoundUnits
 from lakeckpt_tables.reader.state import ReaderState
 from lakeckpt_tables.types import Unit
 
-__all__ = ["Consumed", "consumed_between", "segment_events"]
-
-
-@dataclass(frozen=True, slots=True)
-class Consumed:
-    """Rows of one row group consumed by one slice between two checkpoints."""
-
-    rank: int
-    worker: int
-    segment: int
-    epoch: int
-    file: str
-    row_group: int
-    row_start: int
-    row_end: int
-    rows: int
+__all__ = ["consumed_between", "segment_events"]
 
 
 def consumed_between(dataset: LakeDataset, before: ReaderState | None,
-                     after: ReaderState) -> list[Consumed]:
+                     after: ReaderState) -> list[ConsumptionRecord]:
     """Records of every slice ``after`` knows, from its position in ``before`` (start if None).
 
     ``before`` is first re-planned to ``after``'s shape if the shape changed in between
@@ -50,7 +35,7 @@ def consumed_between(dataset: LakeDataset, before: ReaderState | None,
         before = dataset.reshape(before, after.plan)
     known = {**(before.rounds if before is not None else {}), **after.rounds}
     plans: dict[int, tuple[EpochPlan, RoundUnits]] = {}
-    out: list[Consumed] = []
+    out: list[ConsumptionRecord] = []
     for g, end in enumerate(after.slices):
         if end is None:
             continue
@@ -92,9 +77,9 @@ def segment_events(dataset: LakeDataset, before: ReaderState | None,
 
 
 def _slice_records(plan: EpochPlan, units: tuple[Unit, ...], g: int, lo: int,
-                   hi: int) -> list[Consumed]:
+                   hi: int) -> list[ConsumptionRecord]:
     rank, worker = divmod(g, plan.policy.workers)
-    out: list[Consumed] = []
+    out: list[ConsumptionRecord] = []
     offset = 0
     for window in plan.windows(g):
         a, b = max(lo - offset, 0), min(hi - offset, window.size)
@@ -103,7 +88,7 @@ def _slice_records(plan: EpochPlan, units: tuple[Unit, ...], g: int, lo: int,
             continue
         for u, r0, r1, n in _window_part(plan, window, a, b):
             unit = units[u]
-            out.append(Consumed(rank, worker, plan.segment, plan.epoch, unit.path,
+            out.append(ConsumptionRecord(rank, worker, plan.segment, plan.epoch, unit.path,
                                 unit.row_group, r0, r1, n))
         if offset >= hi:
             break
@@ -134,8 +119,8 @@ def _window_ordinals(window: Piece, a: int, b: int) -> np.ndarray[Any, np.dtype[
     return permutation(total, window.seed)[window.lo + a : window.lo + b]
 
 
-def _coalesce(records: list[Consumed]) -> list[Consumed]:
-    out: list[Consumed] = []
+def _coalesce(records: list[ConsumptionRecord]) -> list[ConsumptionRecord]:
+    out: list[ConsumptionRecord] = []
     for rec in records:
         prev = out[-1] if out else None
         if (prev is not None and prev.rows == prev.row_end - prev.row_start
@@ -143,7 +128,7 @@ def _coalesce(records: list[Consumed]) -> list[Consumed]:
                 and (prev.rank, prev.worker, prev.epoch, prev.file, prev.row_group)
                 == (rec.rank, rec.worker, rec.epoch, rec.file, rec.row_group)
                 and prev.row_end == rec.row_start):
-            out[-1] = Consumed(prev.rank, prev.worker, prev.segment, prev.epoch, prev.file,
+            out[-1] = ConsumptionRecord(prev.rank, prev.worker, prev.segment, prev.epoch, prev.file,
                                prev.row_group, prev.row_start, rec.row_end,
                                prev.rows + rec.rows)
         else:

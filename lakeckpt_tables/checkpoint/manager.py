@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint._world import World
-from lakeckpt_tables.checkpoint.consumption import Consumed, consumed_between, segment_events
+from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
 from lakeckpt_tables.checkpoint.manifest import checksum_files, verify_manifest
 from lakeckpt_tables.errors import CheckpointError, StateMismatchError
 from lakeckpt_tables.ledger import (
@@ -103,7 +103,7 @@ class _Prepared:
     error_type: str = ""
     manifest: dict[str, Any] = field(default_factory=dict)
     reader: dict[str, Any] | None = None
-    consumed: list[Consumed] = field(default_factory=list)
+    consumed: list[ConsumptionRecord] = field(default_factory=list)
     events: list[LedgerEvent] = field(default_factory=list)
 
 
@@ -246,8 +246,8 @@ class CheckpointManager:
             log.exception("rank %d failed to prepare checkpoint %s", rank, location)
             return _failed(exc), None
 
-    def _capture_reader(self, dataloader: Any) -> tuple[dict[str, Any] | None, list[Consumed],
-                                                        list[LedgerEvent]]:
+    def _capture_reader(self, dataloader: Any) -> tuple[
+            dict[str, Any] | None, list[ConsumptionRecord], list[LedgerEvent]]:
         if dataloader is None:
             return None, [], []
         dataset = _lake_dataset(dataloader)
@@ -336,9 +336,7 @@ class CheckpointManager:
         if reader is not None and reader.plan is not None and not reader.complete:
             raise CheckpointError(f"run {self.run_id} step {attempt.step}: the ranks' reader "
                                   "states do not cover every rank and worker")
-        consumption = [ConsumptionRecord(c.rank, c.worker, c.segment, c.epoch, c.file,
-                                         c.row_group, c.row_start, c.row_end, rows=c.rows)
-                       for report in reports for c in report.consumed]
+        consumption = [c for report in reports for c in report.consumed]
         record = CheckpointRecord(
             run_id=self.run_id, checkpoint_id=attempt.checkpoint_id, step=attempt.step,
             parent_id=self._parent, model_location=attempt.location, manifest=manifest,

@@ -17,6 +17,7 @@ tables): a Delta commit is the JSON file ``_delta_log/<version>.json``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote
@@ -25,7 +26,7 @@ import pyarrow.fs as pafs
 
 from lakeckpt_tables.sources.base import DataFile
 
-__all__ = ["Commit", "CommitKind", "read_delta_commit"]
+__all__ = ["Commit", "CommitKind", "column_change", "read_delta_commit"]
 
 CommitKind = Literal["append", "rearrange", "change", "schema"]
 
@@ -117,10 +118,16 @@ def _schema_problem(actions: list[dict[str, Any]], columns: list[str],
     if meta.get("partitionColumns"):
         return f"the table became partitioned by {meta['partitionColumns']}"
     fields = {f["name"]: json.dumps(f["type"]) for f in json.loads(meta["schemaString"])["fields"]}
+    return column_change(columns, types, fields)
+
+
+def column_change(columns: Sequence[str], before: Mapping[str, str],
+                  now: Mapping[str, str]) -> str:
+    """How a commit broke a selected column (dropped, renamed, retyped); "" if it did not."""
     for name in columns:
-        if name not in fields:
+        if name not in now:
             return f"column {name!r} was dropped or renamed"
-        if name in types and fields[name] != types[name]:
-            return f"column {name!r} changed type from {types[name]} to {fields[name]}"
+        if name in before and now[name] != before[name]:
+            return f"column {name!r} changed type from {before[name]} to {now[name]}"
     return ""
 

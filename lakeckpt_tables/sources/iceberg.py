@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from lakeckpt_tables.errors import SourceChangedError, SourceNotFoundError, UnsupportedTableError
 from lakeckpt_tables.sources.base import DataFile, Snapshot, local_path_or_uri, units_from_files
-from lakeckpt_tables.sources.commits import Commit
+from lakeckpt_tables.sources.commits import Commit, column_change
 from lakeckpt_tables.types import TableIdentity
 
 __all__ = ["DEFAULT_CATALOG_NAME", "IcebergSource", "default_catalog"]
@@ -202,13 +202,7 @@ def _column_types(table: Any, schema_id: int) -> dict[str, str]:
 
 def _schema_problem(table: Any, schema_id: int, columns: Sequence[str],
                     types: dict[str, str]) -> str:
-    now = _column_types(table, schema_id)
-    for name in columns:
-        if name not in now:
-            return f"column {name!r} was dropped or renamed"
-        if name in types and now[name] != types[name]:
-            return f"column {name!r} changed type from {types[name]} to {now[name]}"
-    return ""
+    return column_change(columns, types, _column_types(table, schema_id))
 
 
 def _snapshot_schema(table: Any, snap_meta: Any) -> pa.Schema:

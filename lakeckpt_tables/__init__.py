@@ -1,12 +1,18 @@
 """lakeckpt-tables: train PyTorch from Delta and Iceberg tables and resume exactly.
 
-The plan (``lakeckpt_tables.plan``) imports without torch; this top-level module imports the
-reader and therefore torch.
+Public names load lazily, so ``lakeckpt_tables.plan`` (pure, numpy only) imports without
+torch, and a Delta user never pays for pyiceberg.
 """
 
-from lakeckpt_tables.errors import LakeckptError
-from lakeckpt_tables.reader import LakeDataset, Ragged, merge_states
-from lakeckpt_tables.sources import DeltaSource, IcebergSource, default_catalog
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lakeckpt_tables.errors import LakeckptError
+    from lakeckpt_tables.reader import LakeDataset, Ragged, merge_states
+    from lakeckpt_tables.sources import DeltaSource, IcebergSource, default_catalog
 
 __all__ = [
     "DeltaSource",
@@ -18,3 +24,23 @@ __all__ = [
     "merge_states",
 ]
 __version__ = "0.1.0"
+
+_HOMES = {
+    "DeltaSource": "lakeckpt_tables.sources",
+    "IcebergSource": "lakeckpt_tables.sources",
+    "default_catalog": "lakeckpt_tables.sources",
+    "LakeDataset": "lakeckpt_tables.reader",
+    "Ragged": "lakeckpt_tables.reader",
+    "merge_states": "lakeckpt_tables.reader",
+    "LakeckptError": "lakeckpt_tables.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -6,6 +6,10 @@ the raw pyarrow-to-torch limit, resume time to first batch, and reader state siz
 ``lakeckpt bench checkpoint [--quick] [--dir PATH] [--json]``: ledger commit latency for 1, 4
 and 8 ranks (Delta; Iceberg on SQLite and PostgreSQL for one rank), step-time overhead of sync
 and async saves, reader tracking cost, and ledger bytes per checkpoint.
+
+``lakeckpt bench follow [--quick] [--poll-interval S] [--dir PATH] [--json]``: follow mode's
+delay from an append's commit to its first row in a batch (p50/p99), and the cost of forming a
+segment over a backlog of 10,000 commits (1,000 with ``--quick``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,38 @@ def register(parser: argparse.ArgumentParser) -> None:
                       "(default: a temporary directory, removed afterwards)")
     ckpt.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    from lakeckpt_tables.bench.follow import (
+        DEFAULT_BACKLOG,
+        DEFAULT_COMMITS,
+        DEFAULT_INTERVAL,
+        DEFAULT_POLL,
+        QUICK_BACKLOG,
+        QUICK_COMMITS,
+    )
+
+    follow = sub.add_parser("follow", help="follow mode: append-to-batch latency, backlog cost",
+                            description="Follow mode: the delay from an append's commit to its "
+                            "first row in a batch (p50/p99, in-process and in a DataLoader "
+                            "worker), and the time to form a segment over a backlog of "
+                            "commits.")
+    follow.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_COMMITS} commits per latency run (default "
+                        f"{DEFAULT_COMMITS}) and a backlog of {QUICK_BACKLOG:,} commits "
+                        f"(default {DEFAULT_BACKLOG:,})")
+    follow.add_argument("--poll-interval", type=_seconds, default=DEFAULT_POLL, metavar="S",
+                        help=f"the follower's poll_interval (default {DEFAULT_POLL} s)")
+    follow.add_argument("--interval", type=_seconds, default=DEFAULT_INTERVAL, metavar="S",
+                        help="mean seconds between the writer's commits (default "
+                        f"{DEFAULT_INTERVAL})")
+    follow.add_argument("--commits", type=_positive, default=None,
+                        help="commits per latency run (overrides --quick)")
+    follow.add_argument("--backlog", type=_positive, default=None,
+                        help="commits of the backlog table (overrides --quick)")
+    follow.add_argument("--dir", metavar="PATH", default=None,
+                        help="keep the backlog table under PATH and reuse it on later runs "
+                        "(default: a temporary directory, removed afterwards)")
+    follow.add_argument("--json", action="store_true", help="print the report as JSON")
+
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark; exit status 0 when every target is met, 1 otherwise."""
@@ -61,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         return _read(args)
     if args.bench == "checkpoint":
         return _checkpoint(args)
+    if args.bench == "follow":
+        return _follow(args)
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 
@@ -91,6 +129,29 @@ def _checkpoint(args: argparse.Namespace) -> int:
     else:
         print(format_report(report))
     return 0 if report.to_json()["passed"] else 1
+
+
+def _follow(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.bench.follow import format_report, run_follow_bench
+
+    def progress(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    report = run_follow_bench(quick=args.quick, root=args.dir, poll_interval=args.poll_interval,
+                              commits=args.commits, interval=args.interval,
+                              backlog=args.backlog, progress=progress)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_report(report))
+    return 0 if report.to_json()["passed"] else 1
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
 
 
 def _positive(text: str) -> int:

@@ -200,3 +200,27 @@ def test_periodic_ledger_compaction_keeps_every_checkpoint_and_retention_working
     records = CheckpointManager(tmp_path, "c").checkpoints()
     assert [r.step for r in records] == list(range(1, 8))
     assert [r.step for r in records if (tmp_path / r.model_location).is_dir()] == [6, 7]
+
+
+def test_the_delta_ledger_can_be_filtered_on_any_column_through_its_file_statistics(
+        table: Path, tmp_path: Path) -> None:
+    """deltalake's pyarrow dataset (what DuckDB queries) prunes files by min/max statistics."""
+    from datetime import datetime, timezone
+
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    loader = _loader(table)
+    next(iter(loader))
+    manager = CheckpointManager(tmp_path, "s")
+    manager.save(1, dataloader=loader)
+    manager.save(2, model=torch.nn.Linear(1, 1))
+    dataset = DeltaTable(str(tmp_path / "_ledger")).to_pyarrow_dataset()
+    since = datetime(2000, 1, 1, tzinfo=timezone.utc)
+    assert dataset.to_table(filter=pc.field("world_size") >= 1).num_rows == 2
+    assert dataset.to_table(filter=pc.field("committed_at") >= since).num_rows > 2
+    assert dataset.to_table(filter=pc.field("rows") > 0).num_rows > 0
+    consumed = manager.ledger.consumption(run_id="s") if manager.ledger else None
+    assert consumed is not None and consumed.num_rows > 0
+    some_file = consumed["file"][0].as_py()
+    assert dataset.to_table(filter=pc.field("file") == some_file).num_rows > 0

@@ -16,6 +16,7 @@ import json
 import operator
 import time
 import uuid
+from datetime import datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,7 +36,6 @@ __all__ = ["DeltaLedger"]
 
 # Columns given min/max statistics in each add action, so that readers filtering on a run or
 # a kind of record can skip files. numRecords is there because without it count() undercounts.
-_STATS_COLUMNS = (s.RECORD, s.RUN_ID, s.CHECKPOINT_ID, s.STEP)
 
 
 class DeltaLedger(LedgerBase[AddAction]):
@@ -182,17 +182,34 @@ def _commit_info(run_id: str, checkpoint: CheckpointRecord | None) -> dict[str, 
 
 
 def _stats(rows: pa.Table) -> str:
-    """Delta add-action statistics: row count, and min/max of the columns readers filter on."""
+    """Delta add-action statistics: row count, nulls, and min/max of every primitive column.
+
+    Readers that prune files by statistics (deltalake's ``to_pyarrow_dataset``, hence DuckDB
+    over it) drop a file whose filtered column has no min/max, so every column that can carry
+    them does.
+    """
     lows: dict[str, object] = {}
     highs: dict[str, object] = {}
-    for name in _STATS_COLUMNS:
-        bounds = pc.min_max(rows[name]).as_py()
-        lows[name], highs[name] = bounds["min"], bounds["max"]
-    return json.dumps(
-        {
-            "numRecords": rows.num_rows,
-            "minValues": lows,
-            "maxValues": highs,
-            "nullCount": {name: rows[name].null_count for name in _STATS_COLUMNS},
-        }
-    )
+    nulls: dict[str, int] = {}
+    for field in rows.schema:
+        column = rows[field.name]
+        if pa.types.is_nested(field.type):
+            continue
+        nulls[field.name] = column.null_count
+        if column.null_count == len(column):
+            continue
+        bounds = pc.min_max(column).as_py()
+        lows[field.name] = _stat(bounds["min"], up=False)
+        highs[field.name] = _stat(bounds["max"], up=True)
+    return json.dumps({"numRecords": rows.num_rows, "minValues": lows, "maxValues": highs,
+                       "nullCount": nulls})
+
+
+def _stat(value: object, *, up: bool) -> object:
+    """A statistic as Delta writes it; timestamps at millisecond precision, widened outward."""
+    if not isinstance(value, datetime):
+        return value
+    millis = value.replace(microsecond=value.microsecond // 1000 * 1000)
+    if up and millis != value:
+        millis += timedelta(milliseconds=1)
+    return millis.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis.microsecond // 1000:03d}Z"

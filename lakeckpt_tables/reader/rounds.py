@@ -17,6 +17,8 @@ pass, and the same segment is formed, identically, when reading resumes.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +32,8 @@ from lakeckpt_tables.sources.commits import Commit
 from lakeckpt_tables.types import Unit
 
 __all__ = ["FollowPolicy", "Round", "RoundSequence", "RoundUnits"]
+
+log = logging.getLogger(__name__)
 
 OnChange = Literal["fail", "skip"]
 
@@ -184,6 +188,7 @@ class RoundSequence:
     def _next_commit(self, version: int, wait: bool) -> Commit | None:
         assert self.follow is not None
         idle_since = time.monotonic()
+        parent = os.getppid()
         while True:
             commit: Commit | None = self.source.commit_after(version, self.snapshot,
                                                              self.columns)
@@ -191,6 +196,10 @@ class RoundSequence:
                 return commit
             if (self.follow.max_idle is not None
                     and time.monotonic() - idle_since >= self.follow.max_idle):
+                return None
+            if os.getppid() != parent:
+                # our parent died (a SIGKILLed trainer): a DataLoader worker waiting here
+                # never returns to torch's own check, so it must notice and end
                 return None
             time.sleep(self.follow.poll_interval)
 
@@ -203,6 +212,12 @@ class RoundSequence:
         while not self._at_end(version):
             commit = self._next_commit(version, wait)
             if commit is None:
+                if wait and rows:
+                    log.warning(
+                        "%s: the pass ends idle with %d appended row(s) in versions (%d, %d] "
+                        "waiting for min_segment_rows=%d; they are read when following resumes",
+                        self.snapshot.identity.describe(), rows, prev.to, version,
+                        self.follow.min_segment_rows)
                 return None  # idle: the segment is formed, identically, when reading resumes
             version = commit.version
             if commit.kind == "append":

@@ -419,21 +419,21 @@ class LakeDataset(IterableDataset[Batch]):
         pinned = self.follow is None and self.refresh is None
         last = self.epochs - 1 if pinned else max(e for e, _ in mine)
         policy, known = self._policy(shape), dict(resume.rounds)
-        plans = []
+        plans = []  # (round index, plan): a follow segment's plan.epoch is always 0
         for index in range(origin, last + 1):
             rnd = self.rounds.get(index, known, wait=False)
             if rnd is not None:
-                plans.append(self._round_plan(policy, rnd, resume.layouts.get(index)))
+                plans.append((index, self._round_plan(policy, rnd, resume.layouts.get(index))))
         done, due = [], []
         for g in range(self.rank * workers, (self.rank + 1) * workers):
             epoch, position = resume.slices[g] or (origin, 0)
             d = n = 0
-            for plan in plans:
+            for index, plan in plans:
                 count = plan.batch_count(g)
                 n += count
-                if plan.epoch < epoch:
+                if index < epoch:
                     d += count
-                elif plan.epoch == epoch:
+                elif index == epoch:
                     d += int(np.searchsorted(plan.batch_ends(g), position, side="right"))
             done.append(d)
             due.append(n if self.follow is None else n + 1)  # a follower never runs dry

@@ -302,6 +302,22 @@ def test_a_crash_between_or_inside_segments_resumes_into_the_uninterrupted_seque
         assert head + take(again) == full
 
 
+def test_a_follower_built_for_the_latest_version_resumes_from_the_version_its_state_pinned(
+        tiny: Written) -> None:
+    full = take(loader_for(_follow(tiny, until_version=120), 0))
+    loader = loader_for(_follow(tiny, until_version=120), 0)
+    head = take(loader, 30)
+    saved = _loader_state(loader)
+    for workers in (0, 2):  # the same slice, or re-planned over two workers
+        resumed = _follow(tiny, until_version=120, version=None)  # pins the latest: 300
+        assert resumed.snapshot.version == tiny.end
+        resumed.load_state_dict(saved)
+        rest = take(loader_for(resumed, workers))
+        if workers == 0:
+            assert head + rest == full
+        _assert_exactly_once(flat(head + rest), tiny.ids(-1, 120))
+
+
 # ------------------------------------------------------------------------ 4. elastic
 
 
@@ -396,12 +412,33 @@ def test_rows_of_a_segment_too_small_for_every_rank_are_reported_not_delivered_s
 @pytest.mark.xfail(strict=True, reason=(
     "DESIGN.md (lockstep): a segment tail too small to give every rank a row must be carried "
     "into the next segment or delivered under a documented policy, and recorded; today the "
-    "pinned snapshot's and the last segment's lone rows are only logged"))
-def test_every_row_up_to_until_version_reaches_some_rank_even_in_segments_smaller_than_the_world(
-        tmp_path: Path) -> None:
+    "rows are only logged: the pinned snapshot's or the last segment's lone rows, and the "
+    "remnant of a segment re-planned by an elastic resume for more slices than it has rows"))
+@pytest.mark.parametrize("case", ["short segments", "elastic remnant"])
+def test_every_row_up_to_until_version_reaches_some_rank_even_when_rows_are_fewer_than_slices(
+        tmp_path: Path, case: str) -> None:
     written = _short_segments_table(tmp_path)
-    runs = _bounded(lambda: _two_ranks(written))
-    _assert_exactly_once(flat(b for run in runs for b in run), written.ids())
+    if case == "short segments":
+        runs = _bounded(lambda: _two_ranks(written))
+        _assert_exactly_once(flat(b for run in runs for b in run), written.ids())
+        return
+    _append(written, 5, 25)
+
+    def follower(rank: int, world_size: int) -> LakeDataset:
+        return LakeDataset(DeltaSource(written.uri), columns=["id"], batch_size=2, version=1,
+                           follow=True, until_version=written.end, min_segment_rows=3,
+                           rank=rank, world_size=world_size)
+
+    # pinned version 1: 4 rows in 2 batches; segment 1 = (1, 3]: 21 rows in 11 batches
+    loader = loader_for(follower(0, 1), 0)
+    head = take(loader, 12)  # all but 1 row of segment 1: 3 ranks cannot share it
+    saved = _loader_state(loader)
+    rest = []
+    for rank in range(3):
+        dataset = follower(rank, 3)
+        dataset.load_state_dict(saved)
+        rest.append(take(loader_for(dataset, 0)))
+    _assert_exactly_once(flat(head + [b for run in rest for b in run]), written.ids())
 
 
 def test_max_idle_with_several_ranks_is_refused(tiny: Written) -> None:
@@ -712,6 +749,50 @@ def test_an_iceberg_delete_or_overwrite_follows_the_on_change_policy(
     _assert_exactly_once(flat(batches), written.ids())
     assert [e["version"] for e in ledger_events(root, "skipped_commit")] == [
         changed.snapshot_id]
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_follower_of_a_table_created_empty_reads_its_first_appends_and_resumes(
+        tmp_path: Path, fmt: str) -> None:
+    written = Written(ICEBERG_ID)
+    if fmt == "iceberg":
+        catalog = sql_catalog(tmp_path / "iceberg")
+        table = _iceberg_table(catalog)  # no snapshot yet
+
+        def source() -> Any:
+            return IcebergSource(ICEBERG_ID, catalog=catalog)
+
+        def append(lo: int, hi: int) -> None:
+            nonlocal table
+            table = _iceberg_append(table, written, lo, hi)
+    else:
+        from deltalake import write_deltalake
+
+        written.uri = str(tmp_path / "table")
+        write_deltalake(written.uri, writer.batch(0, 0))  # version 0: no rows
+
+        def source() -> Any:
+            return DeltaSource(written.uri)
+
+        def append(lo: int, hi: int) -> None:
+            _append(written, lo, hi)
+
+    def follower() -> LakeDataset:
+        return LakeDataset(source(), columns=["id"], batch_size=4, follow=True,
+                           min_segment_rows=1, max_idle=0.3, poll_interval=0.02)
+
+    dataset = follower()  # pinned before any row was written
+    assert dataset.snapshot.rows == 0
+    for lo in (0, 10):
+        append(lo, lo + 10)
+    loader = loader_for(dataset, 0)
+    head = take(loader, 3)
+    saved = _loader_state(loader)
+    append(20, 30)
+    resumed = follower()  # pins the latest version, then adopts the state's
+    resumed.load_state_dict(saved)
+    rest = _bounded(lambda: take(loader_for(resumed, 0)))
+    _assert_exactly_once(flat(head + rest), written.ids())
 
 
 def test_iceberg_appends_committed_while_following_are_delivered_exactly_once(

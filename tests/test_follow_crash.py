@@ -48,14 +48,15 @@ END = APPENDS + 1  # last version: 24 appends and the OPTIMIZE
 MIN_SEGMENT_ROWS = 16  # the job's default: world size x batch size
 
 
-def _start(table: Path, root: Path, out: Path, *extra: str) -> subprocess.Popen[bytes]:
+def _start(table: Path, root: Path, out: Path, *extra: str,
+           workers: int = 0) -> subprocess.Popen[bytes]:
     """The follow job under torchrun with 2 ranks; its stderr goes to ``<out>.err``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("LAKECKPT_CRASH_AT", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "--max-restarts=0", str(JOBS / "follow.py"), "--table", str(table), "--root",
            str(root), "--out", str(out), "--version", "0", "--until", str(END), "--every", "3",
-           *extra]
+           "--workers", str(workers), *extra]
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{out}.err", "ab") as err:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
@@ -113,8 +114,9 @@ def _logs(out: Path) -> dict[int, list[list[int]]]:
     return logs
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_follower_killed_three_times_while_a_writer_appends_trains_like_one_never_killed(
-        tmp_path: Path) -> None:
+        tmp_path: Path, workers: int) -> None:
     table, go, release = tmp_path / "table", tmp_path / "go", tmp_path / "release"
     written = Written(str(table))
     written.appended[writer.append(str(table), 0, FIRST_ROWS)] = (0, FIRST_ROWS)
@@ -128,23 +130,23 @@ def test_a_follower_killed_three_times_while_a_writer_appends_trains_like_one_ne
     try:
         # 1: the job trains version 0, then follows the writer, which starts once it trained
         # a step; rank 0 SIGKILLs itself right after step 7 (checkpoint at 6)
-        job = _start(table, root, out, "--kill-after-step", "7")
+        job = _start(table, root, out, "--kill-after-step", "7", workers=workers)
         _wait_for_step(job, out, 1)
         go.touch()
         assert _finish(job, out) != 0
         assert [r.step for r in DeltaLedger(str(root / "_ledger")).checkpoints("run")] == [3, 6]
         # 2: resumed at step 6, SIGKILLed from outside at no particular instant once past
         # step 11; the writer holds back its last appends, so the job is still following
-        job = _start(table, root, out)
+        job = _start(table, root, out, workers=workers)
         _wait_for_step(job, out, 11)
         _kill_job(job)
         assert _finish(job, out) == -signal.SIGKILL
         # 3: resumed again, killed after step 19, past the OPTIMIZE, while appends go on
         release.touch()
-        job = _start(table, root, out, "--kill-after-step", "19")
+        job = _start(table, root, out, "--kill-after-step", "19", workers=workers)
         assert _finish(job, out) != 0
         # 4: resumed to the end version
-        assert _finish(_start(table, root, out), out) == 0
+        assert _finish(_start(table, root, out, workers=workers), out) == 0
     finally:
         go.touch()
         release.touch()
@@ -155,7 +157,7 @@ def test_a_follower_killed_three_times_while_a_writer_appends_trains_like_one_ne
 
     # the failure-free follower, on the finished table: the same sequence, whatever the timing
     ref = tmp_path / "ref"
-    assert _finish(_start(table, ref / "ckpt", ref / "out"), ref / "out") == 0
+    assert _finish(_start(table, ref / "ckpt", ref / "out", workers=workers), ref / "out") == 0
     logs = _logs(out)
     assert logs == _logs(ref / "out")
     assert len({len(batches) for batches in logs.values()}) == 1, "ranks in lockstep"

@@ -119,12 +119,12 @@ class IcebergSource:
         identity = TableIdentity("iceberg", local_path_or_uri(table.metadata.location),
                                  str(table.metadata.table_uuid))
         snap_meta = table.current_snapshot() if version is None else table.snapshot_by_id(version)
-        if snap_meta is None and version is not None:
+        if snap_meta is None and version not in (None, -1):
             known = [s.snapshot_id for s in table.metadata.snapshots][-5:]
             raise SourceNotFoundError(
                 f"{identity.describe()} has no snapshot {version} (expired?); newest ids: {known}"
             )
-        if snap_meta is None:  # a table created but never written: empty
+        if snap_meta is None:  # a table created but never written (-1: a follower's pin): empty
             return Snapshot(identity, -1, table.schema().as_arrow(), (), {})
         pinned = int(snap_meta.snapshot_id)
         files = self._data_files(table, identity, pinned)
@@ -151,8 +151,9 @@ class IcebergSource:
             return Commit(sid, "rearrange", operation, detail="replace changed no rows")
         if operation != "append":
             return Commit(sid, "change", operation, detail=f"{operation} snapshot")
-        scan = table.incremental_append_scan(from_snapshot_id_exclusive=version,
-                                             to_snapshot_id_inclusive=sid)
+        scan = table.incremental_append_scan(
+            from_snapshot_id_exclusive=None if version == -1 else version,
+            to_snapshot_id_inclusive=sid)
         files = []
         for task in scan.plan_files():
             if task.delete_files:
@@ -190,6 +191,8 @@ def _child_in_lineage(table: Any, version: int, identity: TableIdentity) -> Any:
         child = current
         parent = current.parent_snapshot_id
         current = None if parent is None else table.snapshot_by_id(parent)
+    if version == -1:  # pinned before the table's first snapshot: the lineage's root is next
+        return child
     raise SourceChangedError(
         f"{identity.describe()}: snapshot {version} is no longer an ancestor of the current "
         "snapshot (rolled back or expired); the followed history is gone")

@@ -341,6 +341,35 @@ def test_a_follow_run_resumed_at_three_ranks_from_two_delivers_every_row_exactly
     _assert_exactly_once(delivered, tiny.ids())
 
 
+def test_an_elastic_follow_resume_with_the_default_min_segment_rows_keeps_the_runs_segments(
+        tiny: Written) -> None:
+    """The default, world size x batch size, changes with the shape: a resumed reader left to
+    the default adopts the state's, so that the segments still ahead are the run's."""
+    def follower(rank: int, world_size: int, batch_size: int) -> LakeDataset:
+        return _follow(tiny, rank=rank, world_size=world_size, batch_size=batch_size,
+                       min_segment_rows=None)
+
+    segment_of = tiny.segment_of(0, tiny.end, 8)
+    assert tiny.segments(0, tiny.end, 8)[-1][2] >= 3, "every segment has a row for each rank"
+    # cut between two segments: a remnant smaller than 3 ranks would not be delivered
+    # (test_every_row_up_to_until_version_reaches_some_rank_even_when_rows_are_fewer_than_slices)
+    step = _cut(_labels(take(loader_for(follower(0, 2, 4), 0)), segment_of), "between")
+    heads, states = [], []
+    for rank in range(2):  # min_segment_rows = 2 x 4
+        loader = loader_for(follower(rank, 2, 4), 0)
+        heads.append(take(loader, step))
+        states.extend(states_from_loader(_loader_state(loader)))
+    merged = merge_states(states).to_dict()
+    rest = []
+    for rank in range(3):  # the default here would be 3 x 5
+        dataset = follower(rank, 3, 5)
+        dataset.load_state_dict(merged)
+        rest.append(take(loader_for(dataset, 0)))
+    _assert_exactly_once(flat(b for run in heads + rest for b in run), tiny.ids())
+    for run in rest:
+        _labels(run, segment_of)  # no batch straddles a segment of 8 rows
+
+
 # ----------------------------------------------------------------- 6. state stays small
 
 

@@ -173,10 +173,11 @@ def test_a_follower_killed_three_times_while_a_writer_appends_trains_like_one_ne
     assert [e["version"] for e in ledger_events(root, "skipped_commit")] == [OPTIMIZE_AFTER + 1]
 
     # a follower resumed from the last checkpoint, past until_version, reads nothing more
-    # (here at world size 1: the finished state re-planned for another shape)
+    # (here at world size 1: the finished state re-planned for another shape; left to the
+    # default min_segment_rows, it adopts the run's)
     dataset = LakeDataset(DeltaSource(str(table)), columns=["id", "x", "y"], batch_size=8,
                           seed=7, shuffle_window=2, version=0, follow=True, until_version=END,
-                          poll_interval=0.05, min_segment_rows=MIN_SEGMENT_ROWS)
+                          poll_interval=0.05)
     loader = loader_for(dataset, 0)
     assert CheckpointManager(root, "run").restore(dataloader=loader) == len(logs[0])
     assert take(loader) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -140,6 +141,7 @@ class LakeDataset(IterableDataset[Batch]):
         PlanPolicy(batch_size=batch_size, shuffle_window=shuffle_window)  # validates both
         self.source = source
         self._requested_version = version
+        self._requested_min_segment_rows = min_segment_rows
         self.snapshot: Snapshot = source.snapshot(version)
         if self.snapshot.rows == 0 and not follow:
             raise EmptySourceError(f"{self.snapshot.describe()} holds no rows; nothing to read")
@@ -240,6 +242,8 @@ class LakeDataset(IterableDataset[Batch]):
         if same_table and state.version != ours.version and self._adopts_versions():
             self._repin(state.version)
             ours = self._empty_state(None)
+        if self._adopt_min_segment_rows(state):
+            ours = self._empty_state(None)
         if state.version != ours.version:
             diffs.append(f"version: state pinned {state.version}, this reader pinned "
                          f"{ours.version} (pass version={state.version})")
@@ -256,6 +260,22 @@ class LakeDataset(IterableDataset[Batch]):
         began instead (in the main process: resolving a snapshot there is fork-safe)."""
         return ((self.follow is not None or self.refresh is not None)
                 and self._requested_version is None and get_worker_info() is None)
+
+    def _adopt_min_segment_rows(self, state: ReaderState) -> bool:
+        """A follower left to the default ``min_segment_rows`` (ranks x batch size) resumes
+        with the state's: segments are a function of it, and an elastic resume at another
+        world or batch size must go on forming the same ones."""
+        follow = state.config.get("follow")
+        theirs = follow.get("min_segment_rows") if isinstance(follow, dict) else None
+        if (self.follow is None or self._requested_min_segment_rows is not None
+                or not isinstance(theirs, int) or theirs == self.follow.min_segment_rows):
+            return False
+        self.follow = dataclasses.replace(self.follow, min_segment_rows=theirs)
+        # rounds formed under the old value are dropped (no snapshot is resolved: fork-safe)
+        self.rounds = RoundSequence(self.source, self.snapshot, self.columns,
+                                    epochs=self.epochs, follow=self.follow,
+                                    refresh=self.refresh is not None)
+        return True
 
     def _repin(self, version: int) -> None:
         self.snapshot = self.source.snapshot(version)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections import defaultdict
@@ -82,7 +83,7 @@ def test_a_restore_brings_back_model_optimizer_scheduler_extra_rng_and_position(
     assert extra == {"note": "hello"}
     assert (random.random(), torch.rand(1)) == (expected_random, expected_torch)
     assert [_ids(b) for b in loader2] == expected_next
-    assert sorted(sum(seen, []) + sum(expected_next, [])) == list(range(ROWS))
+    assert sorted([i for b in seen + expected_next for i in b]) == list(range(ROWS))
 
 
 def test_a_fresh_run_restores_nothing(tmp_path: Path) -> None:
@@ -170,7 +171,7 @@ def test_the_ledger_consumption_of_a_run_covers_every_row_exactly_once(
             assert rows[(epoch, unit.path, unit.row_group)] == unit.rows
     for ranges in exact.values():
         ranges.sort()
-        assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(ranges))
     assert sorted(seen) == sorted(list(range(ROWS)) * 2)
 
 
@@ -205,7 +206,7 @@ def test_periodic_ledger_compaction_keeps_every_checkpoint_and_retention_working
 def test_the_delta_ledger_can_be_filtered_on_any_column_through_its_file_statistics(
         table: Path, tmp_path: Path) -> None:
     """deltalake's pyarrow dataset (what DuckDB queries) prunes files by min/max statistics."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     import pyarrow.compute as pc
     from deltalake import DeltaTable
@@ -216,7 +217,7 @@ def test_the_delta_ledger_can_be_filtered_on_any_column_through_its_file_statist
     manager.save(1, dataloader=loader)
     manager.save(2, model=torch.nn.Linear(1, 1))
     dataset = DeltaTable(str(tmp_path / "_ledger")).to_pyarrow_dataset()
-    since = datetime(2000, 1, 1, tzinfo=timezone.utc)
+    since = datetime(2000, 1, 1, tzinfo=UTC)
     assert dataset.to_table(filter=pc.field("world_size") >= 1).num_rows == 2
     assert dataset.to_table(filter=pc.field("committed_at") >= since).num_rows > 2
     assert dataset.to_table(filter=pc.field("rows") > 0).num_rows > 0
@@ -224,3 +225,45 @@ def test_the_delta_ledger_can_be_filtered_on_any_column_through_its_file_statist
     assert consumed is not None and consumed.num_rows > 0
     some_file = consumed["file"][0].as_py()
     assert dataset.to_table(filter=pc.field("file") == some_file).num_rows > 0
+
+
+def _undelivered(ledger_dir: Path) -> list[dict[str, object]]:
+    import json as _json
+
+    rows = DeltaLedger(str(ledger_dir)).to_arrow().to_pylist()
+    return [_json.loads(r["detail"]) for r in rows if r["event"] == "undelivered"]
+
+
+def test_rows_drop_last_leaves_out_are_recorded_in_the_ledger_never_silently(
+        table: Path, tmp_path: Path) -> None:
+    dataset = LakeDataset(DeltaSource(str(table)), batch_size=16, seed=3, drop_last=True)
+    loader = StatefulDataLoader(dataset, batch_size=None)
+    delivered = {i for b in loader for i in _ids(b)}
+    CheckpointManager(tmp_path, "d").save(1, dataloader=loader)
+    events = _undelivered(tmp_path / "_ledger")
+    assert [e["reason"] for e in events] == ["drop_last"]
+    assert events[0]["rows"] == ROWS - len(delivered) == ROWS % 16
+    files = {u.path for u in DeltaSource(str(table)).snapshot().units}
+    ranges = events[0]["ranges"]
+    assert isinstance(ranges, list)
+    assert all(path in files for path, _, _, _ in ranges)
+    assert sum(r1 - r0 for _, _, r0, r1 in ranges) == events[0]["rows"]
+
+
+def test_a_lockstep_remainder_of_two_ranks_is_named_row_by_row(tmp_path: Path) -> None:
+    from lakeckpt_tables.checkpoint.consumption import segment_events
+    from lakeckpt_tables.reader import merge_states, states_from_loader
+
+    write_deltalake(str(tmp_path), pa.table({"id": np.arange(5, dtype=np.int64)}))
+    states, delivered = [], set()
+    for rank in (0, 1):  # batch size 1 over 2 ranks: 5 rows leave 1 that lockstep cannot give
+        dataset = LakeDataset(DeltaSource(str(tmp_path)), batch_size=1, rank=rank, world_size=2)
+        loader = StatefulDataLoader(dataset, batch_size=None)
+        delivered |= {i for b in loader for i in _ids(b)}
+        states.extend(states_from_loader(loader.state_dict()))
+    events = segment_events(dataset, None, merge_states(states))
+    assert [(name, e["reason"], e["rows"]) for name, e in events] == [
+        ("undelivered", "lockstep remainder", 1)]
+    (_, _, r0, r1), = events[0][1]["ranges"]
+    missing = set(range(5)) - delivered
+    assert r1 - r0 == 1 and missing == {r0}

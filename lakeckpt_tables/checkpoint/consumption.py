@@ -53,12 +53,13 @@ def consumed_between(dataset: LakeDataset, before: ReaderState | None,
 
 def segment_events(dataset: LakeDataset, before: ReaderState | None,
                    after: ReaderState) -> list[tuple[str, dict[str, Any]]]:
-    """Follow segments first reached between two states, and the commits they skipped."""
-    if dataset.follow is None or after.plan is None:
+    """Events of the rounds first reached between two states: follow segments formed, the
+    commits they skipped, and rows the plan does not deliver (``undelivered``)."""
+    if after.plan is None:
         return []
     reached = max((s[0] for s in after.slices if s is not None), default=0)
-    since = 0 if before is None else max((s[0] for s in before.slices if s is not None),
-                                         default=0)
+    since = -1 if before is None else max((s[0] for s in before.slices if s is not None),
+                                          default=0)
     known = {**(before.rounds if before is not None else {}), **after.rounds}
     events: list[tuple[str, dict[str, Any]]] = []
     for index in range(since + 1, reached + 1):
@@ -67,12 +68,35 @@ def segment_events(dataset: LakeDataset, before: ReaderState | None,
             break
         known[index] = rnd
         units = dataset.rounds.units(rnd)
-        events.append(("segment", {"segment": rnd.segment, "from_version": rnd.base,
-                                   "to_version": rnd.to, "rows": int(units.rows.sum()),
-                                   "files": len({u.path for u in units.units})}))
-        events.extend(("skipped_commit", {"segment": rnd.segment, "version": version,
-                                          "reason": reason})
-                      for version, reason in rnd.skipped)
+        if dataset.follow is not None and index > 0:
+            events.append(("segment", {"segment": rnd.segment, "from_version": rnd.base,
+                                       "to_version": rnd.to, "rows": int(units.rows.sum()),
+                                       "files": len({u.path for u in units.units})}))
+            events.extend(("skipped_commit", {"segment": rnd.segment, "version": version,
+                                              "reason": reason})
+                          for version, reason in rnd.skipped)
+        plan, _ = dataset.round_plan(index, after.plan, dict(after.layouts), known)
+        events.extend(_undelivered(plan, units.units))
+    return events
+
+
+def _undelivered(plan: EpochPlan, units: tuple[Unit, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """NOTE [ lockstep ] in lakeckpt_tables.plan: a remainder no slice can take in lockstep,
+    and with drop_last each slice's partial last batch, are not delivered: name their rows."""
+    reasons = [("lockstep remainder", plan.tail())]
+    if plan.policy.drop_last:
+        reasons.append(("drop_last", [p for g in range(plan.policy.slices)
+                                      for p in plan.remaining(g, plan.delivered_rows(g))]))
+    events = []
+    for reason, pieces in reasons:
+        rows = np.sort(np.concatenate([p.rows() for p in pieces] or [np.empty(0, np.int64)]))
+        if not len(rows):
+            continue
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        spans = [(int(run[0]), int(run[-1]) + 1) for run in np.split(rows, breaks)]
+        ranges = [[units[u].path, units[u].row_group, r0, r1] for u, r0, r1 in plan.locate(spans)]
+        events.append(("undelivered", {"segment": plan.segment, "epoch": plan.epoch,
+                                       "reason": reason, "rows": len(rows), "ranges": ranges}))
     return events
 
 

@@ -497,7 +497,8 @@ class LakeDataset(IterableDataset[Batch]):
         tail = sum(p.size for p in plan.tail())
         if tail and cursor.slice_index == 0:
             log.warning("%s segment %d epoch %d: %d row(s) cannot be split in lockstep over "
-                        "%d slices with batch size %d; they are not delivered",
+                        "%d slices with batch size %d; they are not delivered (CheckpointManager "
+                        "records them in the ledger as an 'undelivered' event)",
                         self.snapshot.describe(), plan.segment, plan.epoch, tail,
                         plan.policy.slices, plan.policy.batch_size)
 

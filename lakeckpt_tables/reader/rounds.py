@@ -197,9 +197,10 @@ class RoundSequence:
             if (self.follow.max_idle is not None
                     and time.monotonic() - idle_since >= self.follow.max_idle):
                 return None
-            if os.getppid() != parent:
-                # our parent died (a SIGKILLed trainer): a DataLoader worker waiting here
-                # never returns to torch's own check, so it must notice and end
+            if os.getppid() != parent and _in_dataloader_worker():
+                # our trainer died (SIGKILL): a DataLoader worker waiting here never returns
+                # to torch's own check, so it must notice and end. A trainer whose launcher
+                # died is left to its launcher's fate: ending its pass would look finished.
                 return None
             time.sleep(self.follow.poll_interval)
 
@@ -262,3 +263,9 @@ class RoundSequence:
             if commit.kind == "append" and version not in skipped:
                 units.extend(units_from_files(self.snapshot.identity, version, commit.files)[0])
         return sorted(units)
+
+
+def _in_dataloader_worker() -> bool:
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None

@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from lakeckpt_tables.bench.data import SyntheticTable, ensure_synthetic_table
-from lakeckpt_tables.bench.read import Figure
+from lakeckpt_tables.bench.read import Figure, figure_lines
 from lakeckpt_tables.checkpoint.manager import CheckpointManager
 from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR, CheckpointRecord, Ledger
 from lakeckpt_tables.reader.dataset import LakeDataset
@@ -1005,16 +1005,7 @@ def build_report(commit: list[CommitResult], overhead: OverheadResult, commit_ta
 
 def format_report(report: CheckpointBenchReport) -> str:
     """The figures as a plain-text table, like ``lakeckpt bench read``."""
-    header = ("figure", "value", "target", "", "note")
-    rows = [(f.name, f"{f.value:,.2f} {f.unit}", f.target, f.verdict, f.note)
-            for f in report.figures]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    lines = []
-    for r in [header, *rows]:
-        cells = [r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2]),
-                 r[3].ljust(widths[3]), r[4]]
-        lines.append("  ".join(cells).rstrip())
-    lines.insert(1, "-" * len(lines[0]))
+    lines = figure_lines(report.figures)
     lines.append("")
     for line in report.skipped:
         lines.append(f"skipped: {line}")

@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakeckpt_tables.bench.read import Figure
+from lakeckpt_tables.bench.read import Figure, figure_lines
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.sources import _footers
 from lakeckpt_tables.sources.delta import DeltaSource
@@ -529,16 +529,7 @@ def _run(root: Path, poll_interval: float, commits: int, interval: float, backlo
 
 def format_report(report: FollowBenchReport) -> str:
     """The figures as a plain-text table, like ``lakeckpt bench read``."""
-    header = ("figure", "value", "target", "", "note")
-    rows = [(f.name, f"{f.value:,.{0 if f.unit == 'rows' else 2}f} {f.unit}", f.target,
-             f.verdict, f.note) for f in report.figures]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    lines = []
-    for r in [header, *rows]:
-        cells = [r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2]),
-                 r[3].ljust(widths[3]), r[4]]
-        lines.append("  ".join(cells).rstrip())
-    lines.insert(1, "-" * len(lines[0]))
+    lines = figure_lines(report.figures)
     verdict = "every appended row delivered exactly once" if report.to_json()["passed"] \
         else "rows MISSED or DUPLICATED"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -119,6 +119,21 @@ class Figure:
         return out
 
 
+def figure_lines(figures: Sequence[Figure]) -> list[str]:
+    """The figures as the aligned text table every ``lakeckpt bench`` command prints."""
+    header = ("figure", "value", "target", "", "note")
+    rows = [(f.name, f"{f.value:,.{0 if f.unit == 'rows' else 2}f} {f.unit}", f.target,
+             f.verdict, f.note) for f in figures]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    lines = []
+    for r in [header, *rows]:
+        cells = [r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2]),
+                 r[3].ljust(widths[3]), r[4]]
+        lines.append("  ".join(cells).rstrip())
+    lines.insert(1, "-" * len(lines[0]))
+    return lines
+
+
 # --------------------------------------------------------------------------- throughput
 
 
@@ -634,16 +649,7 @@ def _run(rows: int, root: str | Path, rounds: int, min_seconds: float, resume_ro
 
 def format_report(report: ReadBenchReport) -> str:
     """The figures as a plain-text table."""
-    header = ("figure", "value", "target", "", "note")
-    rows = [(f.name, f"{f.value:,.2f} {f.unit}", f.target, f.verdict, f.note)
-            for f in report.figures]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    lines = []
-    for r in [header, *rows]:
-        cells = [r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2]),
-                 r[3].ljust(widths[3]), r[4]]
-        lines.append("  ".join(cells).rstrip())
-    lines.insert(1, "-" * len(lines[0]))
+    lines = figure_lines(report.figures)
     t = report.table
     verdict = "all targets met" if report.to_json()["passed"] else "some targets MISSED"
     lines.append("")

@@ -61,11 +61,14 @@ class _Cursor:
 
 
 class LakeDataset(IterableDataset[Batch]):
-    """Batches of a pinned Delta or Iceberg snapshot, resumable exactly from a position.
+    """Batches of a Delta or Iceberg table, resumable exactly from a position.
 
-    One iteration reads ``epochs`` epochs. Each rank reads an equal contiguous share of each
-    epoch's (permuted) rows and each DataLoader worker an equal share of its rank's; with more
-    than one rank every rank yields the same number of batches per epoch (see
+    What one iteration reads: ``epochs`` epochs of a pinned snapshot (the default); with
+    ``follow=True`` the snapshot and then, segment by segment, the rows appended to the table
+    (``lakeckpt_tables.reader.rounds``); with ``refresh="epoch"`` one epoch of the version
+    :meth:`set_epoch` pinned. Each rank reads an equal contiguous share of each epoch's or
+    segment's (permuted) rows and each DataLoader worker an equal share of its rank's; with
+    more than one rank every rank yields the same number of batches per epoch or segment (see
     ``lakeckpt_tables.plan``). Batches are dicts: numeric columns as tensors (zero-copy where
     Arrow allows), fixed-length list columns as 2-D tensors, variable-length ones as
     :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists.

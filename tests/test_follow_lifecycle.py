@@ -68,3 +68,19 @@ def test_followers_workers_end_when_their_trainer_is_sigkilled(tmp_path: Path) -
     while time.monotonic() < deadline and any(_alive(w) for w in workers):
         time.sleep(0.2)
     assert not any(_alive(w) for w in workers), "orphaned workers kept polling"
+
+
+def test_an_iceberg_end_snapshot_that_does_not_exist_is_refused_up_front(
+        tmp_path: Path) -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakeckpt_tables import IcebergSource
+    from lakeckpt_tables.errors import SourceNotFoundError
+
+    catalog = SqlCatalog("c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}")
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.t", schema=pa.schema([("id", pa.int64())]))
+    table.append(pa.table({"id": pa.array([1, 2], pa.int64())}))
+    with pytest.raises(SourceNotFoundError, match="no snapshot 12345"):
+        LakeDataset(IcebergSource("ns.t", catalog=catalog), batch_size=2, follow=True,
+                    until_version=12345)

@@ -161,6 +161,8 @@ class LakeDataset(IterableDataset[Batch]):
                                      poll_interval=poll_interval, max_idle=max_idle,
                                      until_version=until_version, on_change=on_change,
                                      min_segment_rows=min_segment_rows)
+        if self.follow is not None and until_version is not None:
+            _check_end_exists(source, until_version)
         if refresh not in (None, "epoch"):
             raise ValueError(f"refresh must be None or 'epoch', got {refresh!r}")
         if refresh is not None and (follow or epochs != 1):
@@ -612,6 +614,15 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
     return rank, world_size
+
+
+def _check_end_exists(source: Source, until_version: int) -> None:
+    """An Iceberg snapshot id cannot be known before the snapshot exists (ids are random), so
+    an ``until_version`` naming none would make a follower wait for ever: refuse it now."""
+    from lakeckpt_tables.sources.iceberg import IcebergSource
+
+    if isinstance(source, IcebergSource):
+        source.snapshot(until_version)  # SourceNotFoundError naming the table and the id
 
 
 def _broadcast_from_rank0(value: Any) -> Any:

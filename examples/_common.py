@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lakeckpt_tables.demo.ledger_proof import covered_twice
+
 __all__ = [
     "FEATURES",
     "Attempt",
@@ -276,7 +278,7 @@ def ledger_coverage(consumption: pa.Table, expected: np.ndarray[Any, Any],
         if path not in files:
             files[path] = pq.ParquetFile(path)
         size = files[path].metadata.row_group(group).num_rows
-        twice = _covered_twice(exact[key])
+        twice = covered_twice(exact[key])
         gap += max(size - got, 0)
         overlap += max(got - size, 0) + twice
         good += got == size and twice == 0
@@ -287,16 +289,6 @@ def ledger_coverage(consumption: pa.Table, expected: np.ndarray[Any, Any],
         np.array_equal(np.sort(np.concatenate(parts)), want) for parts in ids_by_epoch.values())
     return Coverage(consumption.num_rows, sum(sums.values()), len(sums), good, gap, overlap,
                     ids_ok, dict(sorted(segments.items())))
-
-
-def _covered_twice(ranges: Iterable[tuple[int, int]]) -> int:
-    """Rows that more than one of the half-open ``ranges`` cover."""
-    twice, reach = 0, None
-    for start, end in sorted(ranges):
-        if reach is not None and start < reach:
-            twice += min(end, reach) - start
-        reach = end if reach is None else max(reach, end)
-    return twice
 
 
 def ledger_events(ledger_rows: pa.Table, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:

@@ -13,14 +13,14 @@ Three families of figures, for DESIGN.md ("Figures we hold ourselves to"):
    write, checksums, commit and the retention scan after it. Delta is the default ledger;
    an Iceberg ledger on SQLite (and on PostgreSQL when a server answers) is measured for one
    rank alongside.
-2. **Step-time overhead** of sync and async saves of a small MLP (a few MB, Adam) while it
-   trains from a :class:`LakeDataset` over a synthetic Delta table: blocks of N steps with no
-   checkpoints, with ``save()`` every k steps, and with ``async_save=True`` every k steps,
-   interleaved in rotating order over several rounds; the overhead is the median over rounds of
-   each block's time over the no-checkpoint block of the same round. The *tracking* cost
-   (capturing the merged reader state and the rows consumed since the previous checkpoint,
-   ``CheckpointManager._capture_reader``) is timed alone and given as a share of the training
-   time between checkpoints every 500 steps (target < 0.5%).
+2. **Step-time overhead** (``lakeckpt_tables.bench.overhead``) of sync and async saves of a small
+   MLP (a few MB, Adam) while it trains from a :class:`LakeDataset` over a synthetic Delta table:
+   blocks of N steps with no checkpoints, with ``save()`` every k steps, and with
+   ``async_save=True`` every k steps, interleaved in rotating order over several rounds; the
+   overhead is the median over rounds of each block's time over the no-checkpoint block of the same
+   round. The *tracking* cost (capturing the merged reader state and the rows consumed since the
+   previous checkpoint, ``CheckpointManager._capture_reader``) is timed alone and given as a share
+   of the training time between checkpoints every 500 steps (target < 0.5%).
 3. **Ledger bytes per checkpoint**: growth of the ledger (Delta: the ``_ledger`` directory,
    data files and ``_delta_log``; Iceberg: the table's warehouse directory) over the saves of
    each job of (1), and what is left after ``ledger.compact()``.
@@ -37,7 +37,6 @@ sit idle in the broadcast meanwhile, so 8 ranks on 2 cores measure a commit fait
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import json
 import os
@@ -46,11 +45,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-import warnings
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -59,9 +55,23 @@ import numpy as np
 import torch
 from torch import nn
 
+from lakeckpt_tables.bench._timing import (
+    Progress,
+    TimedManager,
+    clock,
+    no_dcp_warnings,
+    percentile,
+    quiet,
+    train_step,
+)
 from lakeckpt_tables.bench.data import SyntheticTable, ensure_synthetic_table
+from lakeckpt_tables.bench.overhead import (
+    MODES,
+    TRACKING_INTERVAL,
+    OverheadResult,
+    measure_overhead,
+)
 from lakeckpt_tables.bench.read import Figure, figure_lines
-from lakeckpt_tables.checkpoint.manager import CheckpointManager
 from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR, CheckpointRecord, Ledger
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.sources.delta import DeltaSource
@@ -88,8 +98,6 @@ __all__ = [
 
 COMMIT_TARGET_MS = 100.0
 TRACKING_TARGET = 0.005
-TRACKING_INTERVAL = 500
-"""Steps between checkpoints at which the tracking share is stated (a realistic interval)."""
 
 DEFAULT_PG_URI = "postgresql+psycopg://lakeckpt:lakeckpt@127.0.0.1:5432/lakeckpt"
 """Where ``scripts/postgres.sh`` starts PostgreSQL; ``LAKECKPT_TEST_PG_URI`` overrides it."""
@@ -104,105 +112,6 @@ _LEDGER_LABELS: dict[str, str] = {"delta": "delta", "iceberg-sqlite": "iceberg (
                                   "iceberg-postgres": "iceberg (PostgreSQL)"}
 _RUN_ID = "bench"
 _JOB_MODULE = "lakeckpt_tables.bench._ckpt_job"
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
-def _clock() -> float:
-    return time.perf_counter()
-
-
-@contextlib.contextmanager
-def _no_dcp_warnings() -> Iterator[None]:
-    # DCP warns on every single-process save that it assumes a single process: it does.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        warnings.filterwarnings("ignore", category=UserWarning,
-                                module="torch.distributed.checkpoint")
-        warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata 0.11, on iter()
-        yield
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
-
-
-# ------------------------------------------------------------------------ timed manager
-
-
-class _TimedManager(CheckpointManager):
-    """A :class:`CheckpointManager` that times its phases (see NOTE [ what the commit ... ]).
-
-    ``timings`` holds seconds per call, appended in call order: ``commit`` (phase 2 on this
-    rank, retention scan excluded) and within it ``gather`` and ``broadcast`` (the protocol's
-    collectives), ``retire`` (the retention scan, rank 0), ``ledger_commit`` (rank 0) and
-    ``capture`` (reader state + consumption). ``records`` holds the consumption
-    records of each ledger commit (rank 0).
-    """
-
-    def __init__(self, *args: Any, barrier_before_commit: bool = True, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.timings: dict[str, list[float]] = defaultdict(list)
-        self.records: list[int] = []
-        self._barrier = barrier_before_commit
-        self._retire_s = 0.0
-        if self.ledger is not None:
-            real = self.ledger.commit
-
-            def timed_commit(checkpoint: CheckpointRecord, consumption: Sequence[Any] = (),
-                             events: Sequence[Any] = ()) -> CheckpointRecord:
-                t0 = _clock()
-                out = real(checkpoint, consumption, events)
-                self.timings["ledger_commit"].append(_clock() - t0)
-                self.records.append(len(consumption))
-                return out
-
-            self.ledger.commit = timed_commit  # type: ignore[method-assign]
-
-    def _commit(self, attempt: Any) -> CheckpointRecord:
-        if self._barrier:
-            self.world.barrier()
-        self._retire_s = 0.0
-        world = self.world
-        gather, broadcast = world.gather, world.broadcast
-
-        def timed_gather(value: Any) -> list[Any]:
-            t0 = _clock()
-            out = gather(value)
-            self.timings["gather"].append(_clock() - t0)
-            return out
-
-        def timed_broadcast(value: Any) -> Any:
-            t0 = _clock()
-            out = broadcast(value)
-            self.timings["broadcast"].append(_clock() - t0)
-            return out
-
-        world.gather, world.broadcast = timed_gather, timed_broadcast  # type: ignore[method-assign]
-        t0 = _clock()
-        try:
-            out = super()._commit(attempt)
-        finally:
-            del world.gather, world.broadcast  # back to the class's methods
-        self.timings["commit"].append(_clock() - t0 - self._retire_s)
-        return out
-
-    def _retire_old(self) -> None:
-        t0 = _clock()
-        super()._retire_old()
-        self._retire_s = _clock() - t0
-        self.timings["retire"].append(self._retire_s)
-
-    def _capture_reader(self, dataloader: Any) -> Any:  # its tuple grows with the library
-        t0 = _clock()
-        out = super()._capture_reader(dataloader)
-        self.timings["capture"].append(_clock() - t0)
-        return out
-
 
 # ------------------------------------------------------------------------- commit table
 
@@ -353,23 +262,6 @@ def _drop_iceberg(spec: CommitJobSpec) -> None:
         catalog.drop_namespace(spec.namespace)
 
 
-def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-                features: int, distributed: bool) -> None:
-    inputs = torch.sin(x[:, None] * torch.arange(1, features + 1, dtype=torch.float32))
-    optimizer.zero_grad()
-    loss = nn.functional.mse_loss(model(inputs)[:, 0], x)
-    loss.backward()  # type: ignore[no-untyped-call]
-    if distributed:
-        import torch.distributed as dist
-
-        world = dist.get_world_size()
-        for p in model.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= world
-    optimizer.step()
-
-
 def run_commit_job(spec: CommitJobSpec) -> dict[str, Any] | None:
     """Train a tiny model on this rank and save ``warmup + saves`` times; time the commits.
 
@@ -397,21 +289,21 @@ def run_commit_job(spec: CommitJobSpec) -> dict[str, Any] | None:
     dataset = LakeDataset(DeltaSource(spec.table), columns=["x"], batch_size=spec.batch_size,
                           seed=0, epochs=1000, shuffle_window=4)
     loader = StatefulDataLoader(dataset, batch_size=None, num_workers=spec.workers)
-    manager = _TimedManager(spec.root, _RUN_ID, ledger=_open_ledger(spec) if rank == 0 else None,
+    manager = TimedManager(spec.root, _RUN_ID, ledger=_open_ledger(spec) if rank == 0 else None,
                             keep_last=2)
     before = _footprint(spec) if rank == 0 else {}
     saves: list[float] = []
     last: CheckpointRecord | None = None
     step = 0
-    with _no_dcp_warnings():
+    with no_dcp_warnings():
         batches = iter(loader)
         for _ in range(spec.warmup + spec.saves):
             for _ in range(spec.steps_between):
-                _train_step(model, optimizer, next(batches)["x"], features, distributed)
+                train_step(model, optimizer, next(batches)["x"], features, distributed)
             step += spec.steps_between
-            t0 = _clock()
+            t0 = clock()
             last = manager.save(step, model=model, optimizer=optimizer, dataloader=loader)
-            saves.append(_clock() - t0)
+            saves.append(clock() - t0)
         manager.wait()
     del batches
     if rank != 0:
@@ -419,9 +311,9 @@ def run_commit_job(spec: CommitJobSpec) -> dict[str, Any] | None:
     assert last is not None and manager.ledger is not None
     committed = spec.warmup + spec.saves
     after = _footprint(spec)
-    t0 = _clock()
+    t0 = clock()
     manager.ledger.compact()
-    compact_s = _clock() - t0
+    compact_s = clock() - t0
     compacted = _footprint(spec)
     live = _live_bytes(spec)
     w = spec.warmup
@@ -498,7 +390,7 @@ class CommitResult:
     def p(self, name: str, q: float) -> float:
         """Percentile ``q`` of one of the ``*_ms`` series."""
         values: tuple[float, ...] = getattr(self, f"{name}_ms")
-        return _percentile(values, q)
+        return percentile(values, q)
 
     def bytes_per_checkpoint(self, key: str = "bytes", stage: str = "after") -> float:
         """Growth of the ledger footprint ``key`` per committed checkpoint, at ``stage``."""
@@ -566,7 +458,7 @@ def measure_commit(
                          warmup=warmup, steps_between=steps_between, batch_size=batch_size,
                          workers=workers, pg_uri=pg_uri,
                          namespace=f"lakeckpt_bench_{uuid.uuid4().hex[:10]}")
-    t0 = _clock()
+    t0 = clock()
     try:
         if ranks == 1:
             raw = run_commit_job(spec)
@@ -574,7 +466,7 @@ def measure_commit(
         else:
             raw = _torchrun(spec, ranks, timeout)
     finally:
-        wall = _clock() - t0
+        wall = clock() - t0
         if ledger == "iceberg-postgres":
             _drop_iceberg(spec)
         shutil.rmtree(job_root, ignore_errors=True)
@@ -613,213 +505,6 @@ def postgres_uri() -> tuple[str | None, str]:
     except Exception as exc:  # no driver, no server, bad credentials: all mean "skip"
         return None, f"{where}: {type(exc).__name__}"
     return uri, where
-
-
-# ------------------------------------------------------------------- step-time overhead
-
-_MODES = ("none", "sync", "async")
-
-
-@dataclass(frozen=True)
-class OverheadResult:
-    """Step time without checkpoints and with sync/async saves every ``every`` steps.
-
-    Attributes:
-        steps: training steps per block.
-        every: steps between saves within a block (the first save after ``every // 2``).
-        rounds: rounds; each runs one block of every mode, in rotating order.
-        batch_size: rows per batch.
-        workers: DataLoader workers.
-        model_params: parameters of the MLP.
-        checkpoint_bytes: DCP files of one checkpoint (model + Adam state).
-        block_s: per mode, the wall time of its block in each round.
-        block_cpu_s: per mode, the CPU time of this process (all its threads: the async
-            writer's too; not the loader's worker processes) in its block in each round.
-        save_s: per mode, every ``save()`` call (blocking part; for async the file write
-            continues in the background).
-        wait_s: async: the ``wait()`` ending each block (commit of the last save).
-        capture_s: ``_capture_reader`` alone, repeated on the running loader.
-    """
-
-    steps: int
-    every: int
-    rounds: int
-    batch_size: int
-    workers: int
-    model_params: int
-    checkpoint_bytes: int
-    block_s: dict[str, tuple[float, ...]]
-    block_cpu_s: dict[str, tuple[float, ...]]
-    save_s: dict[str, tuple[float, ...]]
-    wait_s: tuple[float, ...]
-    capture_s: tuple[float, ...]
-
-    @property
-    def step_ms(self) -> float:
-        """Median step time without checkpoints."""
-        return statistics.median(self.block_s["none"]) / self.steps * 1e3
-
-    def overheads(self, mode: str, *, cpu: bool = False) -> tuple[float, ...]:
-        """Per round: (block time of ``mode`` / block time without checkpoints) - 1."""
-        blocks = self.block_cpu_s if cpu else self.block_s
-        return tuple(m / n - 1 for m, n in zip(blocks[mode], blocks["none"], strict=True))
-
-    def overhead(self, mode: str, *, cpu: bool = False) -> float:
-        """Median over rounds of :meth:`overheads`."""
-        return statistics.median(self.overheads(mode, cpu=cpu))
-
-    @property
-    def saves_per_block(self) -> int:
-        return (self.steps - self.every // 2) // self.every + 1
-
-    def cost_per_save_ms(self, mode: str) -> float:
-        """Median over rounds of the block time ``mode`` adds per save, in ms."""
-        return statistics.median(
-            (m - n) / self.saves_per_block * 1e3
-            for m, n in zip(self.block_s[mode], self.block_s["none"], strict=True))
-
-    def overhead_at(self, mode: str, interval: int = TRACKING_INTERVAL) -> float:
-        """:meth:`cost_per_save_ms` over the training time of ``interval`` steps."""
-        return self.cost_per_save_ms(mode) / (interval * self.step_ms)
-
-    @property
-    def capture_ms(self) -> float:
-        return statistics.median(self.capture_s) * 1e3
-
-    def tracking_share(self, interval: int = TRACKING_INTERVAL) -> float:
-        """Capture time over the training time of ``interval`` steps without checkpoints."""
-        return self.capture_ms / (interval * self.step_ms)
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(step_ms=self.step_ms, overhead={m: self.overhead(m) for m in _MODES[1:]},
-                   round_overheads={m: self.overheads(m) for m in _MODES[1:]},
-                   cpu_overhead={m: self.overhead(m, cpu=True) for m in _MODES[1:]},
-                   cost_per_save_ms={m: self.cost_per_save_ms(m) for m in _MODES[1:]},
-                   overhead_at_tracking_interval={m: self.overhead_at(m) for m in _MODES[1:]},
-                   mean_save_ms={m: statistics.fmean(self.save_s[m]) * 1e3 for m in _MODES[1:]},
-                   capture_ms=self.capture_ms,
-                   tracking_share={str(TRACKING_INTERVAL): self.tracking_share(),
-                                   str(self.every): self.tracking_share(self.every)})
-        clean: dict[str, Any] = json.loads(json.dumps(out))  # plain JSON types: lists
-        return clean
-
-
-def _mlp(features: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(features, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(),
-                         nn.Linear(512, 1))
-
-
-def measure_overhead(
-    table: str,
-    root: str | Path,
-    *,
-    steps: int = 100,
-    every: int = 50,
-    rounds: int = 10,
-    batch_size: int = 64,
-    workers: int = 2,
-    capture_repeats: int = 30,
-    threads: int | None = 1,
-    progress: Progress = _quiet,
-) -> OverheadResult:
-    """Blocks of ``steps`` training steps: no checkpoints, sync saves, async saves.
-
-    Blocks are short (two saves each) and many, in rotating order, so that bursts of load
-    from other processes hit some rounds and not the median; each block's CPU time is kept
-    alongside its wall time. One ``StatefulDataLoader`` over ``table`` feeds every block, so
-    the reader is warm and equally far into its data for all modes; each mode that saves has
-    its own manager and run. Saves happen at steps ``every // 2 + j * every`` of a block, so
-    that an async save has at least ``every // 2`` steps to overlap with before the ``wait()``
-    ending its block (counted in the block). Round 0 warms up (first saves, the loader's
-    workers) and is not counted.
-
-    ``threads`` sets torch's intra-op threads for the measurement (restored afterwards): one
-    compute thread leaves the other cores to the loader's workers and the async writer, and
-    keeps the CPU time of a step steady on a small shared machine (measured on 2 cores under a
-    load average of 4: 5.4-6.0 ms per step with one thread, 4-58 ms with two). None keeps
-    torch's setting.
-    """
-    if every < 2 or steps < every:
-        raise ValueError(f"need 2 <= every <= steps, got every={every}, steps={steps}")
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        return _measure_overhead(table, root, steps, every, rounds, batch_size, workers,
-                                 capture_repeats, progress)
-    finally:
-        torch.set_num_threads(before)
-
-
-def _measure_overhead(table: str, root: str | Path, steps: int, every: int, rounds: int,
-                      batch_size: int, workers: int, capture_repeats: int,
-                      progress: Progress) -> OverheadResult:
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    torch.manual_seed(0)
-    features = 64
-    model = _mlp(features)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    dataset = LakeDataset(DeltaSource(table), columns=["x"], batch_size=batch_size, seed=0,
-                          epochs=1000)
-    loader = StatefulDataLoader(dataset, batch_size=None, num_workers=workers)
-    managers = {
-        "sync": _TimedManager(Path(root) / "sync", "sync", keep_last=2),
-        "async": _TimedManager(Path(root) / "async", "async", keep_last=2, async_save=True),
-    }
-    block: dict[str, list[float]] = {m: [] for m in _MODES}
-    block_cpu: dict[str, list[float]] = {m: [] for m in _MODES}
-    save: dict[str, list[float]] = {m: [] for m in _MODES[1:]}
-    waits: list[float] = []
-    step = 0
-    with _no_dcp_warnings():
-        batches: Iterator[dict[str, torch.Tensor]] = iter(loader)
-
-    def run_block(mode: str, n: int, counted: bool) -> tuple[float, float]:
-        nonlocal step
-        manager = managers.get(mode)
-        gc.collect()
-        t0, c0 = _clock(), time.process_time()
-        for i in range(1, n + 1):
-            _train_step(model, optimizer, next(batches)["x"], features, False)
-            step += 1
-            if manager is not None and i % every == every // 2:
-                s0 = _clock()
-                manager.save(step, model=model, optimizer=optimizer, dataloader=loader)
-                if counted:
-                    save[mode].append(_clock() - s0)
-        if manager is not None and manager.async_save:
-            w0 = _clock()
-            manager.wait()
-            if counted:
-                waits.append(_clock() - w0)
-        return _clock() - t0, time.process_time() - c0
-
-    with _no_dcp_warnings():
-        for mode in _MODES:  # warm-up: loader workers, first DCP save of each manager
-            run_block(mode, every, counted=False)
-        for r in range(rounds):
-            order = _MODES[r % 3:] + _MODES[: r % 3]
-            for mode in order:
-                wall, cpu = run_block(mode, steps, counted=True)
-                block[mode].append(wall)
-                block_cpu[mode].append(cpu)
-            progress(f"overhead round {r + 1}/{rounds}: " + ", ".join(
-                f"{m} {block[m][-1] / steps * 1e3:.1f} ms/step" for m in _MODES))
-        sync = managers["sync"]
-        capture: list[float] = []
-        for _ in range(capture_repeats):
-            t0 = _clock()
-            sync._capture_reader(loader)
-            capture.append(_clock() - t0)
-        last = sync.checkpoints()[-1]
-    params = sum(p.numel() for p in model.parameters())
-    ckpt_bytes = sum(int(d["bytes"]) for d in last.manifest.values())
-    return OverheadResult(steps, every, rounds, batch_size, workers, params, ckpt_bytes,
-                          {m: tuple(v) for m, v in block.items()},
-                          {m: tuple(v) for m, v in block_cpu.items()},
-                          {m: tuple(v) for m, v in save.items()}, tuple(waits), tuple(capture))
 
 
 # ------------------------------------------------------------------------------ report
@@ -880,9 +565,9 @@ def _commit_figures(results: list[CommitResult]) -> list[Figure]:
 
 def _overhead_figures(o: OverheadResult) -> list[Figure]:
     share = o.tracking_share()
-    mean_save = {m: statistics.fmean(o.save_s[m]) * 1e3 for m in _MODES[1:]}
-    ranges = {m: f"{min(o.overheads(m)):+.1%}..{max(o.overheads(m)):+.1%}" for m in _MODES[1:]}
-    cpu = {m: f"{o.overhead(m, cpu=True):+.1%}" for m in _MODES[1:]}
+    mean_save = {m: statistics.fmean(o.save_s[m]) * 1e3 for m in MODES[1:]}
+    ranges = {m: f"{min(o.overheads(m)):+.1%}..{max(o.overheads(m)):+.1%}" for m in MODES[1:]}
+    cpu = {m: f"{o.overhead(m, cpu=True):+.1%}" for m in MODES[1:]}
     return [
         Figure("step time, no checkpoints", o.step_ms, "ms", "", None,
                f"MLP of {o.model_params * 4 / 1e6:.1f} MB + Adam, batch {o.batch_size}, "
@@ -940,7 +625,7 @@ def run_checkpoint_bench(
     root: str | Path | None = None,
     ranks: Sequence[int] | None = None,
     pg: bool = True,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> CheckpointBenchReport:
     """Measure every checkpoint figure (see the module docstring).
 
@@ -961,10 +646,10 @@ def _run(quick: bool, root: Path, ranks: Sequence[int] | None, pg: bool,
          progress: Progress) -> CheckpointBenchReport:
     rank_counts = tuple(ranks) if ranks is not None else ((1, 2) if quick else (1, 4, 8))
     saves = 8 if quick else 50
-    t0 = _clock()
+    t0 = clock()
     commit_table = ensure_commit_table(root)
     synthetic = ensure_synthetic_table(root, 200_000 if quick else 1_000_000)
-    progress(f"tables ready in {_clock() - t0:.1f} s: {commit_table}, {synthetic.uri}")
+    progress(f"tables ready in {clock() - t0:.1f} s: {commit_table}, {synthetic.uri}")
     work = Path(tempfile.mkdtemp(prefix="ckpt-", dir=root))
     try:
         jobs: list[tuple[int, LedgerKind, str | None]] = [(n, "delta", None)

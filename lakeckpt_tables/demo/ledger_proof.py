@@ -37,6 +37,7 @@ __all__ = [
     "LedgerCheckpoint",
     "LedgerProof",
     "check_coverage",
+    "covered_twice",
     "matches_ids",
     "prove_ledger",
     "save_leftovers",
@@ -185,7 +186,7 @@ def check_coverage(consumption: pa.Table, units: Sequence[Unit], epochs: int) ->
     for epoch in range(epochs):
         for (path, group), size in known.items():
             key = (epoch, path, group)
-            twice = _covered_twice(exact.get(key, []))
+            twice = covered_twice(exact.get(key, []))
             got = sums.get(key, 0)
             gap += max(size - got, 0)
             overlap += max(got - size, 0) + twice
@@ -194,7 +195,7 @@ def check_coverage(consumption: pa.Table, units: Sequence[Unit], epochs: int) ->
                     len(known) * epochs, good, gap, overlap, invalid)
 
 
-def _covered_twice(ranges: Iterable[tuple[int, int]]) -> int:
+def covered_twice(ranges: Iterable[tuple[int, int]]) -> int:
     """Rows that more than one of the half-open ``ranges`` cover (counted once per extra)."""
     twice, reach = 0, None
     for start, end in sorted(ranges):

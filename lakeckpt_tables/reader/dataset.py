@@ -361,10 +361,9 @@ class LakeDataset(IterableDataset[Batch]):
             return _Cursor(g, shape, dict(resume.layouts), epoch, position,
                            self._own_round(resume.rounds, epoch))
         reshaped = self.reshape(resume, shape)
-        first = reshaped.slices[0]
-        assert first is not None
-        return _Cursor(g, shape, dict(reshaped.layouts), first[0], 0,
-                       self._own_round(reshaped.rounds, first[0]))
+        first = min(index for index, _ in reshaped.positions())  # every slice starts there
+        return _Cursor(g, shape, dict(reshaped.layouts), first, 0,
+                       self._own_round(reshaped.rounds, first))
 
     def reshape(self, state: ReaderState, shape: PlanShape) -> ReaderState:
         """``state`` as a reader of ``shape`` starts from it: its undelivered rows re-planned.
@@ -383,9 +382,7 @@ class LakeDataset(IterableDataset[Batch]):
         known = dict(state.rounds)
 
         def plan_for(index: int, layout: Sequence[Piece] | None) -> EpochPlan:
-            rnd = self.rounds.get(index, known, wait=False)
-            assert rnd is not None, f"round {index} of a reader state cannot be listed again"
-            known[index] = rnd
+            rnd = known[index] = self._known_round(index, known)
             return self._round_plan(old, rnd, layout)
 
         first, layouts = replan_rounds(plan_for, dict(state.layouts), state.positions())
@@ -397,12 +394,17 @@ class LakeDataset(IterableDataset[Batch]):
     def round_plan(self, index: int, shape: PlanShape, layouts: dict[int, tuple[Piece, ...]],
                    known: dict[int, Round]) -> tuple[EpochPlan, RoundUnits]:
         """Round ``index``'s plan for ``shape`` and its units (for consumption records)."""
+        rnd = self._known_round(index, known)
+        return (self._round_plan(self._policy(shape), rnd, layouts.get(index)),
+                self.rounds.units(rnd))
+
+    def _known_round(self, index: int, known: dict[int, Round]) -> Round:
+        """Round ``index`` of a reader state, listed again without waiting for new commits."""
         rnd = self.rounds.get(index, known, wait=False)
         if rnd is None:
             raise StateMismatchError(f"{self.snapshot.describe()}: round {index} of the reader "
                                      "state cannot be listed again from the table")
-        return (self._round_plan(self._policy(shape), rnd, layouts.get(index)),
-                self.rounds.units(rnd))
+        return rnd
 
     def _round_plan(self, policy: PlanPolicy, rnd: Round,
                     layout: Sequence[Piece] | None) -> EpochPlan:
@@ -491,9 +493,9 @@ class LakeDataset(IterableDataset[Batch]):
             units = self.rounds.units(rnd)
             self._warn_tail(plan, cursor)
             start = cursor.position if index == cursor.epoch else 0
+            own = self._own_round({index: rnd}, index)
             for table, position in self._batches(plan, units, cursor.slice_index, start):
-                cursor.epoch, cursor.position = index, position
-                cursor.rounds = self._own_round({index: rnd}, index)
+                cursor.epoch, cursor.position, cursor.rounds = index, position, own
                 batch = to_tensors(table)
                 yield self.transform(batch) if self.transform is not None else batch
             index += 1

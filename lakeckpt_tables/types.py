@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 __all__ = ["TableFormat", "TableIdentity", "Unit"]
 
@@ -40,9 +40,13 @@ class Unit:
     Attributes:
         path: data file path or URI, as readable by pyarrow.
         row_group: row group index within the file.
-        rows: number of rows in the row group (from the footer).
+        rows: number of live rows in the row group (footer rows minus deleted ones).
+        file: the table metadata's entry for the data file (a ``sources.base.DataFile``):
+            what the source's reader needs to turn the file's rows into the table's rows
+            (deletes, partition values, column mapping). Not part of identity or order.
     """
 
     path: str
     row_group: int
     rows: int
+    file: Any = field(default=None, compare=False, repr=False)

@@ -15,8 +15,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import (
     EmptySourceError,
-    PinnedFileMissingError,
-    RowCountMismatchError,
     StateMismatchError,
     UnknownColumnError,
     UnsupportedTableError,
@@ -38,7 +36,6 @@ from lakeckpt_tables.reader.state import (
     merge_states,
     states_from_loader,
 )
-from lakeckpt_tables.sources._footers import open_parquet
 from lakeckpt_tables.sources.base import Snapshot, Source
 
 __all__ = ["LakeDataset"]
@@ -175,12 +172,7 @@ class LakeDataset(IterableDataset[Batch]):
         self._resume: ReaderState | None = None
         self._resume_own = False  # the state was handed to this DataLoader worker by torchdata
         self._cursor: _Cursor | None = None
-        self._files: dict[str, Any] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_files"] = {}  # open file handles stay in their process
-        return state
+        self._row_reader = self.snapshot.row_reader()
 
     # ----------------------------------------------------------------------------- state
 
@@ -284,6 +276,7 @@ class LakeDataset(IterableDataset[Batch]):
 
     def _repin(self, version: int) -> None:
         self.snapshot = self.source.snapshot(version)
+        self._row_reader = self.snapshot.row_reader()
         self.columns = _check_columns(self.snapshot, self.columns)
         self.rounds = RoundSequence(self.source, self.snapshot, self.columns,
                                     epochs=self.epochs, follow=self.follow,
@@ -556,24 +549,7 @@ class LakeDataset(IterableDataset[Batch]):
         return _concat(parts)
 
     def _read_unit(self, units: RoundUnits, u: int) -> pa.Table:
-        unit = units.units[u]
-        path, row_group = unit.path, unit.row_group
-        try:
-            handle = self._files.get(path)
-            if handle is None:
-                handle = self._files[path] = open_parquet(path)
-            table = handle.read_row_group(row_group, columns=self.columns)
-        except FileNotFoundError as exc:
-            raise PinnedFileMissingError(
-                f"{self.snapshot.describe()}: data file {path} of the pinned version is gone "
-                "(vacuumed or expired?); restore it, or start a new run on a newer version"
-            ) from exc
-        if table.num_rows != unit.rows:
-            raise RowCountMismatchError(
-                f"{self.snapshot.describe()}: row group {row_group} of {path} holds "
-                f"{table.num_rows} rows, {unit.rows} when the snapshot was pinned; "
-                "the file was rewritten in place")
-        return table.select(self.columns)
+        return self._row_reader.read(units.units[u], self.columns)
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

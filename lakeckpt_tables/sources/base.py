@@ -4,19 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
 from lakeckpt_tables.errors import PinnedFileMissingError, RowCountMismatchError
-from lakeckpt_tables.sources._footers import FileFooter, read_footers
+from lakeckpt_tables.sources._footers import FileFooter, open_parquet, read_footers
 from lakeckpt_tables.types import TableIdentity, Unit
 
 if TYPE_CHECKING:
     from lakeckpt_tables.sources.commits import Commit
 
-__all__ = ["DataFile", "Snapshot", "Source", "local_path_or_uri", "units_from_files"]
+__all__ = [
+    "DataFile",
+    "RowGroupReader",
+    "Snapshot",
+    "Source",
+    "local_path_or_uri",
+    "units_from_files",
+]
 
 
 def local_path_or_uri(uri: str) -> str:
@@ -34,6 +41,59 @@ class DataFile:
     path: str
     size_bytes: int | None
     rows: int | None  # None when the table metadata carries no row count
+
+
+class RowGroupReader:
+    """Turns one unit's row group into the table's rows: the one place that reads data bytes.
+
+    NOTE [ reading seam ]
+    The plan decides which rows of which unit, in which order; it knows units only by their
+    live row counts. A reader, built by the source with the snapshot (picklable: it crosses
+    into DataLoader workers, where it opens files lazily), reads a unit's row group and
+    returns exactly its live rows, in row order, as the table's logical columns: deleted rows
+    removed, partition values added, physical names mapped to logical ones, types normalised.
+    Row positions the plan hands out are positions among these live rows.
+
+    This base class reads plain Parquet files whose columns are the table's columns.
+    """
+
+    def __init__(self, identity: TableIdentity, version: int) -> None:
+        self.identity = identity
+        self.version = version
+        self._handles: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handles"] = {}  # open file handles stay in their process
+        return state
+
+    def describe(self) -> str:
+        return f"{self.identity.describe()} at version {self.version}"
+
+    def read(self, unit: Unit, columns: Sequence[str]) -> pa.Table:
+        """The live rows of ``unit``, columns ``columns`` in that order.
+
+        Raises:
+            PinnedFileMissingError: the unit's data file is gone.
+            RowCountMismatchError: the row group no longer holds the rows it held when pinned.
+        """
+        path = unit.path
+        try:
+            handle = self._handles.get(path)
+            if handle is None:
+                handle = self._handles[path] = open_parquet(path)
+            table = handle.read_row_group(unit.row_group, columns=list(columns))
+        except FileNotFoundError as exc:
+            raise PinnedFileMissingError(
+                f"{self.describe()}: data file {path} of the pinned version is gone "
+                "(vacuumed or expired?); restore it, or start a new run on a newer version"
+            ) from exc
+        if table.num_rows != unit.rows:
+            raise RowCountMismatchError(
+                f"{self.describe()}: row group {unit.row_group} of {path} holds "
+                f"{table.num_rows} rows, {unit.rows} when the snapshot was pinned; "
+                "the file was rewritten in place")
+        return table.select(list(columns))
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +114,13 @@ class Snapshot:
     file_columns: dict[str, tuple[str, ...]]
     column_types: dict[str, str] = field(default_factory=dict)
     """Column name -> the table format's own type text, to detect type changes in follow mode."""
+    reader: RowGroupReader | None = None
+    """Reads this table's units (NOTE [ reading seam ]); a plain Parquet reader when None."""
+
+    def row_reader(self) -> RowGroupReader:
+        """The reader of this snapshot's units (and of units appended later, in follow mode)."""
+        return self.reader if self.reader is not None else RowGroupReader(self.identity,
+                                                                            self.version)
 
     @property
     def rows(self) -> int:
@@ -101,7 +168,8 @@ def units_from_files(
     units: list[Unit] = []
     for data_file, footer in zip(ordered, footers, strict=True):
         _check_row_count(identity, version, data_file, footer)
-        units.extend(Unit(data_file.path, i, n) for i, n in enumerate(footer.row_group_rows) if n)
+        units.extend(Unit(data_file.path, i, n, data_file)
+                     for i, n in enumerate(footer.row_group_rows) if n)
     return tuple(units), {f.path: f.column_names for f in footers}
 
 

@@ -19,6 +19,8 @@ __all__ = [
     "SourceChangedError",
     "SourceNotFoundError",
     "StateMismatchError",
+    "StorageError",
+    "StorageRootNotSharedError",
     "UnknownColumnError",
     "UnsupportedTableError",
 ]
@@ -79,3 +81,11 @@ class CheckpointError(LakeckptError):
 
 class CheckpointIntegrityError(CheckpointError):
     """A checkpoint's files do not match the checksums recorded in the ledger."""
+
+
+class StorageError(LakeckptError):
+    """An object store or file system could not be reached or refused a request."""
+
+
+class StorageRootNotSharedError(CheckpointError):
+    """The ranks of a job do not see the same checkpoint root (per-node local disks?)."""

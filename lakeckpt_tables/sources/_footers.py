@@ -1,8 +1,11 @@
-"""Parquet footers: read concurrently, cached by file path.
+"""Parquet footers: read once per file per process, concurrently, cached by file path.
 
 Data files of Delta and Iceberg tables are immutable once committed, so a footer read for one
 snapshot stays valid for every later snapshot that still holds the file. Caching by path (and
-size, as a cheap guard) makes re-resolving a table, or following it, cost only the new files.
+size, as a cheap guard) makes re-resolving a table, or following it, cost only the new files;
+and the cached footer is handed to every later open of the file (:func:`open_parquet`), so a
+row group read on an object store costs its ranged data requests only, never another footer
+read. A forked DataLoader worker inherits the cache of its parent.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ import errno
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-__all__ = ["FileFooter", "open_parquet", "read_footers"]
+from lakeckpt_tables.io import Storage
+
+__all__ = ["FileFooter", "footer_reads", "open_parquet", "read_footers"]
 
 _MAX_THREADS = 16
 _CACHE_LIMIT = 200_000
@@ -29,6 +33,7 @@ class FileFooter:
     path: str
     row_group_rows: tuple[int, ...]
     column_names: tuple[str, ...]
+    metadata: pq.FileMetaData | None = field(default=None, compare=False, repr=False)
 
     @property
     def rows(self) -> int:
@@ -36,51 +41,99 @@ class FileFooter:
 
 
 _cache: dict[tuple[str, int | None], FileFooter] = {}
+_by_path: dict[str, FileFooter] = {}
 _cache_lock = threading.Lock()
+_reads = [0]
 
 
-def open_parquet(path: str) -> pq.ParquetFile:
-    """Open a data file given as a local path or a URI pyarrow understands (file://, s3://, ...)."""
-    if "://" in path:
-        fs, inner = pafs.FileSystem.from_uri(path)
-        return pq.ParquetFile(fs.open_input_file(inner))
-    return pq.ParquetFile(path)
+def footer_reads() -> int:
+    """Footers this process has read from storage (not served from cache), for benches."""
+    return _reads[0]
 
 
-def _read_footer(path: str) -> FileFooter:
+_ambient: dict[str, Storage] = {}
+
+
+def _storage_for(path: str, storage: Storage | None) -> Storage:
+    """``storage``, or the environment-configured store of ``path`` (one per bucket)."""
+    if storage is not None:
+        return storage
+    scheme, sep, rest = path.partition("://")
+    root = f"{scheme}://{rest.split('/', 1)[0]}" if sep and scheme != "file" else "/"
+    with _cache_lock:
+        found = _ambient.get(root)
+        if found is None:
+            found = _ambient[root] = Storage(root)
+    return found
+
+
+def open_parquet(path: str, storage: Storage | None = None, *,
+                 size: int | None = None) -> pq.ParquetFile:
+    """Open a data file through ``storage`` (the environment's store when None).
+
+    On an object store the footer comes from the cache when this process has read it
+    already, and ``size`` (the table metadata's) saves a HEAD request. Local files are opened
+    afresh: a footer read costs nothing there, and a file rewritten in place is noticed.
+
+    Raises:
+        FileNotFoundError: no such file.
+        StorageError: the store failed.
+    """
+    store = _storage_for(path, storage)
+    if store.is_local:
+        return store.open_parquet(path)
+    with _cache_lock:
+        cached = _by_path.get(path)
+    metadata = cached.metadata if cached is not None else None
+    return store.open_parquet(path, size=size, metadata=metadata)
+
+
+def _read_footer(path: str, size: int | None, storage: Storage | None) -> FileFooter:
     try:
-        meta = open_parquet(path).metadata
+        meta = _storage_for(path, storage).open_parquet(path, size=size).metadata
     except FileNotFoundError as exc:  # pyarrow leaves ``filename`` unset: callers name the file
         raise FileNotFoundError(errno.ENOENT, "no such data file", path) from exc
+    with _cache_lock:
+        _reads[0] += 1
     rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     names = tuple(meta.schema.to_arrow_schema().names)
-    return FileFooter(path, rows, names)
+    return FileFooter(path, rows, names, meta)
 
 
-def _cached(path: str, size: int | None) -> FileFooter:
+def _cached(path: str, size: int | None, storage: Storage | None) -> FileFooter:
     key = (path, size)
     with _cache_lock:
         hit = _cache.get(key)
     if hit is not None:
         return hit
-    footer = _read_footer(path)
+    footer = _read_footer(path, size, storage)
     with _cache_lock:
         if len(_cache) >= _CACHE_LIMIT:
             _cache.clear()
+            _by_path.clear()
         _cache[key] = footer
+        _by_path[path] = footer
     return footer
 
 
-def read_footers(paths: Sequence[str], sizes: Sequence[int | None]) -> list[FileFooter]:
+def read_footers(paths: Sequence[str], sizes: Sequence[int | None],
+                 storage: Storage | None = None) -> list[FileFooter]:
     """Footers of ``paths`` in the same order, read on a thread pool, served from cache.
+
+    Args:
+        paths: data files (absolute paths or URIs of ``storage``).
+        sizes: their sizes from table metadata (None when unknown).
+        storage: the table's store; the environment's when None.
 
     Raises:
         FileNotFoundError: a file is missing; callers turn it into a named error.
+        StorageError: the store failed.
     """
     if not paths:
         return []
     threads = min(_MAX_THREADS, len(paths))
+    stores = [storage] * len(paths)
     if threads == 1:
-        return [_cached(p, s) for p, s in zip(paths, sizes, strict=True)]
+        return [_cached(p, s, storage) for p, s in zip(paths, sizes, strict=True)]
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(_cached, paths, sizes))
+        return list(pool.map(_cached, paths, sizes, stores))

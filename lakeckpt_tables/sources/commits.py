@@ -11,7 +11,8 @@ NOTE [ commit kinds ]
 - ``schema``: changes the type of a selected column or drops it. Always fails.
 
 Commits are read without deltalake (its runtime is not fork-safe; DataLoader workers follow
-tables): a Delta commit is the JSON file ``_delta_log/<version>.json``.
+tables): a Delta commit is the JSON file ``_delta_log/<version>.json``, read through the
+table's :class:`~lakeckpt_tables.io.Storage` (the source's storage options).
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote
 
-import pyarrow.fs as pafs
-
+from lakeckpt_tables.io import Storage
 from lakeckpt_tables.sources.base import DataFile
 
 __all__ = ["Commit", "CommitKind", "column_change", "read_delta_commit"]
@@ -54,14 +54,8 @@ class Commit:
         return sum(f.rows or 0 for f in self.files)
 
 
-def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in root:
-        return pafs.FileSystem.from_uri(root)  # type: ignore[no-any-return]
-    return pafs.LocalFileSystem(), root
-
-
 def read_delta_commit(root: str, version: int, columns: list[str],
-                      types: dict[str, str]) -> Commit | None:
+                      types: dict[str, str], storage: Storage | None = None) -> Commit | None:
     """Delta commit ``version`` of the table at ``root``; None when it is not committed yet.
 
     Args:
@@ -69,12 +63,14 @@ def read_delta_commit(root: str, version: int, columns: list[str],
         version: commit version.
         columns: the columns the reader reads (schema changes to others are harmless).
         types: their Delta type strings at the pinned version, to detect type changes.
+        storage: the table's store (rooted anywhere); the environment's when None.
+
+    Raises:
+        StorageError: the store failed (not: the commit is absent).
     """
-    fs, base = _filesystem(root)
-    path = f"{base}/_delta_log/{version:020d}.json"
+    store = storage if storage is not None else Storage(root)
     try:
-        with fs.open_input_stream(path) as stream:
-            text = stream.read().decode()
+        text = store.read_bytes(f"{root}/_delta_log/{version:020d}.json").decode()
     except FileNotFoundError:
         return None
     actions = [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,0 +1,12 @@
+"""The I/O layer: one store per URI and storage options, through which every byte goes.
+
+:class:`Storage` reads ranges, opens Parquet files for coalesced row group reads, lists, puts
+atomically, deletes and checks existence, on local disks, S3 (pyarrow's native client) and
+other fsspec stores; :mod:`lakeckpt_tables.io.checkpoint_storage` builds checkpoint files on it.
+"""
+
+from __future__ import annotations
+
+from lakeckpt_tables.io.storage import Storage, s3_settings
+
+__all__ = ["Storage", "s3_settings"]

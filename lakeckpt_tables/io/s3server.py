@@ -1,0 +1,127 @@
+"""A local S3 server for tests and benches: moto's server behind a counting, faulty front.
+
+moto (the ``moto[server]`` dev dependency) serves the S3 API in memory. The front counts every
+request (so a bench can report requests per row group read and a test can prove a server was
+never contacted) and injects faults a real object store shows: an outage (503 to everything),
+a lost response (the request lands, the client gets a dropped connection) and latency.
+Run it as ``python -m lakeckpt_tables.io.s3server --port N``; control it over HTTP under
+``/_lakeckpt/`` (see :class:`Front`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["Front", "main"]
+
+_CONTROL = "/_lakeckpt/"
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+class _Dropped(ConnectionResetError):
+    """Raised to make the server close the connection without a response (werkzeug treats a
+    ConnectionError as a dropped connection and writes nothing)."""
+
+
+class Front:
+    """WSGI middleware in front of moto.
+
+    Control endpoints (JSON):
+        ``GET /_lakeckpt/requests``: the requests seen, ``[[method, path, range], ...]``.
+        ``DELETE /_lakeckpt/requests``: forget them.
+        ``PUT /_lakeckpt/faults``: ``{"down": bool, "latency_ms": int, "lose": [{"method":
+        "PUT", "path": regex, "times": n}]}``; a lost request reaches moto, its response is
+        dropped.
+    """
+
+    def __init__(self, app: WsgiApp) -> None:
+        self.app = app
+        self.requests: list[tuple[str, str, str]] = []
+        self.faults: dict[str, Any] = {"down": False, "latency_ms": 0, "lose": []}
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path.startswith(_CONTROL):
+            return self._control(environ, start, path[len(_CONTROL):])
+        method = environ["REQUEST_METHOD"]
+        with self._lock:
+            self.requests.append((method, path, environ.get("HTTP_RANGE", "")))
+            faults = dict(self.faults)
+            lose = self._take_lose(method, path)
+        if faults["latency_ms"]:
+            time.sleep(faults["latency_ms"] / 1000)
+        if faults["down"]:
+            body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable"
+                    b"</Code><Message>injected outage</Message></Error>")
+            start("503 Service Unavailable", [("Content-Type", "application/xml"),
+                                              ("Content-Length", str(len(body)))])
+            return [body]
+        if lose:
+            result = self.app(environ, lambda *a, **k: None)
+            for _ in result:  # the request lands: let moto finish it
+                pass
+            raise _Dropped(f"{method} {path}")
+        return self.app(environ, start)
+
+    def _take_lose(self, method: str, path: str) -> bool:
+        for rule in self.faults["lose"]:
+            if rule.get("times", 1) > 0 and rule.get("method", method) == method and \
+                    re.search(rule.get("path", ""), path):
+                rule["times"] = rule.get("times", 1) - 1
+                return True
+        return False
+
+    def _control(self, environ: dict[str, Any], start: StartResponse,
+                 what: str) -> Iterable[bytes]:
+        method = environ["REQUEST_METHOD"]
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = json.loads(environ["wsgi.input"].read(length) or b"null") if length else None
+        with self._lock:
+            if what == "requests" and method == "DELETE":
+                self.requests = []
+            elif what == "faults" and method == "PUT":
+                self.faults = {"down": False, "latency_ms": 0, "lose": [], **(body or {})}
+            out = json.dumps({"requests": self.requests, "faults": self.faults}).encode()
+        start("200 OK", [("Content-Type", "application/json"),
+                         ("Content-Length", str(len(out)))])
+        return [out]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until killed; prints ``ready <port>`` once listening."""
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    front = Front(DomainDispatcherApplication(create_backend_app))
+
+    class Handler(MotoRequestHandler):  # type: ignore[misc]
+        def log_request(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def connection_dropped(self, error: BaseException, environ: Any = None) -> None:
+            self.close_connection = True
+
+    server = make_server(args.host, args.port, front, threaded=True, request_handler=Handler)
+    print(f"ready {server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

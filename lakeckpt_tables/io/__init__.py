@@ -7,6 +7,6 @@ other fsspec stores; :mod:`lakeckpt_tables.io.checkpoint_storage` builds checkpo
 
 from __future__ import annotations
 
-from lakeckpt_tables.io.storage import Storage, s3_settings
+from lakeckpt_tables.io.storage import Storage, iceberg_storage, s3_settings
 
-__all__ = ["Storage", "s3_settings"]
+__all__ = ["Storage", "iceberg_storage", "s3_settings"]

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from lakeckpt_tables.errors import StorageError
 
-__all__ = ["Storage", "s3_settings"]
+__all__ = ["Storage", "iceberg_storage", "s3_settings"]
 
 _CHUNK = 1 << 20
 
@@ -272,18 +272,15 @@ class Storage:
                                             start)
                 return out
 
-    def open_parquet(self, key: str, *, size: int | None = None,
+    def open_parquet(self, key: str, *,
                      metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
         """A Parquet file whose row group reads are coalesced ranged requests.
 
-        ``size`` (from table metadata) saves a HEAD request, ``metadata`` (a cached footer)
-        saves the footer read.
+        ``metadata`` (a cached footer) saves the footer read. Opening costs one HEAD request
+        on S3 (pyarrow's binding takes no known size), once per file and reader.
         """
         with self._errors("open", key):
-            target: Any = self._inner(key)
-            if size is not None:
-                target = pafs.FileInfo(target, pafs.FileType.File, size=size)
-            handle = self.filesystem.open_input_file(target)
+            handle = self.filesystem.open_input_file(self._inner(key))
             return pq.ParquetFile(handle, metadata=metadata, pre_buffer=not self.is_local)
 
     def list(self, key: str = "") -> list[str]:
@@ -377,3 +374,15 @@ def _arrow_s3(s3: Mapping[str, str]) -> pafs.S3FileSystem:
     else:
         kwargs["anonymous"] = True
     return pafs.S3FileSystem(**kwargs)
+
+
+def iceberg_storage(location: str, properties: Mapping[str, str]) -> Storage:
+    """The store of an Iceberg table, from its FileIO properties (the catalog's and table's).
+
+    ``s3.*`` properties configure S3 explicitly (NOTE [ storage options ]); a table without
+    them is read with the environment's configuration, as pyiceberg's own FileIO would.
+    """
+    s3 = {k: str(v) for k, v in properties.items() if k.startswith("s3.")}
+    if s3 and urlparse(location).scheme in ("s3", "s3a"):
+        return Storage(location, s3)
+    return Storage(location)

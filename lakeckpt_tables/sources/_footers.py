@@ -67,12 +67,11 @@ def _storage_for(path: str, storage: Storage | None) -> Storage:
     return found
 
 
-def open_parquet(path: str, storage: Storage | None = None, *,
-                 size: int | None = None) -> pq.ParquetFile:
+def open_parquet(path: str, storage: Storage | None = None) -> pq.ParquetFile:
     """Open a data file through ``storage`` (the environment's store when None).
 
     On an object store the footer comes from the cache when this process has read it
-    already, and ``size`` (the table metadata's) saves a HEAD request. Local files are opened
+    already. Local files are opened
     afresh: a footer read costs nothing there, and a file rewritten in place is noticed.
 
     Raises:
@@ -85,12 +84,12 @@ def open_parquet(path: str, storage: Storage | None = None, *,
     with _cache_lock:
         cached = _by_path.get(path)
     metadata = cached.metadata if cached is not None else None
-    return store.open_parquet(path, size=size, metadata=metadata)
+    return store.open_parquet(path, metadata=metadata)
 
 
-def _read_footer(path: str, size: int | None, storage: Storage | None) -> FileFooter:
+def _read_footer(path: str, storage: Storage | None) -> FileFooter:
     try:
-        meta = _storage_for(path, storage).open_parquet(path, size=size).metadata
+        meta = _storage_for(path, storage).open_parquet(path).metadata
     except FileNotFoundError as exc:  # pyarrow leaves ``filename`` unset: callers name the file
         raise FileNotFoundError(errno.ENOENT, "no such data file", path) from exc
     with _cache_lock:
@@ -106,7 +105,7 @@ def _cached(path: str, size: int | None, storage: Storage | None) -> FileFooter:
         hit = _cache.get(key)
     if hit is not None:
         return hit
-    footer = _read_footer(path, size, storage)
+    footer = _read_footer(path, storage)
     with _cache_lock:
         if len(_cache) >= _CACHE_LIMIT:
             _cache.clear()

@@ -10,6 +10,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 
 from lakeckpt_tables.errors import PinnedFileMissingError, RowCountMismatchError
+from lakeckpt_tables.io import Storage
 from lakeckpt_tables.sources._footers import FileFooter, open_parquet, read_footers
 from lakeckpt_tables.types import TableIdentity, Unit
 
@@ -57,9 +58,11 @@ class RowGroupReader:
     This base class reads plain Parquet files whose columns are the table's columns.
     """
 
-    def __init__(self, identity: TableIdentity, version: int) -> None:
+    def __init__(self, identity: TableIdentity, version: int,
+                 storage: Storage | None = None) -> None:
         self.identity = identity
         self.version = version
+        self.storage = storage  # the table's store (its storage options); ambient when None
         self._handles: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -81,7 +84,7 @@ class RowGroupReader:
         try:
             handle = self._handles.get(path)
             if handle is None:
-                handle = self._handles[path] = open_parquet(path)
+                handle = self._handles[path] = open_parquet(path, self.storage)
             table = handle.read_row_group(unit.row_group, columns=list(columns))
         except FileNotFoundError as exc:
             raise PinnedFileMissingError(
@@ -148,9 +151,12 @@ class Source(Protocol):
 
 
 def units_from_files(
-    identity: TableIdentity, version: int, files: Sequence[DataFile]
+    identity: TableIdentity, version: int, files: Sequence[DataFile],
+    storage: Storage | None = None,
 ) -> tuple[tuple[Unit, ...], dict[str, tuple[str, ...]]]:
     """Read the footers of ``files`` and list their row groups as units, canonically ordered.
+
+    ``storage`` is the table's store (its storage options); the environment's when None.
 
     Raises:
         PinnedFileMissingError: a listed file is gone.
@@ -158,7 +164,8 @@ def units_from_files(
     """
     ordered = sorted(files, key=lambda f: f.path)
     try:
-        footers = read_footers([f.path for f in ordered], [f.size_bytes for f in ordered])
+        footers = read_footers([f.path for f in ordered], [f.size_bytes for f in ordered],
+                               storage)
     except FileNotFoundError as exc:
         missing = exc.filename or str(exc)
         raise PinnedFileMissingError(

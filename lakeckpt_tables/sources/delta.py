@@ -16,7 +16,14 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from lakeckpt_tables.errors import SourceNotFoundError, UnsupportedTableError
-from lakeckpt_tables.sources.base import DataFile, Snapshot, local_path_or_uri, units_from_files
+from lakeckpt_tables.io import Storage
+from lakeckpt_tables.sources.base import (
+    DataFile,
+    RowGroupReader,
+    Snapshot,
+    local_path_or_uri,
+    units_from_files,
+)
 from lakeckpt_tables.sources.commits import Commit, read_delta_commit
 from lakeckpt_tables.types import TableIdentity
 
@@ -31,12 +38,15 @@ class DeltaSource:
 
     Args:
         uri: table root, a local path or a URI delta-rs understands.
-        storage_options: passed to delta-rs for object stores.
+        storage_options: for object stores; the log (delta-rs), the data files and follow
+            mode's log polling all go through them, and nothing falls back to ``AWS_*``
+            environment variables when they are given (:class:`~lakeckpt_tables.io.Storage`).
     """
 
     def __init__(self, uri: str, *, storage_options: dict[str, str] | None = None) -> None:
         self.uri = str(uri)
         self.storage_options = dict(storage_options or {})
+        self._storage = Storage(self.uri, storage_options or None)
         self._snapshots: dict[int, Snapshot] = {}
         self._lock = threading.Lock()
 
@@ -51,7 +61,8 @@ class DeltaSource:
             raise SourceNotFoundError(f"Delta table {self.uri} has no version {version}: "
                                       "versions start at 0")
         try:
-            return DeltaTable(self.uri, version=version, storage_options=self.storage_options)
+            return DeltaTable(self.uri, version=version,
+                              storage_options=self._storage.delta_options())
         except TableNotFoundError as exc:
             raise SourceNotFoundError(
                 f"no Delta table at {self.uri}: {exc}. Check the path or URI."
@@ -59,7 +70,8 @@ class DeltaSource:
         except DeltaError as exc:
             if version is None:
                 raise
-            latest = DeltaTable(self.uri, storage_options=self.storage_options).version()
+            latest = DeltaTable(self.uri,
+                                storage_options=self._storage.delta_options()).version()
             raise SourceNotFoundError(
                 f"Delta table {self.uri} has no version {version} (latest is {latest}, "
                 f"older ones may be vacuumed): {exc}"
@@ -88,11 +100,12 @@ class DeltaSource:
         identity = TableIdentity("delta", local_path_or_uri(dt.table_uri), str(dt.metadata().id))
         _refuse_unsupported(dt, identity, pinned)
         files = _data_files(dt, identity.location)
-        units, columns = units_from_files(identity, pinned, files)
+        units, columns = units_from_files(identity, pinned, files, self._storage)
         schema = pa.schema(dt.schema().to_arrow())
         types = {f["name"]: json.dumps(f["type"])
                  for f in json.loads(dt.schema().to_json())["fields"]}
-        snap = Snapshot(identity, pinned, schema, units, columns, types)
+        snap = Snapshot(identity, pinned, schema, units, columns, types,
+                        RowGroupReader(identity, pinned, self._storage))
         with self._lock:
             self._snapshots[pinned] = snap
         return snap
@@ -101,7 +114,7 @@ class DeltaSource:
                      columns: Sequence[str]) -> Commit | None:
         """Commit ``version + 1`` from the log JSON (fork-safe: no deltalake); None if absent."""
         return read_delta_commit(snapshot.identity.location, version + 1, list(columns),
-                                 snapshot.column_types)
+                                 snapshot.column_types, self._storage)
 
     def is_after(self, version: int, until: int) -> bool:
         return version > until

@@ -13,7 +13,14 @@ from typing import Any
 import pyarrow as pa
 
 from lakeckpt_tables.errors import SourceChangedError, SourceNotFoundError, UnsupportedTableError
-from lakeckpt_tables.sources.base import DataFile, Snapshot, local_path_or_uri, units_from_files
+from lakeckpt_tables.io import iceberg_storage
+from lakeckpt_tables.sources.base import (
+    DataFile,
+    RowGroupReader,
+    Snapshot,
+    local_path_or_uri,
+    units_from_files,
+)
 from lakeckpt_tables.sources.commits import Commit, column_change
 from lakeckpt_tables.types import TableIdentity
 
@@ -128,10 +135,12 @@ class IcebergSource:
             return Snapshot(identity, -1, table.schema().as_arrow(), (), {})
         pinned = int(snap_meta.snapshot_id)
         files = self._data_files(table, identity, pinned)
-        units, columns = units_from_files(identity, pinned, files)
+        storage = iceberg_storage(table.metadata.location, table.io.properties)
+        units, columns = units_from_files(identity, pinned, files, storage)
         schema = _snapshot_schema(table, snap_meta)
         snap = Snapshot(identity, pinned, schema, units, columns,
-                        _column_types(table, snap_meta.schema_id))
+                        _column_types(table, snap_meta.schema_id),
+                        RowGroupReader(identity, pinned, storage))
         with self._lock:
             self._snapshots[pinned] = snap
         return snap

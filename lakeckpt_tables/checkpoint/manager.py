@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -45,8 +44,8 @@ from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
-from lakeckpt_tables.checkpoint.manifest import checksum_files, verify_manifest
 from lakeckpt_tables.errors import CheckpointError, StateMismatchError
+from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import (
     CheckpointRecord,
     ConsumptionRecord,
@@ -80,11 +79,11 @@ def _rank_key(rank: int) -> str:
     return f"rank{rank}"
 
 
-class _Writer(FileSystemWriter):
+class _Writer(FsspecWriter):
     """DCP's file writer with a crash point after a rank's data files, before ``.metadata``."""
 
-    def __init__(self, path: str, rank: int) -> None:
-        super().__init__(path)
+    def __init__(self, path: str, rank: int, **storage_options: Any) -> None:
+        super().__init__(path, **storage_options)
         self._rank = rank
 
     def write_data(self, plan: Any, planner: Any) -> Any:
@@ -124,7 +123,8 @@ class CheckpointManager:
     world of one).
 
     Args:
-        root: directory holding the run's checkpoints (``<root>/<run_id>/step-...``).
+        root: directory holding the run's checkpoints (``<root>/<run_id>/step-...``): a local
+            path, ``s3://bucket/prefix`` or another fsspec URI, seen by every rank.
         run_id: the run; a ledger holds many runs.
         ledger: a :class:`~lakeckpt_tables.ledger.Ledger`, a spec for
             :func:`~lakeckpt_tables.ledger.open_ledger` (``"delta:<uri>"``,
@@ -135,6 +135,8 @@ class CheckpointManager:
         config: the run configuration; its hash is recorded with every checkpoint.
         compact_every: compact the ledger (fewer, larger files; a Delta log checkpoint) after
             this many of this manager's commits, so reading it stays fast.
+        storage_options: for an object store root (and the default ledger under it): see
+            :mod:`lakeckpt_tables.io.storage`; when given, ``AWS_*`` variables are not read.
     """
 
     def __init__(
@@ -147,12 +149,15 @@ class CheckpointManager:
         async_save: bool = False,
         compact_every: int = 100,
         config: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, str] | None = None,
     ) -> None:
         if not run_id or "/" in run_id:
             raise ValueError(f"run_id must be a non-empty name without '/', got {run_id!r}")
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.root = os.fspath(root)
+        self.storage = CheckpointStorage(self.root, storage_options)
+        self._root_shared = False
         self.run_id = run_id
         self.keep_last = keep_last
         self.compact_every = compact_every
@@ -160,7 +165,9 @@ class CheckpointManager:
         self._commits = 0
         self.async_save = async_save
         self.world = World()
-        self.ledger = open_ledger(ledger, root=self.root) if self.world.rank == 0 else None
+        self.ledger = open_ledger(ledger, root=self.root,
+                                  storage_options=self.storage.ledger_options()
+                                  ) if self.world.rank == 0 else None
         self.config_hash = _config_hash(config or {})
         self._started = time.monotonic()
         self._baseline: ReaderState | None = None
@@ -197,6 +204,9 @@ class CheckpointManager:
             CommitConflictError: another job committed to this run first.
         """
         self.wait()
+        if not self._root_shared:
+            self.storage.prove_shared(self.world, self.run_id)
+            self._root_shared = True
         checkpoint_id = self.world.broadcast(uuid.uuid4().hex)
         location = f"{self.run_id}/step-{step:09d}-{checkpoint_id[:8]}"
         prepared, future = self._prepare(location, model, optimizer, lr_scheduler,
@@ -227,8 +237,7 @@ class CheckpointManager:
             crash_point("prepare:before_write", rank)
             reader, consumed, events = self._capture_reader(dataloader)
             state = self._state_dict(model, optimizer, lr_scheduler, extra, reader)
-            path = os.path.join(self.root, location)
-            writer = _Writer(path, rank)
+            writer = _Writer(self.storage.url(location), rank, **self.storage.fsspec_options())
             if self.async_save:
                 response = dcp_async_save(state, storage_writer=writer,
                                           process_group=self.world.group,
@@ -277,12 +286,11 @@ class CheckpointManager:
 
     def _checksums(self, location: str) -> dict[str, Any]:
         """This rank's files: its DCP data files, and ``.metadata`` on rank 0."""
-        path = os.path.join(self.root, location)
         prefix = f"__{self.world.rank}_"
-        names = [n for n in os.listdir(path) if n.startswith(prefix)]
+        names = [n for n in self.storage.list(location) if n.startswith(prefix)]
         if self.world.rank == 0:
             names.append(_METADATA)
-        return checksum_files(path, names)
+        return self.storage.checksums(location, names)
 
     def _commit(self, attempt: _Attempt) -> CheckpointRecord:
         reports = self.world.gather(attempt.prepared)
@@ -305,7 +313,7 @@ class CheckpointManager:
         """Rank 0: commit if every rank prepared (the commit point), else abort."""
         failed = [(r, p) for r, p in enumerate(reports) if not p.ok]
         if failed:
-            shutil.rmtree(os.path.join(self.root, attempt.location), ignore_errors=True)
+            self.storage.delete(attempt.location)
             detail = "; ".join(f"rank {r}: {p.error}" for r, p in failed)
             return "abort", ("CheckpointError",
                              f"checkpoint of run {self.run_id} at step {attempt.step} aborted, "
@@ -384,6 +392,8 @@ class CheckpointManager:
             log.warning("run %s: restoring step %d, saved under configuration %s, with "
                         "configuration %s; later checkpoints record the new one",
                         self.run_id, record.step, record.config_hash, self.config_hash)
+        self.storage.check_visible(self.world, self.run_id, record.step, record.model_location,
+                                   record.manifest)
         self._load_files(record, model, optimizer, lr_scheduler, extra)
         if dataloader is not None and record.reader_state:
             state = ReaderState.from_dict(decode_state(record.reader_state))
@@ -406,11 +416,10 @@ class CheckpointManager:
         skipped: list[dict[str, Any]] = []
         retired = []
         for record in reversed(records):
-            path = os.path.join(self.root, record.model_location)
-            if not os.path.isdir(path):
+            if not self.storage.exists(record.model_location):
                 retired.append(record.step)  # model files removed by retention or gc
                 continue
-            problems = verify_manifest(path, record.manifest)
+            problems = self.storage.verify(record.model_location, record.manifest)
             if not problems:
                 if skipped:
                     self._record_fallback(record, skipped)
@@ -449,7 +458,7 @@ class CheckpointManager:
             state[LR_SCHEDULER] = lr_scheduler.state_dict()
         if extra is not None:
             state[EXTRA] = extra
-        dcp_load(state, checkpoint_id=os.path.join(self.root, record.model_location),
+        dcp_load(state, storage_reader=self.storage.reader(record.model_location),
                  process_group=self.world.group, no_dist=not self.world.distributed)
         if model is not None:
             set_model_state_dict(model, state[MODEL])
@@ -491,7 +500,7 @@ class CheckpointManager:
     def _retire_old(self) -> None:
         untagged = [r for r in self._run_records() if not r.tags]
         for record in untagged[: max(len(untagged) - self.keep_last, 0)]:
-            shutil.rmtree(os.path.join(self.root, record.model_location), ignore_errors=True)
+            self.storage.delete(record.model_location)
 
     def gc(self) -> list[str]:
         """Remove model files no retained committed checkpoint needs (collective).
@@ -509,11 +518,10 @@ class CheckpointManager:
             self._run_cache = None  # gc is explicit: read the ledger afresh
             self._retire_old()
             keep = {r.model_location for r in self._run_records()}
-            run_dir = os.path.join(self.root, self.run_id)
-            for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
+            for name in self.storage.list(self.run_id):
                 location = f"{self.run_id}/{name}"
                 if location not in keep:
-                    shutil.rmtree(os.path.join(self.root, location), ignore_errors=True)
+                    self.storage.delete(location)
                     removed.append(location)
         self.world.barrier()
         return removed

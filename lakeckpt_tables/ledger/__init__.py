@@ -43,7 +43,8 @@ DEFAULT_LEDGER_DIR = "_ledger"
 """Directory of the default Delta ledger, under the checkpoint root."""
 
 
-def open_ledger(spec: str | Ledger | None, *, root: str) -> Ledger:
+def open_ledger(spec: str | Ledger | None, *, root: str,
+                storage_options: dict[str, str] | None = None) -> Ledger:
     """Open (creating if needed) the ledger a run is configured with.
 
     Args:
@@ -51,6 +52,7 @@ def open_ledger(spec: str | Ledger | None, *, root: str) -> Ledger:
             ``"iceberg:<namespace.table>"`` in the default catalog; or a ready ledger,
             returned as is.
         root: the checkpoint root, where the default ledger lives.
+        storage_options: delta-rs storage options of Delta ledgers (the root's, by default).
 
     Returns:
         The ledger.
@@ -60,12 +62,13 @@ def open_ledger(spec: str | Ledger | None, *, root: str) -> Ledger:
             this format version.
     """
     if spec is None:
-        return DeltaLedger(f"{root.rstrip('/')}/{DEFAULT_LEDGER_DIR}")
+        return DeltaLedger(f"{root.rstrip('/')}/{DEFAULT_LEDGER_DIR}",
+                           storage_options=storage_options)
     if not isinstance(spec, str):
         return spec
     kind, _, target = spec.partition(":")
     if kind == "delta" and target:
-        return DeltaLedger(target)
+        return DeltaLedger(target, storage_options=storage_options)
     if kind == "iceberg" and target:
         from lakeckpt_tables.ledger.iceberg import IcebergLedger
         from lakeckpt_tables.sources.iceberg import default_catalog

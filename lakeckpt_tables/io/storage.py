@@ -204,7 +204,9 @@ class Storage:
         s3 = s3_settings(self._options)
         out = {k: v for k, v in self._options.items()
                if k.lower() not in {a for aliases in _S3_KEYS.values() for a in aliases}}
-        out.update(AWS_REGION=s3["region"], AWS_ENDPOINT_URL=s3["endpoint"])
+        # delta-rs prefers an AWS_ENDPOINT_URL_S3 of the environment to AWS_ENDPOINT_URL
+        out.update(AWS_REGION=s3["region"], AWS_ENDPOINT_URL=s3["endpoint"],
+                   AWS_ENDPOINT_URL_S3=s3["endpoint"])
         if s3["endpoint"].startswith("http://"):
             out["AWS_ALLOW_HTTP"] = "true"
         if "key" in s3:
@@ -281,7 +283,8 @@ class Storage:
         """
         with self._errors("open", key):
             handle = self.filesystem.open_input_file(self._inner(key))
-            return pq.ParquetFile(handle, metadata=metadata, pre_buffer=not self.is_local)
+            return _ParquetFile(handle, metadata=metadata, pre_buffer=not self.is_local,
+                                errors=lambda: self._errors("read", key))
 
     def list(self, key: str = "") -> list[str]:
         """Names directly under ``key`` (files and directories), sorted; [] when absent."""
@@ -351,6 +354,30 @@ class Storage:
                 digest.update(block)
                 size += len(block)
         return digest.hexdigest(), size
+
+
+class _ParquetFile(pq.ParquetFile):
+    """A Parquet file whose reads raise :class:`StorageError` when the store fails."""
+
+    def __init__(self, source: Any, *, errors: Any, **kwargs: Any) -> None:
+        super().__init__(source, **kwargs)
+        self._store_errors = errors
+
+    def read_row_group(self, *args: Any, **kwargs: Any) -> Any:
+        with self._store_errors():
+            return super().read_row_group(*args, **kwargs)
+
+    def read_row_groups(self, *args: Any, **kwargs: Any) -> Any:
+        with self._store_errors():
+            return super().read_row_groups(*args, **kwargs)
+
+    def read(self, *args: Any, **kwargs: Any) -> Any:
+        with self._store_errors():
+            return super().read(*args, **kwargs)
+
+    def iter_batches(self, *args: Any, **kwargs: Any) -> Any:
+        with self._store_errors():
+            yield from super().iter_batches(*args, **kwargs)
 
 
 def _not_found(exc: BaseException) -> bool:

@@ -1,0 +1,253 @@
+"""Tables on S3: every byte through the storage options, against a real S3 server on loopback.
+
+The server (moto's server mode behind a counting front, ``tests/_s3server.py``) is contacted
+over HTTP exactly as S3 is. A shadow server named by the environment's ``AWS_*`` variables
+holds a different table under the same bucket and key: reading it would give other ids, and
+its request log must stay empty whenever options are given.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+from _s3server import S3Server, s3, shadow_env, shadow_s3  # noqa: F401  (fixtures)
+from conftest import ROW_GROUP_ROWS, file_ranges, loader_for, rows_table, write_delta
+
+from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
+from lakeckpt_tables.errors import StorageError
+from lakeckpt_tables.io import Storage
+from lakeckpt_tables.sources import _footers
+
+RANGES = file_ranges()
+IDS = list(range(RANGES[0][0], RANGES[-1][1]))
+SHADOW_RANGES = [(10_000, 10_050)]
+
+
+def write_s3_delta(uri: str, ranges: list[tuple[int, int]], server: S3Server) -> None:
+    """Append to a Delta table on ``server`` whatever the environment names."""
+    write_delta(uri, ranges, storage_options=Storage(uri, server.options()).delta_options())
+
+
+def ids_of(dataset: LakeDataset, workers: int = 0) -> list[int]:
+    return [i for batch in loader_for(dataset, workers) for i in batch["id"].tolist()]
+
+
+@pytest.fixture(scope="module")
+def delta_on_s3(s3: S3Server, shadow_s3: S3Server) -> str:  # noqa: F811
+    """A Delta table on the server and, at the same URI, another one on the shadow server."""
+    bucket = s3.bucket("delta")
+    uri = f"s3://{bucket}/rows"
+    write_s3_delta(uri, RANGES, s3)
+    shadow_s3_bucket(shadow_s3, bucket)
+    write_s3_delta(uri, SHADOW_RANGES, shadow_s3)
+    return uri
+
+
+def shadow_s3_bucket(server: S3Server, name: str) -> None:
+    import boto3
+
+    boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=server.key,
+                 aws_secret_access_key=server.secret, region_name="us-east-1"
+                 ).create_bucket(Bucket=name)
+
+
+# ---------------------------------------------------------------------------- Storage
+
+
+def test_storage_operations_on_s3(s3: S3Server) -> None:  # noqa: F811
+    store = Storage(f"s3://{s3.bucket()}/root", s3.options())
+    assert store.list() == [] and not store.exists("a/one")
+    store.put("a/one", b"0123456789")
+    store.put("a/two", b"xy")
+    assert store.read_bytes("a/one") == b"0123456789"
+    assert store.read_bytes("a/one", 3, 4) == b"3456"
+    assert store.list("a") == ["one", "two"] and store.list() == ["a"]
+    assert store.size("a/one") == 10 and store.exists("a") and store.exists("a/two")
+    store.put("a/one", b"new")  # replaced whole
+    assert store.read_bytes(f"{store.uri}/a/one") == b"new"
+    store.delete("a/two")
+    assert store.list("a") == ["one"]
+    store.delete("a")
+    assert not store.exists("a/one") and store.list() == []
+    store.delete("a")  # absent: nothing to do
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes("a/one")
+
+
+def test_a_storage_crosses_processes_without_its_filesystem_or_secrets_in_view(
+        s3: S3Server) -> None:  # noqa: F811
+    store = Storage(f"s3://{s3.bucket()}/root", s3.options())
+    store.put("f", b"data")
+    assert s3.secret not in repr(store) and s3.key not in repr(store)
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy._fs is None and copy == store
+    assert copy.read_bytes("f") == b"data"
+
+
+def test_a_server_that_is_down_gives_a_named_error_without_secrets_and_a_retry_works(
+        s3: S3Server) -> None:  # noqa: F811
+    store = Storage(f"s3://{s3.bucket()}/root", s3.options(max_attempts="1"))
+    store.put("f", b"kept")
+    with s3.down(), pytest.raises(StorageError) as caught:
+        store.read_bytes("f")
+    message = str(caught.value)
+    assert f"{store.uri}/f" in message
+    assert "503" in message or "Unavailable" in message
+    assert s3.secret not in message and s3.key not in message
+    with s3.down(), pytest.raises(StorageError):
+        store.put("g", b"lost")
+    assert store.read_bytes("f") == b"kept"  # nothing lost, the retry succeeds
+    assert not store.exists("g")
+
+
+def test_options_given_never_read_the_environment(s3: S3Server, shadow_env: S3Server
+                                                  ) -> None:  # noqa: F811
+    bucket = s3.bucket()
+    shadow_s3_bucket(shadow_env, bucket)
+    Storage(f"s3://{bucket}", shadow_env.options()).put("k", b"shadow")
+    shadow_env.reset()
+    store = Storage(f"s3://{bucket}", s3.options())
+    store.put("k", b"real")
+    assert store.read_bytes("k") == b"real"
+    assert shadow_env.requests() == []
+    # without options the environment is the configuration: it names the shadow server
+    assert Storage(f"s3://{bucket}").read_bytes("k") == b"shadow"
+
+
+def test_options_without_credentials_are_anonymous_not_the_environments(
+        s3: S3Server, shadow_env: S3Server) -> None:  # noqa: F811
+    store = Storage(f"s3://{s3.bucket()}", {"AWS_ENDPOINT_URL": s3.endpoint,
+                                            "AWS_ALLOW_HTTP": "true"})
+    assert store.fsspec_options()["anon"] is True
+    delta = store.delta_options()
+    assert delta is not None and delta["AWS_SKIP_SIGNATURE"] == "true"
+    assert "AWS_ACCESS_KEY_ID" not in delta and delta["AWS_ENDPOINT_URL"] == s3.endpoint
+    store.exists("anything")
+    assert shadow_env.requests() == []
+
+
+# ---------------------------------------------------------------------- Delta on S3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_delta_table_on_s3_is_read_through_its_options_only(
+        delta_on_s3: str, s3: S3Server, shadow_env: S3Server, workers: int) -> None:  # noqa: F811
+    dataset = LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options()),
+                          columns=["id", "x"], batch_size=24, seed=3)
+    assert sorted(ids_of(dataset, workers)) == IDS
+    assert shadow_env.requests() == []
+
+
+def test_a_delta_row_group_read_costs_at_most_two_requests_and_no_footer(
+        delta_on_s3: str, s3: S3Server) -> None:  # noqa: F811
+    source = DeltaSource(delta_on_s3, storage_options=s3.options())
+    dataset = LakeDataset(source, columns=["id", "x"], batch_size=24, seed=3)
+    units = dataset.snapshot.units
+    files = {u.path for u in units}
+    s3.reset()
+    assert sorted(ids_of(dataset)) == IDS
+    data = [r for r in s3.requests() if r[1].endswith(".parquet")]
+    gets = [r for r in data if r[0] == "GET"]
+    heads = [r for r in data if r[0] == "HEAD"]
+    assert len(heads) == len(files)  # one open per file
+    assert len(units) <= len(gets) <= 2 * len(units)
+    sizes = {path: Storage(f"s3:/{path}", s3.options()).size("") for path in {r[1] for r in gets}}
+    # the footer (and its length and magic) ends the file: no read reaches its last byte
+    assert all(int(r[2].rsplit("-", 1)[1]) < sizes[r[1]] - 1 for r in gets)
+    # a second source in the same process reads no footer again
+    reads = _footers.footer_reads()
+    s3.reset()
+    again = DeltaSource(delta_on_s3, storage_options=s3.options()).snapshot()
+    assert len(again.units) == len(units) and _footers.footer_reads() == reads
+    assert [r for r in s3.requests() if r[1].endswith(".parquet")] == []
+
+
+def test_a_delta_table_on_a_server_that_is_down_fails_by_name_and_a_retry_reads_it(
+        delta_on_s3: str, s3: S3Server, shadow_env: S3Server) -> None:  # noqa: F811
+    source = DeltaSource(delta_on_s3, storage_options=s3.options(max_attempts="1"))
+    with s3.down(), pytest.raises(StorageError) as caught:
+        LakeDataset(source, columns=["id"])
+    assert delta_on_s3 in str(caught.value) and s3.secret not in str(caught.value)
+    assert sorted(ids_of(LakeDataset(source, columns=["id"]))) == IDS
+    assert shadow_env.requests() == []
+
+
+def test_a_row_group_read_on_a_server_that_is_down_fails_by_name_and_resumes(
+        delta_on_s3: str, s3: S3Server) -> None:  # noqa: F811
+    dataset = LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options(
+        max_attempts="1")), columns=["id"], batch_size=24, seed=1)
+    loader = loader_for(dataset, 0)
+    batches = iter(loader)
+    seen = next(batches)["id"].tolist()
+    state = loader.state_dict()
+    with s3.down(), pytest.raises(StorageError) as caught:
+        for batch in batches:
+            seen.extend(batch["id"].tolist())
+    assert ".parquet" in str(caught.value) and s3.secret not in str(caught.value)
+    fresh = loader_for(LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options()),
+                                   columns=["id"], batch_size=24, seed=1), 0)
+    fresh.load_state_dict(state)
+    rest = [i for batch in fresh for i in batch["id"].tolist()]
+    assert sorted(seen[:24] + rest) == IDS
+
+
+def test_follow_mode_polls_the_delta_log_on_s3(delta_on_s3: str, s3: S3Server,
+                                               shadow_env: S3Server) -> None:  # noqa: F811
+    uri = delta_on_s3.replace("/rows", "/followed")
+    first, later = (0, 40), (40, 90)
+    write_s3_delta(uri, [first], s3)
+    dataset = LakeDataset(DeltaSource(uri, storage_options=s3.options()), columns=["id"],
+                          batch_size=10, shuffle=False, follow=True, poll_interval=0.05,
+                          max_idle=0.6, min_segment_rows=1)
+    seen: list[int] = []
+    for batch in loader_for(dataset, 0):
+        seen.extend(batch["id"].tolist())
+        if len(seen) == 40 and len(seen) < 90:
+            write_s3_delta(uri, [later], s3)
+    assert sorted(seen) == list(range(90))
+    assert any("_delta_log/00000000000000000001.json" in r[1] for r in s3.requests())
+    assert shadow_env.requests() == []
+
+
+# -------------------------------------------------------------------- Iceberg on S3
+
+
+@pytest.fixture(scope="module")
+def iceberg_on_s3(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Any:  # noqa: F811
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    root = tmp_path_factory.mktemp("iceberg_s3")
+    catalog = SqlCatalog("s3cat", uri=f"sqlite:///{root}/catalog.db",
+                         warehouse=f"s3://{s3.bucket('ice')}/wh", **s3.iceberg_properties())
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.rows", schema=rows_table(0, 1).schema, properties={
+        "write.parquet.row-group-limit": str(ROW_GROUP_ROWS)})
+    for lo, hi in RANGES:
+        table.append(rows_table(lo, hi))
+    return catalog
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iceberg_table_on_s3_is_read_through_its_fileio_properties(
+        iceberg_on_s3: Any, s3: S3Server, shadow_env: S3Server, workers: int  # noqa: F811
+) -> None:
+    dataset = LakeDataset(IcebergSource("ns.rows", catalog=iceberg_on_s3),
+                          columns=["id", "name"], batch_size=24, seed=5)
+    assert all(u.path.startswith("s3://") for u in dataset.snapshot.units)
+    got = ids_of(dataset, workers)
+    assert sorted(got) == IDS
+    assert shadow_env.requests() == []
+
+
+def test_iceberg_data_files_are_read_with_at_most_two_requests_per_row_group(
+        iceberg_on_s3: Any, s3: S3Server) -> None:  # noqa: F811
+    dataset = LakeDataset(IcebergSource("ns.rows", catalog=iceberg_on_s3), columns=["id"],
+                          batch_size=24)
+    units = dataset.snapshot.units
+    s3.reset()
+    assert np.array_equal(np.sort(ids_of(dataset)), IDS)
+    gets = [r for r in s3.requests() if r[0] == "GET" and r[1].endswith(".parquet")]
+    assert len(units) <= len(gets) <= 2 * len(units)

@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from lakeckpt_tables.errors import SourceNotFoundError, UnsupportedTableError
+from lakeckpt_tables.errors import SourceNotFoundError, StorageError, UnsupportedTableError
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.sources.base import (
     DataFile,
@@ -67,6 +67,10 @@ class DeltaSource:
             raise SourceNotFoundError(
                 f"no Delta table at {self.uri}: {exc}. Check the path or URI."
             ) from exc
+        except OSError as exc:  # the store failed (delta-rs has retried)
+            raise StorageError(
+                f"Delta table {self.uri}: the store failed: {self._storage.redact(str(exc))}. "
+                "Check the endpoint and credentials in storage_options, then retry") from exc
         except DeltaError as exc:
             if version is None:
                 raise

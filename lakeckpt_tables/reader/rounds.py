@@ -222,7 +222,8 @@ class RoundSequence:
                 return None  # idle: the segment is formed, identically, when reading resumes
             version = commit.version
             if commit.kind == "append":
-                new, _ = units_from_files(self.snapshot.identity, version, commit.files)
+                new, _ = units_from_files(self.snapshot.identity, version, commit.files,
+                                          self.snapshot.row_reader().storage)
                 units.extend(new)
                 rows += sum(u.rows for u in new)
             else:
@@ -261,7 +262,8 @@ class RoundSequence:
                     f"({rnd.base}, {rnd.to}]; the log was cleaned up or rewritten")
             version = commit.version
             if commit.kind == "append" and version not in skipped:
-                units.extend(units_from_files(self.snapshot.identity, version, commit.files)[0])
+                units.extend(units_from_files(self.snapshot.identity, version, commit.files,
+                                              self.snapshot.row_reader().storage)[0])
         return sorted(units)
 
 

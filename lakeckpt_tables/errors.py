@@ -11,14 +11,17 @@ __all__ = [
     "CheckpointIntegrityError",
     "CommitConflictError",
     "CommitStateUnknownError",
+    "DataFileError",
     "EmptySourceError",
     "LakeckptError",
     "LedgerError",
     "PinnedFileMissingError",
     "RowCountMismatchError",
     "SourceChangedError",
+    "SourceFileChangedError",
     "SourceNotFoundError",
     "StateMismatchError",
+    "TableMetadataError",
     "UnknownColumnError",
     "UnsupportedTableError",
 ]
@@ -79,3 +82,18 @@ class CheckpointError(LakeckptError):
 
 class CheckpointIntegrityError(CheckpointError):
     """A checkpoint's files do not match the checksums recorded in the ledger."""
+
+
+class DataFileError(LakeckptError):
+    """A data file of the pinned snapshot cannot be opened, read or converted; the message names
+    the table, version, file and, where one is at fault, the column and its physical type."""
+
+
+class SourceFileChangedError(RowCountMismatchError):
+    """A data file's size or row groups differ from the pinned snapshot's record of them: it was
+    rewritten or replaced in place, and its rows are not delivered."""
+
+
+class TableMetadataError(LakeckptError):
+    """The table's log, manifests or delete files cannot be read (the message names the table,
+    the version and the underlying error)."""

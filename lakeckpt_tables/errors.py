@@ -11,16 +11,19 @@ __all__ = [
     "CheckpointIntegrityError",
     "CommitConflictError",
     "CommitStateUnknownError",
+    "DataFileError",
     "EmptySourceError",
     "LakeckptError",
     "LedgerError",
     "PinnedFileMissingError",
     "RowCountMismatchError",
     "SourceChangedError",
+    "SourceFileChangedError",
     "SourceNotFoundError",
     "StateMismatchError",
     "StorageError",
     "StorageRootNotSharedError",
+    "TableMetadataError",
     "UnknownColumnError",
     "UnsupportedTableError",
 ]
@@ -89,3 +92,16 @@ class StorageError(LakeckptError):
 
 class StorageRootNotSharedError(CheckpointError):
     """The ranks of a job do not see the same checkpoint root (per-node local disks?)."""
+class DataFileError(LakeckptError):
+    """A data file of the pinned snapshot cannot be opened, read or converted; the message names
+    the table, version, file and, where one is at fault, the column and its physical type."""
+
+
+class SourceFileChangedError(RowCountMismatchError):
+    """A data file's size or row groups differ from the pinned snapshot's record of them: it was
+    rewritten or replaced in place, and its rows are not delivered."""
+
+
+class TableMetadataError(LakeckptError):
+    """The table's log, manifests or delete files cannot be read (the message names the table,
+    the version and the underlying error)."""

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from conftest import (
     Table,
@@ -95,22 +94,6 @@ def test_an_iceberg_table_never_written_is_refused_as_empty(tmp_path: Path) -> N
     catalog.create_table("ns.empty", schema=rows_table(0, 1).schema)
     with pytest.raises(EmptySourceError, match="holds no rows"):
         LakeDataset(IcebergSource("ns.empty", catalog=catalog))
-
-
-def test_a_delta_table_with_column_mapping_is_unsupported(tmp_path: Path) -> None:
-    uri = str(tmp_path / "mapped")
-    write_deltalake(uri, rows_table(0, 10), configuration={"delta.columnMapping.mode": "name"})
-    with pytest.raises(UnsupportedTableError, match=r"column mapping \(delta.columnMapping"):
-        LakeDataset(DeltaSource(uri))
-
-
-def test_a_partitioned_delta_table_is_unsupported(tmp_path: Path) -> None:
-    uri = str(tmp_path / "parted")
-    table = rows_table(0, 10)
-    parts = pa.array(table.column("id").to_numpy() % 2)
-    write_deltalake(uri, table.append_column("part", parts), partition_by=["part"])
-    with pytest.raises(UnsupportedTableError, match=r"partitioned by \['part'\]"):
-        LakeDataset(DeltaSource(uri))
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -229,8 +230,8 @@ class Storage:
             yield
         except FileNotFoundError:
             raise
-        except StorageError:
-            raise
+        except (StorageError, pa.ArrowInvalid):
+            raise  # a named error already, or bad content (not Parquet): the caller names the file
         except (OSError, ValueError) as exc:
             if _not_found(exc):
                 raise FileNotFoundError(2, "no such file", self.url(key)) from exc
@@ -283,7 +284,10 @@ class Storage:
         """
         with self._errors("open", key):
             handle = self.filesystem.open_input_file(self._inner(key))
+            # INT96 (Spark's timestamps) as microseconds, the one timestamp unit of every
+            # reader: pyarrow's nanosecond default overflows past 2262.
             return _ParquetFile(handle, metadata=metadata, pre_buffer=not self.is_local,
+                                coerce_int96_timestamp_unit="us",
                                 errors=lambda: self._errors("read", key))
 
     def list(self, key: str = "") -> list[str]:
@@ -362,6 +366,7 @@ class _ParquetFile(pq.ParquetFile):
     def __init__(self, source: Any, *, errors: Any, **kwargs: Any) -> None:
         super().__init__(source, **kwargs)
         self._store_errors = errors
+        self.size_bytes: int = source.size()  # known from opening: no extra request
 
     def read_row_group(self, *args: Any, **kwargs: Any) -> Any:
         with self._store_errors():

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from lakeckpt_tables.errors import UnsupportedTableError
@@ -67,8 +68,21 @@ def _column(name: str, column: pa.ChunkedArray) -> Any:
             or pa.types.is_large_binary(kind) or pa.types.is_string_view(kind)):
         return array.to_pylist()
     if pa.types.is_timestamp(kind) or pa.types.is_date(kind) or pa.types.is_duration(kind):
-        array = array.cast(pa.int64() if kind.bit_width == 64 else pa.int32())
+        array = _as_integers(array)
     return torch.from_numpy(_numpy(name, array))
+
+
+def _as_integers(array: pa.Array) -> pa.Array:
+    """NOTE [ one timestamp unit ]: timestamps (naive or tz-aware) as int64 microseconds since
+    the epoch, durations as int64 microseconds, dates as int32 days."""
+    kind = array.type
+    if pa.types.is_timestamp(kind) and kind.unit != "us":
+        array = pc.cast(array, pa.timestamp("us", kind.tz), safe=False)
+    elif pa.types.is_duration(kind) and kind.unit != "us":
+        array = pc.cast(array, pa.duration("us"), safe=False)
+    elif pa.types.is_date64(kind):
+        array = array.cast(pa.date32())
+    return array.cast(pa.int32() if pa.types.is_date(array.type) else pa.int64())
 
 
 def _numpy(name: str, array: pa.Array) -> np.ndarray[Any, Any]:

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlparse
 
+import numpy as np
 import pyarrow as pa
 
-from lakeckpt_tables.errors import PinnedFileMissingError, RowCountMismatchError
+from lakeckpt_tables.errors import (
+    DataFileError,
+    PinnedFileMissingError,
+    RowCountMismatchError,
+    SourceFileChangedError,
+)
 from lakeckpt_tables.io import Storage
-from lakeckpt_tables.sources._footers import FileFooter, open_parquet, read_footers
+from lakeckpt_tables.sources._deletes import Deletes
+from lakeckpt_tables.sources._footers import FileFooter, read_footers
+from lakeckpt_tables.sources._open import open_data_file
 from lakeckpt_tables.types import TableIdentity, Unit
 
 if TYPE_CHECKING:
@@ -37,11 +46,25 @@ def local_path_or_uri(uri: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DataFile:
-    """A data file as table metadata lists it, before its footer is read."""
+    """A data file as table metadata lists it, with what its reader needs besides its bytes.
+
+    Attributes:
+        path: local path or URI.
+        size_bytes: size the table metadata records (checked before rows are delivered).
+        rows: row count the table metadata records; None when it carries none.
+        deletes: rows of the file deleted at the pinned version (a Delta deletion vector,
+            Iceberg positional deletes), computed in the main process.
+        partition: (logical column, typed value) pairs stored in the metadata, not the file.
+        row_group_rows: rows per row group as the footer said when pinned (set by
+            :func:`units_from_files`; checked again before the rows are delivered).
+    """
 
     path: str
     size_bytes: int | None
     rows: int | None  # None when the table metadata carries no row count
+    deletes: Deletes | None = None
+    partition: tuple[tuple[str, Any], ...] = ()
+    row_group_rows: tuple[int, ...] | None = None
 
 
 class RowGroupReader:
@@ -55,7 +78,11 @@ class RowGroupReader:
     removed, partition values added, physical names mapped to logical ones, types normalised.
     Row positions the plan hands out are positions among these live rows.
 
-    This base class reads plain Parquet files whose columns are the table's columns.
+    Before the first row of a file is delivered its size and its row groups' row counts are
+    checked against what was pinned: a file rewritten in place is refused, never read.
+
+    This base class reads plain Parquet files whose columns are the table's columns;
+    subclasses map physical columns to logical ones in :meth:`_logical`.
     """
 
     def __init__(self, identity: TableIdentity, version: int,
@@ -78,25 +105,76 @@ class RowGroupReader:
 
         Raises:
             PinnedFileMissingError: the unit's data file is gone.
-            RowCountMismatchError: the row group no longer holds the rows it held when pinned.
+            SourceFileChangedError: the file's size or row groups differ from the pinned ones.
+            RowCountMismatchError: the row group holds another number of live rows.
+            DataFileError: the file cannot be read or converted (names file and column).
         """
-        path = unit.path
+        data_file = unit.file if isinstance(unit.file, DataFile) else None
+        handle = self._handle(unit.path, data_file)
         try:
-            handle = self._handles.get(path)
-            if handle is None:
-                handle = self._handles[path] = open_parquet(path, self.storage)
-            table = handle.read_row_group(unit.row_group, columns=list(columns))
+            table = self._logical(handle, unit, data_file, list(columns))
+        except (pa.ArrowException, OSError, ValueError, TypeError, KeyError) as exc:
+            raise DataFileError(
+                f"{self.describe()}: cannot read row group {unit.row_group} of data file "
+                f"{unit.path} (columns {list(columns)}): {type(exc).__name__}: {exc}"
+            ) from exc
+        if data_file is not None and data_file.deletes is not None:
+            table = table.filter(self._keep(unit, data_file, handle))
+        if table.num_rows != unit.rows:
+            raise RowCountMismatchError(
+                f"{self.describe()}: row group {unit.row_group} of {unit.path} holds "
+                f"{table.num_rows} live rows, {unit.rows} when the snapshot was pinned; "
+                "the file was rewritten in place")
+        return table
+
+    def _handle(self, path: str, data_file: DataFile | None) -> Any:
+        handle = self._handles.get(path)
+        if handle is not None:
+            return handle
+        try:
+            handle = open_data_file(path, self.storage)
         except FileNotFoundError as exc:
             raise PinnedFileMissingError(
                 f"{self.describe()}: data file {path} of the pinned version is gone "
                 "(vacuumed or expired?); restore it, or start a new run on a newer version"
             ) from exc
-        if table.num_rows != unit.rows:
-            raise RowCountMismatchError(
-                f"{self.describe()}: row group {unit.row_group} of {path} holds "
-                f"{table.num_rows} rows, {unit.rows} when the snapshot was pinned; "
-                "the file was rewritten in place")
-        return table.select(list(columns))
+        except (OSError, pa.ArrowException) as exc:
+            raise DataFileError(
+                f"{self.describe()}: cannot open data file {path}: {type(exc).__name__}: "
+                f"{exc}. Check the file and its permissions; restore it from a backup."
+            ) from exc
+        if data_file is not None:
+            _check_pinned(self.describe(), data_file, handle)
+        self._handles[path] = handle
+        return handle
+
+    def _logical(self, handle: Any, unit: Unit, data_file: DataFile | None,
+                 columns: list[str]) -> pa.Table:
+        """The row group's rows (deleted ones included) as logical ``columns``."""
+        table: pa.Table = handle.file.read_row_group(unit.row_group, columns=columns)
+        return table.select(columns)
+
+    def _keep(self, unit: Unit, data_file: DataFile, handle: Any) -> pa.Array:
+        sizes = data_file.row_group_rows or handle.row_group_rows
+        start = int(sum(sizes[: unit.row_group]))
+        deletes = data_file.deletes
+        assert deletes is not None
+        return pa.array(deletes.keep(start, sizes[unit.row_group]))
+
+
+def _check_pinned(where: str, data_file: DataFile, handle: Any) -> None:
+    """Size and row groups of an opened file against the pinned snapshot's record of them."""
+    if data_file.size_bytes is not None and handle.size != data_file.size_bytes:
+        raise SourceFileChangedError(
+            f"{where}: data file {data_file.path} is {handle.size} bytes, the pinned snapshot "
+            f"lists {data_file.size_bytes}: the file was replaced or truncated. Restore it; "
+            "its rows are not delivered.")
+    pinned = data_file.row_group_rows
+    if pinned is not None and tuple(handle.row_group_rows) != tuple(pinned):
+        raise SourceFileChangedError(
+            f"{where}: data file {data_file.path} holds row groups of "
+            f"{list(handle.row_group_rows)} rows, {list(pinned)} when pinned: the file was "
+            "rewritten in place. Restore it; its rows are not delivered.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +253,25 @@ def units_from_files(
     units: list[Unit] = []
     for data_file, footer in zip(ordered, footers, strict=True):
         _check_row_count(identity, version, data_file, footer)
-        units.extend(Unit(data_file.path, i, n, data_file)
-                     for i, n in enumerate(footer.row_group_rows) if n)
+        pinned = dataclasses.replace(data_file, row_group_rows=tuple(footer.row_group_rows))
+        live = _live_rows(identity, version, pinned)
+        units.extend(Unit(pinned.path, i, n, pinned) for i, n in enumerate(live) if n)
     return tuple(units), {f.path: f.column_names for f in footers}
+
+
+def _live_rows(identity: TableIdentity, version: int, data_file: DataFile) -> list[int]:
+    """Rows per row group left by the file's deletes: what the plan counts."""
+    sizes = list(data_file.row_group_rows or ())
+    if data_file.deletes is None:
+        return sizes
+    total = sum(sizes)
+    if data_file.deletes.beyond(total):
+        raise RowCountMismatchError(
+            f"{identity.describe()} at version {version}: the deletes of data file "
+            f"{data_file.path} name rows past its {total} rows. The table is corrupt.")
+    bounds = np.cumsum([0, *sizes])
+    deleted = data_file.deletes.count_per_range(bounds)
+    return [n - int(d) for n, d in zip(sizes, deleted, strict=True)]
 
 
 def _check_row_count(

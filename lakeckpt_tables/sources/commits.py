@@ -18,7 +18,7 @@ table's :class:`~lakeckpt_tables.io.Storage` (the source's storage options).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote
@@ -54,8 +54,14 @@ class Commit:
         return sum(f.rows or 0 for f in self.files)
 
 
+AddFile = Callable[[str, Mapping[str, Any]], DataFile]
+"""Turns a Delta ``add`` action into a DataFile carrying the facts its reader needs."""
+
+
 def read_delta_commit(root: str, version: int, columns: list[str],
-                      types: dict[str, str], storage: Storage | None = None) -> Commit | None:
+                      types: dict[str, str], storage: Storage | None = None, *,
+                      add_file: AddFile | None = None,
+                      partition_columns: Sequence[str] = ()) -> Commit | None:
     """Delta commit ``version`` of the table at ``root``; None when it is not committed yet.
 
     Args:
@@ -67,6 +73,8 @@ def read_delta_commit(root: str, version: int, columns: list[str],
 
     Raises:
         StorageError: the store failed (not: the commit is absent).
+        add_file: builds appended files (partition values...); plain DataFiles when None.
+        partition_columns: the pinned partition columns (another set is a schema change).
     """
     store = storage if storage is not None else Storage(root)
     try:
@@ -74,14 +82,16 @@ def read_delta_commit(root: str, version: int, columns: list[str],
     except FileNotFoundError:
         return None
     actions = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return _classify(root, version, actions, columns, types)
+    return _classify(root, version, actions, columns, types, add_file or _data_file,
+                     partition_columns)
 
 
 def _classify(root: str, version: int, actions: list[dict[str, Any]], columns: list[str],
-              types: dict[str, str]) -> Commit:
+              types: dict[str, str], add_file: AddFile,
+              partition_columns: Sequence[str]) -> Commit:
     info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     operation = str(info.get("operation", "UNKNOWN"))
-    schema_problem = _schema_problem(actions, columns, types)
+    schema_problem = _schema_problem(actions, columns, types, partition_columns)
     if schema_problem:
         return Commit(version, "schema", operation, detail=schema_problem)
     adds = [a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
@@ -95,10 +105,10 @@ def _classify(root: str, version: int, actions: list[dict[str, Any]], columns: l
                       detail=f"{operation} changed no rows (dataChange=false)")
     if any(a.get("deletionVector") for a in adds):
         return Commit(version, "change", operation, detail="adds files with deletion vectors")
-    return Commit(version, "append", operation, tuple(_data_file(root, a) for a in adds))
+    return Commit(version, "append", operation, tuple(add_file(root, a) for a in adds))
 
 
-def _data_file(root: str, add: dict[str, Any]) -> DataFile:
+def _data_file(root: str, add: Mapping[str, Any]) -> DataFile:
     rel = add["path"]
     path = rel if "://" in rel else f"{root}/{unquote(rel)}"
     stats = json.loads(add["stats"]) if add.get("stats") else {}
@@ -107,12 +117,13 @@ def _data_file(root: str, add: dict[str, Any]) -> DataFile:
 
 
 def _schema_problem(actions: list[dict[str, Any]], columns: list[str],
-                    types: dict[str, str]) -> str:
+                    types: dict[str, str], partition_columns: Sequence[str] = ()) -> str:
     meta = next((a["metaData"] for a in actions if "metaData" in a), None)
     if meta is None:
         return ""
-    if meta.get("partitionColumns"):
-        return f"the table became partitioned by {meta['partitionColumns']}"
+    if sorted(meta.get("partitionColumns") or []) != sorted(partition_columns):
+        return (f"the partition columns changed from {sorted(partition_columns)} to "
+                f"{meta.get('partitionColumns') or []}")
     fields = {f["name"]: json.dumps(f["type"]) for f in json.loads(meta["schemaString"])["fields"]}
     return column_change(columns, types, fields)
 

@@ -1,22 +1,36 @@
 """Delta Lake tables through deltalake (delta-rs), called in the main process only.
 
 NOTE [ fork safety ]: deltalake's tokio runtime panics in a forked child that uses it after the
-parent did, so this module resolves snapshots to plain file paths in the main process and the
-DataLoader workers read those files with pyarrow alone.
+parent did, so this module resolves snapshots in the main process (file paths, deletion vectors
+as row positions, typed partition values, physical column names) and the DataLoader workers
+read the files with pyarrow alone (:class:`DeltaRowGroupReader`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 
-from lakeckpt_tables.errors import SourceNotFoundError, StorageError, UnsupportedTableError
+from lakeckpt_tables.errors import (
+    SourceNotFoundError,
+    StorageError,
+    TableMetadataError,
+    UnsupportedTableError,
+)
 from lakeckpt_tables.io import Storage
+from lakeckpt_tables.sources._arrow import (
+    PhysicalNames,
+    conform,
+    constant,
+    parse_partition_value,
+)
+from lakeckpt_tables.sources._deletes import Deletes
 from lakeckpt_tables.sources.base import (
     DataFile,
     RowGroupReader,
@@ -25,12 +39,24 @@ from lakeckpt_tables.sources.base import (
     units_from_files,
 )
 from lakeckpt_tables.sources.commits import Commit, read_delta_commit
-from lakeckpt_tables.types import TableIdentity
+from lakeckpt_tables.types import TableIdentity, Unit
 
-__all__ = ["DeltaSource"]
+__all__ = ["READABLE_READER_FEATURES", "DeltaRowGroupReader", "DeltaSource"]
 
 _COLUMN_MAPPING_KEY = "delta.columnMapping.mode"
+_PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
 _DV_FEATURE = "deletionVectors"
+
+READABLE_READER_FEATURES = frozenset({
+    "deletionVectors",  # applied as row masks
+    "columnMapping",  # physical names mapped to logical ones
+    "timestampNtz",  # naive timestamps, microseconds
+    "v2Checkpoint",  # the log is deltalake's business
+    "vacuumProtocolCheck",
+    "typeWidening", "typeWidening-preview",  # narrower file types cast to the table's
+    "variantType", "variantType-preview",  # unshredded variant: a struct of two binaries
+})
+"""Delta reader features whose tables read right; any other is refused by name."""
 
 
 class DeltaSource:
@@ -55,7 +81,7 @@ class DeltaSource:
 
     def _open(self, version: int | None) -> Any:
         from deltalake import DeltaTable
-        from deltalake.exceptions import DeltaError, TableNotFoundError
+        from deltalake.exceptions import TableNotFoundError
 
         if version is not None and version < 0:  # delta-rs raises OverflowError for these
             raise SourceNotFoundError(f"Delta table {self.uri} has no version {version}: "
@@ -71,14 +97,19 @@ class DeltaSource:
             raise StorageError(
                 f"Delta table {self.uri}: the store failed: {self._storage.redact(str(exc))}. "
                 "Check the endpoint and credentials in storage_options, then retry") from exc
-        except DeltaError as exc:
+        except Exception as exc:
             if version is None:
-                raise
-            latest = DeltaTable(self.uri,
-                                storage_options=self._storage.delta_options()).version()
+                raise TableMetadataError(
+                    f"Delta table {self.uri}: deltalake cannot load its log: "
+                    f"{type(exc).__name__}: {self._storage.redact(str(exc))}") from exc
+            try:
+                latest: int | str = DeltaTable(
+                    self.uri, storage_options=self._storage.delta_options()).version()
+            except Exception:
+                latest = "unknown"
             raise SourceNotFoundError(
-                f"Delta table {self.uri} has no version {version} (latest is {latest}, "
-                f"older ones may be vacuumed): {exc}"
+                f"Delta table {self.uri} has no version {version} (or cannot read it; latest "
+                f"is {latest}, older ones may be vacuumed): {type(exc).__name__}: {exc}"
             ) from exc
 
     def latest_version(self) -> int:
@@ -90,7 +121,8 @@ class DeltaSource:
 
         Raises:
             SourceNotFoundError: no table at ``uri``, or no such version.
-            UnsupportedTableError: deletion vectors, column mapping or partition columns.
+            UnsupportedTableError: a reader feature not in ``READABLE_READER_FEATURES``.
+            TableMetadataError: deltalake cannot read the log or the deletion vectors.
             PinnedFileMissingError: a data file of the version is gone.
             RowCountMismatchError: the log and a file footer disagree.
         """
@@ -101,15 +133,23 @@ class DeltaSource:
         with self._lock:
             if pinned in self._snapshots:
                 return self._snapshots[pinned]
-        identity = TableIdentity("delta", local_path_or_uri(dt.table_uri), str(dt.metadata().id))
-        _refuse_unsupported(dt, identity, pinned)
-        files = _data_files(dt, identity.location)
-        units, columns = units_from_files(identity, pinned, files, self._storage)
-        schema = pa.schema(dt.schema().to_arrow())
-        types = {f["name"]: json.dumps(f["type"])
-                 for f in json.loads(dt.schema().to_json())["fields"]}
-        snap = Snapshot(identity, pinned, schema, units, columns, types,
-                        RowGroupReader(identity, pinned, self._storage))
+        where = f"Delta table {self.uri} at version {pinned}"
+        try:
+            identity = TableIdentity("delta", local_path_or_uri(dt.table_uri),
+                                     str(dt.metadata().id))
+            _refuse_unsupported(dt, identity, pinned)
+            reader = _reader(dt, identity, pinned, self._storage)
+            files = _data_files(dt, identity.location, reader)
+            types = {f["name"]: json.dumps(f["type"])
+                     for f in json.loads(dt.schema().to_json())["fields"]}
+        except (UnsupportedTableError, TableMetadataError):
+            raise
+        except Exception as exc:
+            raise TableMetadataError(
+                f"{where}: cannot list its files: {type(exc).__name__}: {exc}") from exc
+        units, _ = units_from_files(identity, pinned, files, self._storage)
+        columns = {f.path: tuple(reader.schema.names) for f in files}  # missing ones read null
+        snap = Snapshot(identity, pinned, reader.schema, units, columns, types, reader)
         with self._lock:
             self._snapshots[pinned] = snap
         return snap
@@ -117,49 +157,158 @@ class DeltaSource:
     def commit_after(self, version: int, snapshot: Snapshot,
                      columns: Sequence[str]) -> Commit | None:
         """Commit ``version + 1`` from the log JSON (fork-safe: no deltalake); None if absent."""
+        reader = snapshot.reader
+        if not isinstance(reader, DeltaRowGroupReader):  # an empty snapshot of another kind
+            return read_delta_commit(snapshot.identity.location, version + 1, list(columns),
+                                     snapshot.column_types, self._storage)
         return read_delta_commit(snapshot.identity.location, version + 1, list(columns),
-                                 snapshot.column_types, self._storage)
+                                 snapshot.column_types, self._storage,
+                                 add_file=functools.partial(_add_file, reader=reader),
+                                 partition_columns=sorted(reader.partitions))
 
     def is_after(self, version: int, until: int) -> bool:
         return version > until
 
 
-def _data_files(dt: Any, root: str) -> list[DataFile]:
-    adds = pa.table(dt.get_add_actions(flatten=True))
+class DeltaRowGroupReader(RowGroupReader):
+    """Reads a Delta row group as the table's logical columns (NOTE [ reading seam ]).
+
+    Partition columns come from the log (constant per file, typed); with column mapping the
+    file's physical names are mapped to logical ones, nested fields included; columns a file
+    lacks (added after it was written) read as nulls; deletion vectors drop deleted rows.
+    Picklable and free of deltalake, so it reads in DataLoader workers.
+    """
+
+    def __init__(self, identity: TableIdentity, version: int, schema: pa.Schema,
+                 partitions: Sequence[str], physical: PhysicalNames | None,
+                 storage: Storage | None = None) -> None:
+        super().__init__(identity, version, storage)
+        self.schema = schema
+        self.partitions = frozenset(partitions)
+        self.physical = dict(physical) if physical else None
+
+    def _names(self, column: str) -> tuple[str, PhysicalNames | None]:
+        if self.physical is None:
+            return column, None
+        name, nested = self.physical.get(column, (column, None))
+        return str(name), nested
+
+    def _logical(self, handle: Any, unit: Unit, data_file: DataFile | None,
+                 columns: list[str]) -> pa.Table:
+        rows = handle.row_group_rows[unit.row_group]
+        in_file = set(handle.file.schema_arrow.names)
+        wanted = [self._names(c)[0] for c in columns if c not in self.partitions]
+        present = [p for p in wanted if p in in_file]
+        read = (handle.file.read_row_group(unit.row_group, columns=present) if present
+                else None)
+        values = dict(data_file.partition) if data_file is not None else {}
+        arrays, fields = [], []
+        for column in columns:
+            field = pa.field(column, self.schema.field(column).type)
+            physical, nested = self._names(column)
+            if column in self.partitions:
+                arrays.append(constant(values.get(column), field.type, rows))
+            elif read is not None and physical in read.column_names:
+                arrays.append(conform(read.column(physical), field, nested))
+            else:
+                arrays.append(pa.nulls(rows, field.type))
+            fields.append(field)
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _reader(dt: Any, identity: TableIdentity, version: int,
+            storage: Storage | None = None) -> DeltaRowGroupReader:
+    fields = json.loads(dt.schema().to_json())["fields"]
+    arrow = pa.schema(dt.schema().to_arrow())
+    schema = pa.schema([pa.field(f.name, f.type) for f in arrow])  # no mapping metadata
+    mode = dt.metadata().configuration.get(_COLUMN_MAPPING_KEY, "none")
+    physical = _physical_names(fields) if mode not in ("none", None) else None
+    return DeltaRowGroupReader(identity, version, schema,
+                               list(dt.metadata().partition_columns), physical, storage)
+
+
+def _physical_names(fields: list[dict[str, Any]]) -> dict[str, Any]:
+    """Column mapping: logical name -> (physical name, children) from the schema JSON."""
+    return {f["name"]: (f.get("metadata", {}).get(_PHYSICAL_NAME_KEY, f["name"]),
+                        _nested_names(f["type"])) for f in fields}
+
+
+def _nested_names(kind: Any) -> dict[str, Any] | None:
+    if not isinstance(kind, dict):
+        return None
+    if kind.get("type") == "struct":
+        return _physical_names(kind["fields"])
+    if kind.get("type") == "array":
+        return _nested_names(kind["elementType"])
+    if kind.get("type") == "map":
+        return {"key": ("key", _nested_names(kind["keyType"])),
+                "value": ("value", _nested_names(kind["valueType"]))}
+    return None
+
+
+def _data_files(dt: Any, root: str, reader: DeltaRowGroupReader) -> list[DataFile]:
+    adds = pa.table(dt.get_add_actions(flatten=False))
     paths = adds.column("path").to_pylist()
     sizes = adds.column("size_bytes").to_pylist()
     rows = adds.column("num_records").to_pylist() if "num_records" in adds.column_names else None
+    parts = (adds.column("partition").to_pylist()
+             if reader.partitions and "partition" in adds.column_names else None)
+    deletes = _deletion_vectors(dt)
     out = []
     for i, rel in enumerate(paths):
         full = rel if "://" in rel else f"{root}/{unquote(rel)}"
-        out.append(DataFile(full, sizes[i], None if rows is None else rows[i]))
+        partition = tuple(sorted((parts[i] or {}).items())) if parts is not None else ()
+        missing = reader.partitions - {name for name, _ in partition}
+        if missing:
+            raise TableMetadataError(
+                f"{reader.describe()}: the log gives data file {full} no value for partition "
+                f"column(s) {sorted(missing)}; the log is corrupt")
+        out.append(DataFile(full, sizes[i], None if rows is None else rows[i],
+                            deletes.get(local_path_or_uri(full)), partition))
     return out
+
+
+def _deletion_vectors(dt: Any) -> dict[str, Deletes]:
+    """Deleted rows per data file, from deltalake's selection vectors (main process only)."""
+    if _DV_FEATURE not in (dt.protocol().reader_features or []):
+        return {}
+    table = pa.table(dt.deletion_vectors())
+    out: dict[str, Deletes] = {}
+    for uri, keep in zip(table.column("filepath").to_pylist(),
+                         table.column("selection_vector").to_pylist(), strict=True):
+        deletes = Deletes.from_selection(keep)
+        if deletes is not None:
+            out[local_path_or_uri(uri)] = deletes
+    return out
+
+
+def _add_file(root: str, add: Mapping[str, Any], *, reader: DeltaRowGroupReader) -> DataFile:
+    """An appended file (follow mode) with the facts a pinned one carries: typed partition
+    values keyed by logical name. Adds with deletion vectors are 'change' commits."""
+    rel = add["path"]
+    path = rel if "://" in rel else f"{root}/{unquote(rel)}"
+    stats = json.loads(add["stats"]) if add.get("stats") else {}
+    rows = stats.get("numRecords")
+    raw = add.get("partitionValues") or {}
+    partition = []
+    for column in sorted(reader.partitions):
+        physical = reader._names(column)[0]
+        text = raw.get(physical, raw.get(column))
+        partition.append((column, parse_partition_value(text, reader.schema.field(column).type)))
+    return DataFile(path, add.get("size"), None if rows is None else int(rows),
+                    partition=tuple(partition))
 
 
 def _refuse_unsupported(dt: Any, identity: TableIdentity, version: int) -> None:
     where = f"{identity.describe()} at version {version}"
-    mode = dt.metadata().configuration.get(_COLUMN_MAPPING_KEY, "none")
-    if mode not in ("none", None):
+    protocol = dt.protocol()
+    if protocol.min_reader_version > 3:
         raise UnsupportedTableError(
-            f"{where} uses column mapping ({_COLUMN_MAPPING_KEY}={mode}): Parquet column names "
-            "differ from the table's, so files cannot be read alone. Rewrite the table without "
-            "column mapping."
-        )
-    features = dt.protocol().reader_features or []
-    if _DV_FEATURE in features and _has_deletion_vectors(dt):
+            f"{where} needs Delta reader version {protocol.min_reader_version}; this reader "
+            "knows versions up to 3. Upgrade lakeckpt-tables.")
+    unknown = sorted(set(protocol.reader_features or []) - READABLE_READER_FEATURES)
+    if unknown:
         raise UnsupportedTableError(
-            f"{where} has deletion vectors: some rows in its data files are deleted. Purge them "
-            "(REORG TABLE ... APPLY (PURGE)) before training from it."
-        )
-    partitions = dt.metadata().partition_columns
-    if partitions:
-        raise UnsupportedTableError(
-            f"{where} is partitioned by {partitions}: partition values are not stored in its "
-            "data files. Train from an unpartitioned copy for now."
-        )
-
-
-def _has_deletion_vectors(dt: Any) -> bool:
-    adds = pa.table(dt.get_add_actions(flatten=True))
-    dv_columns = [c for c in adds.column_names if c.lower().startswith("deletion")]
-    return any(adds.column(c).null_count < len(adds) for c in dv_columns)
+            f"{where} uses Delta reader feature(s) {unknown}, which lakeckpt-tables cannot read "
+            "correctly (readable: deletion vectors, column mapping, timestampNtz, v2 "
+            "checkpoints, type widening, unshredded variant). Rewrite the table without them.")

@@ -12,8 +12,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from lakeckpt_tables.errors import SourceChangedError, SourceNotFoundError, UnsupportedTableError
-from lakeckpt_tables.io import iceberg_storage
+from lakeckpt_tables.errors import (
+    SourceChangedError,
+    SourceNotFoundError,
+    TableMetadataError,
+    UnsupportedTableError,
+)
+from lakeckpt_tables.io import Storage, iceberg_storage
+from lakeckpt_tables.sources._deletes import Deletes
 from lakeckpt_tables.sources.base import (
     DataFile,
     RowGroupReader,
@@ -22,9 +28,9 @@ from lakeckpt_tables.sources.base import (
     units_from_files,
 )
 from lakeckpt_tables.sources.commits import Commit, column_change
-from lakeckpt_tables.types import TableIdentity
+from lakeckpt_tables.types import TableIdentity, Unit
 
-__all__ = ["DEFAULT_CATALOG_NAME", "IcebergSource", "default_catalog"]
+__all__ = ["DEFAULT_CATALOG_NAME", "IcebergRowGroupReader", "IcebergSource", "default_catalog"]
 
 DEFAULT_CATALOG_NAME = "lakeckpt"
 
@@ -116,7 +122,8 @@ class IcebergSource:
 
         Raises:
             SourceNotFoundError: no such table or snapshot.
-            UnsupportedTableError: the snapshot has delete files.
+            UnsupportedTableError: the snapshot has equality delete files.
+            TableMetadataError: pyiceberg cannot read its manifests or delete files.
             PinnedFileMissingError: a data file of the snapshot is gone.
             RowCountMismatchError: manifest and file footer disagree.
         """
@@ -134,13 +141,14 @@ class IcebergSource:
         if snap_meta is None:  # a table created but never written (-1: a follower's pin): empty
             return Snapshot(identity, -1, table.schema().as_arrow(), (), {})
         pinned = int(snap_meta.snapshot_id)
-        files = self._data_files(table, identity, pinned)
         storage = iceberg_storage(table.metadata.location, table.io.properties)
-        units, columns = units_from_files(identity, pinned, files, storage)
+        reader = _reader(table, identity, pinned, snap_meta, storage)
+        files = self._data_files(table, identity, pinned)
+        units, _ = units_from_files(identity, pinned, files, storage)
         schema = _snapshot_schema(table, snap_meta)
+        columns = {f.path: tuple(schema.names) for f in files}  # resolved by field id
         snap = Snapshot(identity, pinned, schema, units, columns,
-                        _column_types(table, snap_meta.schema_id),
-                        RowGroupReader(identity, pinned, storage))
+                        _column_types(table, snap_meta.schema_id), reader)
         with self._lock:
             self._snapshots[pinned] = snap
         return snap
@@ -167,8 +175,7 @@ class IcebergSource:
         for task in scan.plan_files():
             if task.delete_files:
                 return Commit(sid, "change", operation, detail="adds delete files")
-            files.append(DataFile(local_path_or_uri(task.file.file_path),
-                                  task.file.file_size_in_bytes, task.file.record_count))
+            files.append(_data_file(table, task, None))
         return Commit(sid, "append", operation, tuple(files))
 
     def is_after(self, version: int, until: int) -> bool:
@@ -176,17 +183,149 @@ class IcebergSource:
         return False
 
     def _data_files(self, table: Any, identity: TableIdentity, pinned: int) -> list[DataFile]:
-        files = []
-        for task in table.scan(snapshot_id=pinned).plan_files():
-            if task.delete_files:
-                raise UnsupportedTableError(
-                    f"{identity.describe()} at snapshot {pinned}: data file {task.file.file_path} "
-                    f"has {len(task.delete_files)} delete file(s) (merge-on-read deletes). "
-                    "Rewrite the data files (copy-on-write compaction) before training from it."
-                )
-            files.append(DataFile(local_path_or_uri(task.file.file_path),
-                                  task.file.file_size_in_bytes, task.file.record_count))
-        return files
+        """Data files of snapshot ``pinned`` with their deletes and identity-partition values."""
+        where = f"{identity.describe()} at snapshot {pinned}"
+        try:
+            tasks = list(table.scan(snapshot_id=pinned).plan_files())
+        except (ValueError, NotImplementedError) as exc:
+            raise _equality_deletes(table, pinned, where, exc) from exc
+        except Exception as exc:
+            raise TableMetadataError(
+                f"{where}: pyiceberg cannot plan its files: {type(exc).__name__}: {exc}"
+            ) from exc
+        read: dict[str, dict[str, Any]] = {}  # delete file -> {data file: positions}
+        return [_data_file(table, task, _positions(table, task, read, where)) for task in tasks]
+
+
+class IcebergRowGroupReader(RowGroupReader):
+    """Reads an Iceberg row group as the table's columns of the pinned snapshot's schema
+    (NOTE [ reading seam ]), with pyiceberg's own projection: columns resolved by field id
+    (renames, swaps, drop and re-add, int->long and float->double promotion), columns a file
+    lacks read as nulls or, for identity partitions, as the manifest's value; positional
+    deletes and v3 deletion vectors (resolved at pin time) drop deleted rows.
+
+    Relies on ``pyiceberg.io.pyarrow`` (``pyarrow_to_schema``, ``_to_requested_schema``) of
+    the pinned pyiceberg range; ``tests/test_tables_iceberg.py`` tests that seam.
+    """
+
+    def __init__(self, identity: TableIdentity, version: int, schema: Any,
+                 name_mapping: Any, format_version: int, storage: Storage | None = None) -> None:
+        super().__init__(identity, version, storage)
+        self.schema = schema
+        self.name_mapping = name_mapping
+        self.format_version = format_version
+
+    def _logical(self, handle: Any, unit: Unit, data_file: DataFile | None,
+                 columns: list[str]) -> pa.Table:
+        from pyiceberg.io.pyarrow import _to_requested_schema, pyarrow_to_schema
+        from pyiceberg.schema import prune_columns
+        from pyiceberg.types import ListType, MapType
+
+        projected = self.schema.select(*columns)
+        downcast = self.format_version <= 2
+        file_schema = pyarrow_to_schema(handle.file.schema_arrow, self.name_mapping,
+                                        downcast_ns_timestamp_to_us=downcast,
+                                        format_version=self.format_version)  # type: ignore[arg-type]
+        wanted = {i for i in projected.field_ids
+                  if not isinstance(projected.find_type(i), MapType | ListType)}
+        in_file = prune_columns(file_schema, wanted, select_full_types=False)
+        names = [c.name for c in in_file.columns]
+        table = handle.file.read_row_group(unit.row_group, columns=names)
+        identity = dict(data_file.partition) if data_file is not None else {}
+        missing = {int(k): v for k, v in identity.items()
+                   if int(k) in projected.field_ids and int(k) not in file_schema.field_ids}
+        if names:
+            record = table.combine_chunks().to_batches()[0]
+        else:  # only partition values or added columns: a batch of the row group's length
+            rows = handle.row_group_rows[unit.row_group]
+            record = pa.RecordBatch.from_arrays([pa.nulls(rows)], names=["__rows"])
+        out = _to_requested_schema(projected, in_file, record,
+                                   downcast_ns_timestamp_to_us=downcast,
+                                   projected_missing_fields=missing,
+                                   allow_timestamp_tz_mismatch=True)
+        result: pa.Table = pa.Table.from_batches([out]).select(columns)
+        return result
+
+
+def _reader(table: Any, identity: TableIdentity, pinned: int, snap_meta: Any,
+            storage: Storage | None = None) -> IcebergRowGroupReader:
+    schema = table.schemas().get(snap_meta.schema_id, table.schema())
+    return IcebergRowGroupReader(identity, pinned, schema, table.metadata.name_mapping(),
+                                 int(table.metadata.format_version), storage)
+
+
+def _data_file(table: Any, task: Any, deletes: Deletes | None) -> DataFile:
+    """A scan task's data file, with the values of its identity partitions by source field id
+    (filled in when the file does not store the column)."""
+    from pyiceberg.schema import build_position_accessors
+    from pyiceberg.transforms import IdentityTransform
+
+    file = task.file
+    spec = table.specs().get(file.spec_id)
+    partition: list[tuple[str, Any]] = []
+    if spec is not None and spec.fields:
+        accessors = build_position_accessors(spec.partition_type(table.schema()))
+        for field in spec.fields:
+            if isinstance(field.transform, IdentityTransform):
+                value = accessors[field.field_id].get(file.partition)
+                if value is not None:
+                    partition.append((str(field.source_id), value))
+    return DataFile(local_path_or_uri(file.file_path), file.file_size_in_bytes,
+                    file.record_count, deletes, tuple(partition))
+
+
+def _positions(table: Any, task: Any, read: dict[str, dict[str, Any]],
+               where: str) -> Deletes | None:
+    """Deleted rows of a task's data file from its positional delete files / deletion vectors
+    (pyiceberg's ``_read_deletes``), each delete file read once per snapshot."""
+    if not task.delete_files:
+        return None
+    from pyiceberg.io.pyarrow import _read_deletes
+    from pyiceberg.manifest import DataFileContent
+
+    chunks = []
+    for delete_file in task.delete_files:
+        if delete_file.content == DataFileContent.EQUALITY_DELETES:
+            raise UnsupportedTableError(
+                f"{where}: data file {task.file.file_path} has equality delete file "
+                f"{delete_file.file_path}; equality deletes are not read. Rewrite the data "
+                "files (rewrite_data_files / compaction) before training from it.")
+        if delete_file.file_path not in read:
+            try:
+                read[delete_file.file_path] = _read_deletes(table.io, delete_file)
+            except Exception as exc:
+                raise TableMetadataError(
+                    f"{where}: cannot read delete file {delete_file.file_path}: "
+                    f"{type(exc).__name__}: {exc}") from exc
+        found = read[delete_file.file_path].get(task.file.file_path)
+        if found is not None:
+            chunks.append(pa.chunked_array(found).to_numpy())
+    import numpy as np
+
+    return Deletes.from_positions(np.concatenate(chunks)) if chunks else None
+
+
+def _equality_deletes(table: Any, pinned: int, where: str, exc: Exception) -> Exception:
+    """pyiceberg refuses to plan a snapshot with equality deletes: say which file."""
+    if "equality" not in str(exc).lower():
+        return TableMetadataError(
+            f"{where}: pyiceberg cannot plan its files: {type(exc).__name__}: {exc}")
+    from pyiceberg.manifest import DataFileContent
+
+    named = ""
+    try:
+        for manifest in table.snapshot_by_id(pinned).manifests(table.io):
+            for entry in manifest.fetch_manifest_entry(table.io):
+                if entry.data_file.content == DataFileContent.EQUALITY_DELETES:
+                    named = f" ({entry.data_file.file_path})"
+                    break
+            if named:
+                break
+    except Exception:
+        pass
+    return UnsupportedTableError(
+        f"{where} has equality delete files{named}; equality deletes are not read. Rewrite "
+        "the data files (rewrite_data_files / compaction) before training from it.")
 
 
 def _child_in_lineage(table: Any, version: int, identity: TableIdentity) -> Any:

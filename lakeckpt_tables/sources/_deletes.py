@@ -1,0 +1,67 @@
+"""Deleted rows of one data file, known when the snapshot is pinned.
+
+Delta deletion vectors and Iceberg positional deletes (and v3 deletion vectors) are resolved in
+the main process to the positions of a file's deleted rows. The plan counts a row group's live
+rows from them; the reader drops them from what it reads. They cross into DataLoader workers
+with the file's ``DataFile``, so they are kept compact: sorted unique positions as raw
+``uint32`` (or ``int64`` for files past 4 G rows), 4 bytes per deleted row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Deletes"]
+
+
+@dataclass(frozen=True, slots=True)
+class Deletes:
+    """Positions (0-based, within the file) of the deleted rows of one data file."""
+
+    data: bytes
+    wide: bool = False
+
+    @classmethod
+    def from_positions(cls, positions: Any) -> Deletes | None:
+        """From any integer sequence; None when it names no row."""
+        pos = np.unique(np.asarray(positions, dtype=np.int64))
+        if pos.size == 0:
+            return None
+        if pos[0] < 0:
+            raise ValueError(f"negative deleted row position {int(pos[0])}")
+        wide = bool(pos[-1] >= 2**32)
+        return cls(pos.astype(np.int64 if wide else np.uint32).tobytes(), wide)
+
+    @classmethod
+    def from_selection(cls, keep: Any) -> Deletes | None:
+        """From a keep mask (True: live), as deltalake's ``deletion_vectors()`` gives it. Rows
+        past the mask's end are live."""
+        mask = np.asarray(keep, dtype=bool)
+        return cls.from_positions(np.flatnonzero(~mask))
+
+    def positions(self) -> np.ndarray[Any, Any]:
+        return np.frombuffer(self.data, dtype=np.int64 if self.wide else np.uint32)
+
+    def __len__(self) -> int:
+        return len(self.data) // (8 if self.wide else 4)
+
+    def beyond(self, rows: int) -> bool:
+        """Whether a position names a row past the file's ``rows`` rows."""
+        pos = self.positions()
+        return bool(pos.size and int(pos[-1]) >= rows)
+
+    def count_per_range(self, bounds: Any) -> np.ndarray[Any, Any]:
+        """Deleted rows in each ``[bounds[i], bounds[i + 1])``."""
+        edges = np.searchsorted(self.positions(), np.asarray(bounds, dtype=np.int64))
+        return np.diff(edges)
+
+    def keep(self, start: int, rows: int) -> np.ndarray[Any, Any]:
+        """Keep mask of rows ``[start, start + rows)`` of the file."""
+        pos = self.positions()
+        lo, hi = np.searchsorted(pos, [start, start + rows])
+        mask = np.ones(rows, dtype=bool)
+        mask[pos[lo:hi].astype(np.int64) - start] = False
+        return mask

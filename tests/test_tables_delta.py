@@ -1,0 +1,255 @@
+"""Delta tables written by Spark, Databricks and delta-rs read exactly as deltalake reads them:
+deletion vectors, partition columns, column mapping, INT96 timestamps, checkpoints; features
+that cannot be read refused by name (tests/data/NOTICE says where the tables come from)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conformance import classify_delta, compare, delta_references, read_all
+from conftest import loader_for
+
+from lakeckpt_tables import DeltaSource, LakeDataset
+from lakeckpt_tables.errors import (
+    DataFileError,
+    SourceFileChangedError,
+    UnsupportedTableError,
+)
+from lakeckpt_tables.sources._deletes import Deletes
+from lakeckpt_tables.sources.base import DataFile, RowGroupReader, units_from_files
+from lakeckpt_tables.types import TableIdentity
+
+DATA = Path(__file__).parent / "data" / "delta"
+
+READ_RIGHT = [
+    "table-with-dv-small", "table_with_deletion_logs", "delta-0.8.0-null-partition",
+    "delta-0.8.0-special-partition", "delta-2.2.0-partitioned-types", "partition-type-primitives",
+    "table_with_column_mapping", "table_with_partitioning_mapping", "checkpoint-v2-table",
+    "simple_table_with_checkpoint", "spark-variant-checkpoint",
+]
+
+
+def _versions(table: Path) -> list[int]:
+    log = table / "_delta_log"
+    return sorted({int(p.name.split(".")[0]) for p in log.iterdir()
+                   if p.name.split(".")[0].isdigit() and p.name.endswith(".json")})
+
+
+@pytest.mark.parametrize("name", READ_RIGHT)
+def test_every_version_of_a_real_table_reads_as_deltalake_reads_it(name: str) -> None:
+    table = DATA / name
+    versions = _versions(table)
+    assert versions, name
+    outcomes = {v: classify_delta(str(table), v) for v in versions}
+    wrong = {v: o for v, o in outcomes.items() if o[0] != "right"}
+    assert not wrong, wrong
+
+
+def test_deletion_vectors_drop_the_deleted_rows() -> None:
+    snap = DeltaSource(str(DATA / "table-with-dv-small")).snapshot()
+    assert snap.rows == 8  # the plan counts live rows: 10 in the file, 2 deleted
+    assert sorted(read_all(snap).column("value").to_pylist()) == list(range(1, 9))
+    before = DeltaSource(str(DATA / "table-with-dv-small")).snapshot(0)
+    assert sorted(read_all(before).column("value").to_pylist()) == list(range(10))
+
+
+def _ids(batches: list[dict[str, Any]]) -> list[int]:
+    return [i for b in batches for i in b["id"].tolist()]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_deletion_vectors_keep_lockstep_exactly_once_and_exact_resume(workers: int) -> None:
+    path = str(DATA / "table_with_deletion_logs")
+    live = sorted(pa.table(__import__("deltalake").DeltaTable(path).scan())["id"].to_pylist())
+    assert len(live) == 98
+    runs = []
+    for rank in range(2):
+        ds = LakeDataset(DeltaSource(path), columns=["id"], batch_size=5, rank=rank,
+                         world_size=2, shuffle=True, seed=3)
+        runs.append(list(loader_for(ds, workers)))
+    assert len(runs[0]) == len(runs[1])  # lockstep: equal batch counts per rank
+    assert sorted(_ids(runs[0]) + _ids(runs[1])) == live  # deleted rows never delivered
+    # exact resume: stop rank 0 after 4 batches, resume from its state: the same rows follow
+    ds = LakeDataset(DeltaSource(path), columns=["id"], batch_size=5, rank=0, world_size=2,
+                     shuffle=True, seed=3)
+    loader = loader_for(ds, workers)
+    head = list(itertools.islice(loader, 4))
+    state = loader.state_dict()
+    again = LakeDataset(DeltaSource(path), columns=["id"], batch_size=5, rank=0, world_size=2,
+                        shuffle=True, seed=3)
+    resumed = loader_for(again, workers)
+    resumed.load_state_dict(state)
+    assert _ids(head) + _ids(list(resumed)) == _ids(runs[0])
+
+
+def test_deletes_across_row_groups_count_and_mask_each_row_group(tmp_path: Path) -> None:
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(pa.table({"id": np.arange(50, dtype=np.int64)}), path, row_group_size=16)
+    deleted = [0, 15, 16, 17, 31, 32, 49]
+    data_file = DataFile(path, None, 50, Deletes.from_positions(deleted))
+    identity = TableIdentity("delta", str(tmp_path), "t")
+    units, _ = units_from_files(identity, 0, [data_file])
+    assert [u.rows for u in units] == [14, 13, 15, 1]
+    reader = RowGroupReader(identity, 0)
+    got = [i for u in units for i in reader.read(u, ["id"]).column("id").to_pylist()]
+    assert got == [i for i in range(50) if i not in deleted]
+
+
+def test_deletes_are_compact_and_survive_pickling() -> None:
+    import pickle
+
+    deletes = Deletes.from_selection([True] * 1000 + [False] * 3 + [True])
+    assert deletes is not None and len(deletes) == 3 and len(deletes.data) == 12
+    assert pickle.loads(pickle.dumps(deletes)).positions().tolist() == [1000, 1001, 1002]
+    assert Deletes.from_selection([True, True]) is None
+
+
+def test_int96_timestamps_past_2262_are_microseconds_not_wrapped() -> None:
+    path = str(DATA / "table_with_edge_timestamps")
+    table = read_all(DeltaSource(path).snapshot())
+    assert sorted(table.column("BIG_DATE").to_pylist()) == [
+        dt.datetime(9999, 12, 30, tzinfo=dt.UTC), dt.datetime(9999, 12, 31, tzinfo=dt.UTC)]
+    batch = next(iter(LakeDataset(DeltaSource(path), batch_size=2, shuffle=False)))
+    micros = {int(v) for v in batch["BIG_DATE"]}
+    assert micros == {253402128000000000, 253402214400000000}  # int64 us since the epoch
+    assert {int(v) for v in batch["NORMAL_DATE"]} == {1640995200000000, 1643673600000000}
+
+
+def test_partition_values_are_typed_constant_columns() -> None:
+    path = str(DATA / "delta-2.2.0-partitioned-types")
+    table = read_all(DeltaSource(path).snapshot())
+    assert table.schema.field("c1").type == pa.int32()
+    assert sorted(zip(table["c1"].to_pylist(), table["c2"].to_pylist(),
+                      table["c3"].to_pylist(), strict=True)) == [(4, "c", 5), (5, "b", 6),
+                                                                 (6, "a", 4)]
+    nulls = read_all(DeltaSource(str(DATA / "delta-0.8.0-null-partition")).snapshot())
+    assert sorted(nulls["k"].to_pylist(), key=str) == ["A", None]
+    special = read_all(DeltaSource(str(DATA / "delta-0.8.0-special-partition")).snapshot())
+    assert sorted(special["x"].to_pylist()) == ["A/A", "B B"]
+
+
+def test_column_mapping_reads_logical_names_from_physical_columns() -> None:
+    table = read_all(DeltaSource(str(DATA / "table_with_column_mapping")).snapshot())
+    assert table.column_names == ["Company Very Short", "Super Name"]
+    assert table["Super Name"].null_count == 0
+    assert "Timothy Lamb" in table["Super Name"].to_pylist()
+
+
+def test_a_delta_table_with_column_mapping_written_by_delta_rs_reads_right(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    uri = str(tmp_path / "mapped")
+    write_deltalake(uri, pa.table({"id": [1, 2, 3], "s": ["a", "b", "c"]}),
+                    configuration={"delta.columnMapping.mode": "name"})
+    ours = read_all(DeltaSource(uri).snapshot())
+    assert not compare(ours, delta_references(uri, 0)[0])
+
+
+def test_files_lacking_a_later_added_column_give_nulls(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    uri = str(tmp_path / "evolved")
+    write_deltalake(uri, pa.table({"id": pa.array([1, 2], pa.int64())}))
+    write_deltalake(uri, pa.table({"id": pa.array([3], pa.int64()),
+                                   "extra": pa.array([7.5])}),
+                    mode="append", schema_mode="merge")
+    table = read_all(DeltaSource(uri).snapshot())
+    assert sorted(zip(table["id"].to_pylist(), table["extra"].to_pylist(), strict=True),
+                  key=lambda r: r[0]) == [(1, None), (2, None), (3, 7.5)]
+    batch = next(iter(LakeDataset(DeltaSource(uri), columns=["id", "extra"], batch_size=3,
+                                  shuffle=False)))
+    assert int(np.isnan(batch["extra"].numpy()).sum()) == 2  # float nulls are NaN
+
+
+def test_an_unknown_reader_feature_is_refused_up_front_by_name() -> None:
+    with pytest.raises(UnsupportedTableError, match=r"variantShredding-preview") as info:
+        DeltaSource(str(DATA / "spark-shredded-variant-preview-delta")).snapshot()
+    assert "at version 2" in str(info.value)
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    target = tmp_path / name
+    shutil.copytree(DATA / name, target)
+    return target
+
+
+def test_a_data_file_rewritten_in_place_is_refused_before_its_rows(tmp_path: Path) -> None:
+    table = _copy("table_with_deletion_logs", tmp_path)
+    ds = LakeDataset(DeltaSource(str(table)), columns=["id"], batch_size=10, shuffle=False)
+    data = next(table.glob("*.parquet"))
+    foreign = pq.read_table(data)
+    pq.write_table(foreign.slice(0, 50), data)  # other rows, other size
+    with pytest.raises(SourceFileChangedError, match=rf"{data.name}.*rewritten|replaced") as info:
+        next(iter(ds))
+    assert "at version 20" in str(info.value)
+
+
+def test_a_data_file_with_the_same_size_but_other_row_groups_is_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(pa.table({"id": np.arange(40, dtype=np.int64)}), path, row_group_size=20)
+    identity = TableIdentity("delta", str(tmp_path), "t")
+    size = Path(path).stat().st_size
+    units, _ = units_from_files(identity, 3, [DataFile(path, size, 40)])
+    pinned = units[0].file
+    assert pinned.row_group_rows == (20, 20)
+    forged = DataFile(path, size, 40, row_group_rows=(30, 10))
+    with pytest.raises(SourceFileChangedError, match=r"row groups of \[20, 20\] rows, \[30, 10\]"):
+        RowGroupReader(identity, 3).read(type(units[0])(path, 0, 30, forged), ["id"])
+
+
+def test_a_garbage_data_file_is_a_named_error(tmp_path: Path) -> None:
+    table = _copy("table-with-dv-small", tmp_path)
+    ds = LakeDataset(DeltaSource(str(table)), columns=["value"], batch_size=4, shuffle=False)
+    data = next(table.glob("*.parquet"))
+    size = data.stat().st_size
+    data.write_bytes(b"\0" * size)
+    with pytest.raises(DataFileError, match=rf"cannot open data file .*{data.name}") as info:
+        next(iter(ds))
+    assert isinstance(info.value.__cause__, pa.ArrowException | OSError)
+
+
+def test_follow_mode_appended_partitioned_files_carry_their_partition_values(
+        tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    uri = str(tmp_path / "parted")
+
+    def rows(lo: int, hi: int, day: str | None, label: str) -> pa.Table:
+        n = hi - lo
+        return pa.table({
+            "id": pa.array(range(lo, hi), pa.int64()),
+            "day": pa.array([None if day is None else dt.date.fromisoformat(day)] * n,
+                            pa.date32()),
+            "label": pa.array([label] * n, pa.string()),
+            "at": pa.array([dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.UTC)] * n,
+                           pa.timestamp("us", "UTC")),
+        })
+
+    write_deltalake(uri, rows(0, 4, "2024-01-02", "a/b c"), partition_by=["day", "label", "at"])
+    ds = LakeDataset(DeltaSource(uri), columns=["id", "day", "label", "at"], batch_size=2,
+                     shuffle=False, follow=True, until_version=2, max_idle=30,
+                     poll_interval=0.05)
+    write_deltalake(uri, rows(4, 7, "2262-04-12", "x=y%z"), mode="append",
+                    partition_by=["day", "label", "at"])
+    write_deltalake(uri, rows(7, 9, "1999-12-31", ""), mode="append",
+                    partition_by=["day", "label", "at"])
+    got = []
+    for batch in ds:
+        for i in range(len(batch["id"])):
+            got.append((int(batch["id"][i]), int(batch["day"][i]), batch["label"][i],
+                        int(batch["at"][i])))
+    ref = delta_references(uri, 2)[0]
+    expected = sorted(zip(ref["id"].to_pylist(), ref["day"].cast(pa.int32()).to_pylist(),
+                          ref["label"].to_pylist(), ref["at"].cast(pa.int64()).to_pylist(),
+                          strict=True))
+    assert sorted(got) == expected
+    assert json.dumps(sorted(r[0] for r in got)) == json.dumps(list(range(9)))

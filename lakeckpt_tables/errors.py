@@ -7,6 +7,7 @@ what to do. Messages name the table, version, file or run involved.
 from __future__ import annotations
 
 __all__ = [
+    "AuditError",
     "CheckpointError",
     "CheckpointIntegrityError",
     "CommitConflictError",
@@ -79,3 +80,8 @@ class CheckpointError(LakeckptError):
 
 class CheckpointIntegrityError(CheckpointError):
     """A checkpoint's files do not match the checksums recorded in the ledger."""
+
+
+class AuditError(LakeckptError):
+    """An audit question cannot be answered as asked: a predicate that is not valid SQL over the
+    table's columns, a checkpoint or run the ledger does not hold."""

@@ -18,6 +18,13 @@ resumed AS (  -- (run, parent step, child step) of every checkpoint with a paren
     SELECT c.run_id, p.step AS parent_step, c.step AS child_step
     FROM ckpt c JOIN ckpt p ON p.run_id = c.run_id AND p.checkpoint_id = c.parent_id
 ),
+tagged AS (  -- tags given after the commit (`lakeckpt tag`): 'tag' events
+    SELECT run_id, detail ->> '$.checkpoint_id' AS checkpoint_id,
+           list(DISTINCT detail ->> '$.tag') AS tags
+    FROM ledger
+    WHERE record = 'event' AND event = 'tag'
+    GROUP BY ALL
+),
 consumed AS (
     SELECT run_id, checkpoint_id, CAST(sum(rows) AS BIGINT) AS rows
     FROM ledger
@@ -34,7 +41,8 @@ SELECT c.run_id,
             ELSE 'committed' END                     AS status,
        r.reason                                      AS retired_reason,
        c.parent_id,
-       coalesce(c.tags, []::VARCHAR[])               AS tags,
+       list_sort(list_distinct(coalesce(c.tags, []::VARCHAR[])
+                               || coalesce(t.tags, []::VARCHAR[])))  AS tags,
        c.world_size,
        c.source_format,
        c.source_location,
@@ -47,5 +55,6 @@ SELECT c.run_id,
        c.committed_at
 FROM ckpt c
 LEFT JOIN retired r USING (run_id, checkpoint_id)
+LEFT JOIN tagged t USING (run_id, checkpoint_id)
 LEFT JOIN consumed k USING (run_id, checkpoint_id)
 ORDER BY c.run_id, c.step;

@@ -6,16 +6,25 @@ experiment, config hash, ledger, source table and version, status and the ``best
 ``latest`` checkpoints. Namespace properties are rows in the catalog's database: registering
 writes no file, and works the same for Delta and Iceberg ledgers.
 
-``CheckpointManager`` registers its run when created (status ``running``), updates it after
-every commit (``latest``; ``best`` for a checkpoint tagged ``best``; ``finished`` once the
-reader state shows every pass done) and marks it ``failed`` when the process ends on an
-uncaught exception. A registry that cannot be reached never fails training: it is logged.
+``CheckpointManager`` registers its run when created (status ``running``; rank 0 only),
+updates it after every commit (``latest``; ``best`` for a checkpoint tagged ``best``; the
+table and version read), marks it ``failed`` when the process ends on an uncaught exception
+and ``finished`` when it ends normally (a SIGKILLed run stays ``running`` until it is resumed
+or marked with :func:`set_status`). A registry that cannot be reached never fails training: it
+is logged. ``LAKECKPT_REGISTRY=off`` turns registration off.
+
+Updates are applied by one background thread, in order: importing pyiceberg and SQLAlchemy
+and opening the catalog cost seconds, which must not stall a training step. :func:`flush`
+waits for them (it runs at exit too).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
+import os
+import queue
 import re
 import sys
 import threading
@@ -29,6 +38,8 @@ from lakeckpt_tables.errors import LedgerError
 __all__ = [
     "NAMESPACE",
     "RunRegistration",
+    "flush",
+    "for_manager",
     "load_catalog",
     "registered_ledgers",
     "registered_runs",
@@ -79,7 +90,7 @@ def load_catalog(catalog: Any = None) -> Any:
 
     try:
         if catalog is None or catalog == DEFAULT_CATALOG_NAME:
-            return default_catalog()
+            return default_catalog()  # its configuration may change: not cached
         if "://" in catalog:
             from pyiceberg.catalog.sql import SqlCatalog
 
@@ -126,6 +137,17 @@ def set_status(catalog: Any, run_id: str, ledger: str, status: Status) -> None:
         P_STATUS: status, P_UPDATED: _now()})
 
 
+def for_manager(manager: Any, config: Mapping[str, Any] | None) -> RunRegistration | None:
+    """The registration of a CheckpointManager's run (rank 0), or None when turned off."""
+    if os.environ.get("LAKECKPT_REGISTRY", "").lower() in ("0", "off", "false", "no"):
+        return None
+    if manager.ledger is None:
+        return None
+    ledger = manager.ledger.describe().split(" (catalog ")[0]
+    return RunRegistration(manager.run_id, ledger=ledger, root=manager.root,
+                           config_hash=manager.config_hash, config=config)
+
+
 class RunRegistration:
     """One run's entry in the catalog, kept up to date by its CheckpointManager (rank 0).
 
@@ -144,7 +166,6 @@ class RunRegistration:
         self.ledger = ledger
         self._catalog = catalog
         self._namespace = _namespace(run_id, ledger)
-        self._lock = threading.Lock()
         self.current: Status = "running"
         self._initial = {
             P_RUN: run_id, P_LEDGER: ledger, P_ROOT: root, P_CONFIG: config_hash,
@@ -153,8 +174,8 @@ class RunRegistration:
         self._update(self._initial, create=True)
         _watch_for_failure(self)
 
-    def committed(self, record: Any, *, finished: bool = False) -> None:
-        """After a commit: ``latest`` (and ``best``), the table version, maybe ``finished``."""
+    def committed(self, record: Any) -> None:
+        """After a commit: ``latest`` (and ``best``) and the table version read."""
         updates = {P_LATEST: record.checkpoint_id, P_LATEST_STEP: str(record.step),
                    P_UPDATED: _now()}
         if record.source is not None:
@@ -162,7 +183,7 @@ class RunRegistration:
                             record.source.format, P_VERSION: str(record.source_version)})
         if "best" in record.tags:
             updates.update({P_BEST: record.checkpoint_id, P_BEST_STEP: str(record.step)})
-        self.current = "finished" if finished else "running"
+        self.current = "running"
         updates[P_STATUS] = self.current
         self._update(updates)
 
@@ -172,26 +193,72 @@ class RunRegistration:
         self._update({P_STATUS: status, P_UPDATED: _now()})
 
     def _update(self, updates: dict[str, str], *, create: bool = False) -> None:
+        _worker().put((self, dict(updates), create))
+
+    def _apply(self, updates: dict[str, str], create: bool) -> None:
+        from pyiceberg.exceptions import NoSuchNamespaceError
+
         try:
-            with self._lock:
-                catalog = load_catalog(self._catalog)
-                self._catalog = catalog
-                if create:
-                    catalog.create_namespace_if_not_exists((NAMESPACE,))
-                    catalog.create_namespace_if_not_exists(self._namespace)
-                catalog.update_namespace_properties(self._namespace, updates=updates)
+            catalog = load_catalog(self._catalog)
+            self._catalog = catalog
+            if create:
+                catalog.create_namespace_if_not_exists((NAMESPACE,))
+                catalog.create_namespace_if_not_exists(self._namespace)
+            catalog.update_namespace_properties(self._namespace, updates=updates)
+        except NoSuchNamespaceError:
+            log.info("run %s: its registry entry was removed; not re-created", self.run_id)
         except Exception:  # the registry is for audits: it must never stop training
             log.warning("run %s: could not update its entry in the run registry",
                         self.run_id, exc_info=True)
+
+
+_QUEUE: queue.Queue[tuple[RunRegistration, dict[str, str], bool]] | None = None
+_QUEUE_LOCK = threading.Lock()
+
+
+def _worker() -> queue.Queue[tuple[RunRegistration, dict[str, str], bool]]:
+    global _QUEUE
+    with _QUEUE_LOCK:
+        if _QUEUE is None:
+            _QUEUE = queue.Queue()
+            threading.Thread(target=_drain, args=(_QUEUE,), name="lakeckpt-registry",
+                             daemon=True).start()
+        return _QUEUE
+
+
+def _drain(updates: queue.Queue[tuple[RunRegistration, dict[str, str], bool]]) -> None:
+    while True:
+        registration, changes, create = updates.get()
+        try:
+            registration._apply(changes, create)
+        finally:
+            updates.task_done()
+
+
+def flush(timeout: float = 30.0) -> bool:
+    """Wait until every registry update of this process is applied; False on timeout."""
+    pending = _QUEUE
+    if pending is None:
+        return True
+    done = threading.Event()
+
+    def wait() -> None:
+        pending.join()
+        done.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    return done.wait(timeout)
 
 
 _WATCHED: list[RunRegistration] = []
 
 
 def _watch_for_failure(registration: RunRegistration) -> None:
-    """Mark runs of this process ``failed`` if it ends on an uncaught exception."""
+    """Mark runs of this process ``failed`` if it ends on an uncaught exception, ``finished``
+    if it ends normally."""
     if not _WATCHED:
         previous = sys.excepthook
+        atexit.register(_finish_all)
 
         def hook(kind: type[BaseException], value: BaseException,
                  tb: TracebackType | None) -> None:
@@ -202,6 +269,13 @@ def _watch_for_failure(registration: RunRegistration) -> None:
 
         sys.excepthook = hook
     _WATCHED.append(registration)
+
+
+def _finish_all() -> None:
+    for reg in _WATCHED:
+        if reg.current == "running":
+            reg.status("finished")
+    flush()
 
 
 def _now() -> str:

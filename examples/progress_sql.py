@@ -148,8 +148,9 @@ def demo(backend: str, work: Path, rows: int) -> bool:
 
     progress = con.sql("SELECT epoch, rows_consumed, rows_in_pass FROM progress").fetchall()
     trained = np.bincount(np.array(seen), minlength=rows)
-    ok = progress == [(0, rows, rows), (1, rows, rows)] and bool((trained == 2).all())
-    print(f"\nprogress: {progress}; ids trained twice each (2 epochs): {bool((trained == 2).all())}")
+    twice = bool((trained == 2).all())
+    ok = progress == [(0, rows, rows), (1, rows, rows)] and twice
+    print(f"\nprogress: {progress}; ids trained twice each (2 epochs): {twice}")
     verdicts = verify(target, catalog=catalog)
     for v in verdicts:
         print(f"verify run {v.run_id} up to step {v.step}: "

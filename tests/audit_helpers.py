@@ -59,10 +59,12 @@ class SimulatedRun:
     """Ranks of one run simulated in one process, committing through ``ledger``."""
 
     def __init__(self, table: Path, ledger: Any, run_id: str, *, world: int = 2, batch: int = 7,
-                 window: int = 3, epochs: int = 1, seed: int = 5) -> None:
+                 window: int = 3, epochs: int = 1, seed: int = 5, **options: Any) -> None:
         self.table, self.ledger, self.world = table, ledger, world
-        self.kwargs = {"batch_size": batch, "shuffle_window": window, "epochs": epochs,
-                       "seed": seed, "columns": ["id"]}
+        self.kwargs: dict[str, Any] = {"batch_size": batch, "shuffle_window": window,
+                                       "seed": seed, "columns": ["id"], **options}
+        if not options.get("follow"):
+            self.kwargs["epochs"] = epochs
         self.run = Run(run_id)
         self.baseline: ReaderState | None = None
         self.pending: list[int] = []

@@ -87,3 +87,37 @@ def test_an_unknown_checkpoint_is_named_and_a_prefix_is_enough(
     with pytest.raises(LedgerError, match="no checkpoint with id 'nope'"):
         rows(tmp_path, checkpoint="nope")
     assert rows(tmp_path, checkpoint=record.checkpoint_id[:10]).num_rows == 2 * 2 * 7
+
+
+def test_rows_and_verify_of_a_follow_run_across_segments(tmp_path: Path) -> None:
+    """Follow mode: the snapshot, then segments of appended rows, rows replayed per segment."""
+    import numpy as np
+    import pyarrow as pa
+    from audit_helpers import SimulatedRun
+    from deltalake import DeltaTable, WriterProperties, write_deltalake
+
+    from lakeckpt_tables.audit import connect, verify
+
+    source = tmp_path / "grows"
+    props = WriterProperties(max_row_group_size=20)
+    for lo in range(0, 300, 60):  # versions 0..4: 60 rows each
+        ids = np.arange(lo, lo + 60, dtype=np.int64)
+        write_deltalake(str(source), pa.table({"id": ids, "user_id": ids % 50}), mode="append",
+                        writer_properties=props)
+    run = SimulatedRun(source, DeltaLedger(str(tmp_path / "_ledger")), "follow", world=2, batch=5,
+                 window=2, version=1, follow=True, until_version=4, min_segment_rows=60)
+    while run.train(7):
+        run.checkpoint()
+    if run.pending:
+        run.checkpoint()
+    assert DeltaTable(str(source)).version() == 4
+    for record in run.run.records:
+        got = rows(tmp_path, checkpoint=record.checkpoint_id)
+        assert Counter(_ids(got)) == Counter(run.run.ids[record.checkpoint_id])
+    assert sorted(i for ids in run.run.ids.values() for i in ids) == list(range(300))
+    con = connect(str(tmp_path))
+    assert con.sql("SELECT segment, rows_consumed, rows_in_pass, from_version, to_version "
+                   "FROM progress ORDER BY segment").fetchall() == [
+        (0, 120, 120, None, 1), (1, 60, 60, 1, 2), (2, 60, 60, 2, 3), (3, 60, 60, 3, 4)]
+    (verdict,) = verify(str(tmp_path))
+    assert verdict.ok and verdict.finished_passes == [(0, 0), (1, 0), (2, 0), (3, 0)]

@@ -7,6 +7,7 @@ what to do. Messages name the table, version, file or run involved.
 from __future__ import annotations
 
 __all__ = [
+    "AuditError",
     "CheckpointError",
     "CheckpointIntegrityError",
     "CommitConflictError",
@@ -92,6 +93,8 @@ class StorageError(LakeckptError):
 
 class StorageRootNotSharedError(CheckpointError):
     """The ranks of a job do not see the same checkpoint root (per-node local disks?)."""
+
+
 class DataFileError(LakeckptError):
     """A data file of the pinned snapshot cannot be opened, read or converted; the message names
     the table, version, file and, where one is at fault, the column and its physical type."""
@@ -105,3 +108,8 @@ class SourceFileChangedError(RowCountMismatchError):
 class TableMetadataError(LakeckptError):
     """The table's log, manifests or delete files cannot be read (the message names the table,
     the version and the underlying error)."""
+
+
+class AuditError(LakeckptError):
+    """An audit question cannot be answered as asked: a predicate that is not valid SQL over the
+    table's columns, a checkpoint or run the ledger does not hold."""

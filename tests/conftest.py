@@ -83,6 +83,11 @@ def write_iceberg(catalog: Any, identifier: str, ranges: Iterable[tuple[int, int
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # CheckpointManager registers every run in the default catalog (~/.lakeckpt): tests do not,
+    # except the registry tests, which turn it back on against their own catalogs.
+    import os
+
+    os.environ.setdefault("LAKECKPT_REGISTRY", "off")
     # torchdata calls the deprecated torch.set_vital for every StatefulDataLoader.
     config.addinivalue_line("filterwarnings", "ignore:.*set_vital.*:UserWarning")
 

@@ -71,15 +71,27 @@ def test_follow_iceberg_survives_a_sigkill_while_the_table_grows() -> None:
     assert "ledger segments: 4 segments tile" in text
 
 
-@pytest.mark.slow
-def test_progress_sql_queries_the_ledger_with_duckdb(tmp_path: Path) -> None:
-    work = tmp_path / "follow"
-    run_example("follow_delta.py", *SMALL_FOLLOW, "--work", str(work))
-    lines = run_example("progress_sql.py", "--root", str(work / "checkpoints"))
+@pytest.mark.parametrize("backend", ["delta", "iceberg"])
+def test_progress_sql_queries_an_empty_then_a_resumed_ledger(backend: str) -> None:
+    lines = run_example("progress_sql.py", "--backend", backend, "--rows", "1200")
     text = "\n".join(lines)
-    for title in ("-- runs", "-- progress per run, segment, epoch and rank",
-                  "-- follow segments formed and commits skipped", "-- audit: which checkpoints "
-                  "consumed", "-- exactly once per row group"):
+    for title in ("-- runs", "-- progress per run and pass", "-- rows per checkpoint",
+                  "-- restores", "-- which checkpoints read"):
         assert title in text
-    assert "run follow (finished): 0 row group(s) consumed more than once, 0 not (yet) " \
-           "consumed in full: OK" in text
+    assert "progress columns: ['run_id', 'segment', 'epoch', 'rows_consumed', 'rows_in_pass'," \
+           in text
+    assert "progress: [(0, 1200, 1200), (1, 1200, 1200)]; ids trained twice each" in text
+    assert "verify run example up to step" in text and text.count(": OK") == 1
+
+
+def test_progress_sql_reads_an_existing_root(tmp_path: Path) -> None:
+    work = tmp_path / "train"
+    run_example("train_delta.py", *SMALL_TRAIN, "--work", str(work), "--root",
+                str(tmp_path / "ck"))
+    lines = run_example("progress_sql.py", "--root", str(tmp_path / "ck"))
+    assert any(line.startswith("ledger delta:") for line in lines)
+
+
+def test_audit_deletion_names_the_checkpoints_that_saw_user_42() -> None:
+    lines = run_example("audit_deletion.py")
+    assert "runs to retrain: ['after']" in lines

@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from lakeckpt_tables import errors
+from lakeckpt_tables.audit import registry
 from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
@@ -169,6 +170,7 @@ class CheckpointManager:
                                   storage_options=self.storage.ledger_options()
                                   ) if self.world.rank == 0 else None
         self.config_hash = _config_hash(config or {})
+        self._registration = registry.for_manager(self, config) if self.ledger else None
         self._started = time.monotonic()
         self._baseline: ReaderState | None = None
         self._parent: str | None = None
@@ -488,6 +490,8 @@ class CheckpointManager:
 
     def _committed(self, record: CheckpointRecord) -> None:
         """Rank 0, after a commit: remember it, retire old model files, compact now and then."""
+        if self._registration is not None:
+            self._registration.committed(record)
         records = self._run_records()
         if not any(r.checkpoint_id == record.checkpoint_id for r in records):
             records.append(record)

@@ -22,6 +22,19 @@ _COMMANDS = {
     "bench": ("lakeckpt_tables.cli.bench", "measure reader, checkpoint and state figures"),
     "checkpoints": ("lakeckpt_tables.cli.checkpoints",
                     "list the committed checkpoints under a root"),
+    "progress": ("lakeckpt_tables.cli.progress",
+                 "rows consumed per run and pass, with rate and ETA"),
+    "audit": ("lakeckpt_tables.cli.audit",
+              "which rows trained a checkpoint, who read a file, who saw a row"),
+    "verify": ("lakeckpt_tables.cli.verify",
+               "prove exactly-once from the ledger; exit 1 naming the first violation"),
+    "sql": ("lakeckpt_tables.cli.sql", "run a SQL query over the ledger's views (DuckDB)"),
+    "runs": ("lakeckpt_tables.cli.runs", "list the runs registered in a catalog"),
+    "tag": ("lakeckpt_tables.cli.tag", "label a committed checkpoint"),
+    "gc": ("lakeckpt_tables.cli.gc", "remove model files no retained checkpoint names"),
+    "maintain": ("lakeckpt_tables.cli.maintain", "compact the ledger"),
+    "report": ("lakeckpt_tables.cli.report",
+               "write a self-contained HTML report: progress plot, runs, checkpoints, events"),
 }
 
 
@@ -38,10 +51,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     command.register(cmd_parser)
     cmd_args = cmd_parser.parse_args(rest)
     try:
-        return int(command.run(cmd_args) or 0)
+        status = int(command.run(cmd_args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at exit
+        return status
     except LakeckptError as exc:
         print(f"lakeckpt {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader of our output went away (`| head`): not an error, and no traceback when
+        # Python flushes stdout at exit
+        _silence_stdout()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+def _silence_stdout() -> None:
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,60 @@
+-- checkpoints: one row per checkpoint record of the ledger, retired and abandoned ones included.
+-- status: 'committed'; 'retired' (a restore found its files failing verification, or it was
+-- retired by name: a 'retired' event); 'abandoned' (a later checkpoint of the run resumed from
+-- before it, so the training it recorded was lost). Only 'committed' checkpoints count in
+-- progress and consumption totals.
+CREATE OR REPLACE VIEW checkpoints AS
+WITH ckpt AS (
+    SELECT * FROM ledger WHERE record = 'checkpoint'
+),
+retired AS (
+    SELECT run_id, detail ->> '$.checkpoint_id' AS checkpoint_id,
+           any_value(detail ->> '$.reason') AS reason
+    FROM ledger
+    WHERE record = 'event' AND event = 'retired'
+    GROUP BY ALL
+),
+resumed AS (  -- (run, parent step, child step) of every checkpoint with a parent
+    SELECT c.run_id, p.step AS parent_step, c.step AS child_step
+    FROM ckpt c JOIN ckpt p ON p.run_id = c.run_id AND p.checkpoint_id = c.parent_id
+),
+tagged AS (  -- tags given after the commit (`lakeckpt tag`): 'tag' events
+    SELECT run_id, detail ->> '$.checkpoint_id' AS checkpoint_id,
+           list(DISTINCT detail ->> '$.tag') AS tags
+    FROM ledger
+    WHERE record = 'event' AND event = 'tag'
+    GROUP BY ALL
+),
+consumed AS (
+    SELECT run_id, checkpoint_id, CAST(sum(rows) AS BIGINT) AS rows
+    FROM ledger
+    WHERE record = 'consumption'
+    GROUP BY ALL
+)
+SELECT c.run_id,
+       c.checkpoint_id,
+       c.step,
+       CASE WHEN r.checkpoint_id IS NOT NULL THEN 'retired'
+            WHEN EXISTS (SELECT 1 FROM resumed x
+                         WHERE x.run_id = c.run_id AND x.parent_step < c.step
+                           AND c.step < x.child_step) THEN 'abandoned'
+            ELSE 'committed' END                     AS status,
+       r.reason                                      AS retired_reason,
+       c.parent_id,
+       list_sort(list_distinct(coalesce(c.tags, []::VARCHAR[])
+                               || coalesce(t.tags, []::VARCHAR[])))  AS tags,
+       c.world_size,
+       c.source_format,
+       c.source_location,
+       c.source_table_id,
+       c.source_version,
+       coalesce(k.rows, 0)                           AS rows,
+       c.config_hash,
+       c.model_location,
+       c.wall_time_s,
+       c.committed_at
+FROM ckpt c
+LEFT JOIN retired r USING (run_id, checkpoint_id)
+LEFT JOIN tagged t USING (run_id, checkpoint_id)
+LEFT JOIN consumed k USING (run_id, checkpoint_id)
+ORDER BY c.run_id, c.step;

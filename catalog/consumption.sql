@@ -1,0 +1,23 @@
+-- consumption: one row per row range a (rank, worker) consumed between a checkpoint and its
+-- parent, with the status of that checkpoint (see checkpoints.sql).
+CREATE OR REPLACE VIEW consumption AS
+SELECT l.run_id,
+       l.checkpoint_id,
+       l.step,
+       c.status,
+       l.committed_at,
+       l.rank,
+       l.worker,
+       l.segment,
+       l.epoch,
+       l.file,
+       l.row_group,
+       l.row_start,
+       l.row_end,
+       l.rows,
+       l.rows = l.row_end - l.row_start              AS exact
+FROM ledger l
+JOIN checkpoints c USING (run_id, checkpoint_id)
+WHERE l.record = 'consumption'
+ORDER BY l.run_id, l.step, l.rank, l.worker, l.segment, l.epoch, l.file, l.row_group,
+         l.row_start;

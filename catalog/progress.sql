@@ -1,0 +1,69 @@
+-- progress: per run and pass (segment, epoch), rows consumed by committed checkpoints against
+-- the rows the pass delivers. Pass sizes come from 'round' events, else from 'segment' events
+-- (follow segments) or the pinned snapshot's metadata (the _pass_sizes table connect() builds);
+-- null when none is known.
+CREATE OR REPLACE VIEW progress AS
+WITH per_checkpoint AS (
+    SELECT run_id, segment, epoch, step, any_value(committed_at) AS committed_at,
+           CAST(sum(rows) AS BIGINT) AS rows
+    FROM consumption
+    WHERE status = 'committed'
+    GROUP BY ALL
+),
+running AS (
+    SELECT *, CAST(sum(rows) OVER (PARTITION BY run_id, segment, epoch ORDER BY step) AS BIGINT) AS consumed
+    FROM per_checkpoint
+),
+per_pass AS (
+    SELECT run_id, segment, epoch,
+           max(consumed)                  AS rows_consumed,
+           arg_min(consumed, step)        AS consumed_first,
+           count(*)                       AS checkpoints,
+           min(step)                      AS first_step,
+           max(step)                      AS last_step,
+           min(committed_at)              AS first_at,
+           max(committed_at)              AS last_at
+    FROM running
+    GROUP BY ALL
+),
+passes AS (
+    SELECT coalesce(c.run_id, p.run_id)   AS run_id,
+           coalesce(c.segment, p.segment) AS segment,
+           coalesce(c.epoch, p.epoch)     AS epoch,
+           coalesce(c.rows_consumed, 0)   AS rows_consumed,
+           p.delivered                    AS rows_in_pass,
+           p.rows                         AS live_rows,
+           p.from_version, p.to_version,
+           c.consumed_first, c.checkpoints, c.first_step, c.last_step, c.first_at, c.last_at
+    FROM per_pass c
+    FULL JOIN _pass_sizes p
+           ON p.run_id = c.run_id AND p.segment = c.segment AND p.epoch = c.epoch
+    WHERE coalesce(c.run_id, p.run_id) IN (SELECT run_id FROM checkpoints)
+),
+rated AS (
+    SELECT *,
+           CASE WHEN last_at > first_at
+                THEN (rows_consumed - consumed_first)
+                     / (date_diff('microsecond', first_at, last_at) / 1e6) END AS rows_per_s
+    FROM passes
+)
+SELECT run_id,
+       segment,
+       epoch,
+       rows_consumed,
+       rows_in_pass,
+       live_rows,
+       round(100.0 * rows_consumed / nullif(rows_in_pass, 0), 2)           AS percent,
+       rows_per_s,
+       CASE WHEN rows_in_pass IS NOT NULL AND rows_consumed >= rows_in_pass THEN 0.0
+            WHEN rows_per_s > 0 THEN (rows_in_pass - rows_consumed) / rows_per_s END
+                                                                             AS eta_s,
+       from_version,
+       to_version,
+       coalesce(checkpoints, 0)                                              AS checkpoints,
+       first_step,
+       last_step,
+       first_at,
+       last_at
+FROM rated
+ORDER BY run_id, segment, epoch;

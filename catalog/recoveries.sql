@@ -1,0 +1,31 @@
+-- recoveries: one row per restore: which checkpoint was restored, the run's newest committed
+-- step at the time, and the steps whose training was lost. From 'restore' events; for runs
+-- without them (older ledgers), from 'restore_fallback' events.
+CREATE OR REPLACE VIEW recoveries AS
+WITH restore AS (
+    SELECT run_id, committed_at AS restored_at,
+           detail ->> '$.checkpoint_id'                    AS checkpoint_id,
+           CAST(detail ->> '$.step' AS BIGINT)             AS step,
+           TRY_CAST(detail ->> '$.newest_step' AS BIGINT)  AS newest_step,
+           CAST(detail ->> '$.steps_lost' AS BIGINT)       AS steps_lost,
+           'restore'                                       AS source_event
+    FROM ledger WHERE record = 'event' AND event = 'restore'
+),
+fallback AS (
+    SELECT run_id, committed_at AS restored_at,
+           detail ->> '$.restored'                          AS checkpoint_id,
+           CAST(detail ->> '$.step' AS BIGINT)              AS step,
+           CAST(list_max(CAST(detail -> '$.skipped[*].step' AS BIGINT[])) AS BIGINT)
+                                                            AS newest_step,
+           'restore_fallback'                               AS source_event
+    FROM ledger WHERE record = 'event' AND event = 'restore_fallback'
+      AND run_id NOT IN (SELECT run_id FROM restore)
+)
+SELECT run_id, restored_at, checkpoint_id, step, newest_step, steps_lost,
+       steps_lost > 0 AS fallback, source_event
+FROM restore
+UNION ALL
+SELECT run_id, restored_at, checkpoint_id, step, newest_step, newest_step - step,
+       TRUE, source_event
+FROM fallback
+ORDER BY run_id, restored_at;

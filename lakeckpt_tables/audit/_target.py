@@ -1,0 +1,151 @@
+"""What an audit reads: one ledger version, opened read-only, from a root, a spec or an object.
+
+Read commands never write. :func:`~lakeckpt_tables.ledger.open_ledger` creates a missing
+ledger (a run needs one); here a missing ledger is an error and nothing is created. Every
+read goes through the table format's own reader (deltalake, pyiceberg) at ONE version, so a
+compaction that left its replaced files on disk is never double counted, and every view of a
+connection sees the same commit.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.ledger import schema as s
+
+__all__ = ["LedgerSnapshot", "read_ledger"]
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """The rows of one ledger at one version.
+
+    Attributes:
+        where: the ledger's spec (``delta:<uri>`` or ``iceberg:<ns.table>``).
+        version: the Delta version or Iceberg snapshot id read (None: an empty Iceberg table).
+        rows: every row, in :data:`~lakeckpt_tables.ledger.LEDGER_SCHEMA`.
+        catalog: the pyiceberg catalog of an Iceberg ledger (to find Iceberg sources).
+    """
+
+    where: str
+    version: int | None
+    rows: pa.Table
+    catalog: Any = None
+
+
+def read_ledger(target: Any, *, catalog: Any = None,
+                storage_options: dict[str, str] | None = None) -> LedgerSnapshot:
+    """Read one consistent version of the ledger ``target`` names, creating nothing.
+
+    Args:
+        target: a checkpoint root (its ``_ledger`` directory, or the ledger directory
+            itself), ``"delta:<uri>"``, ``"iceberg:<namespace.table>"``, or a ledger object.
+        catalog: the pyiceberg catalog of an ``iceberg:`` spec; the default catalog when None.
+        storage_options: deltalake storage options of a Delta ledger.
+
+    Returns:
+        The ledger's rows at its newest version.
+
+    Raises:
+        LedgerError: no ledger there (nothing is created), or it cannot be read.
+    """
+    from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR
+
+    if not isinstance(target, str | os.PathLike):
+        return _from_object(target)
+    text = os.fspath(target)
+    kind, _, rest = text.partition(":")
+    if kind == "iceberg" and rest:
+        return _iceberg(rest, catalog)
+    if kind == "delta" and rest:
+        return _delta(rest, storage_options)
+    root = text.rstrip("/")
+    candidates = [f"{root}/{DEFAULT_LEDGER_DIR}", root]
+    from deltalake import DeltaTable
+
+    for uri in candidates:
+        if DeltaTable.is_deltatable(uri, storage_options):
+            return _delta(uri, storage_options)
+    if "://" not in root and not os.path.exists(root):
+        raise LedgerError(f"{root} does not exist: give a checkpoint root, 'delta:<uri>' or "
+                          "'iceberg:<namespace.table>' (nothing was created)")
+    raise LedgerError(f"no ledger under {root}: expected a Delta table at "
+                      f"{candidates[0]}; for an Iceberg ledger pass 'iceberg:<namespace.table>' "
+                      "(nothing was created)")
+
+
+def _delta(uri: str, storage_options: dict[str, str] | None) -> LedgerSnapshot:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    if not DeltaTable.is_deltatable(uri, storage_options):
+        raise LedgerError(f"no Delta ledger at {uri} (nothing was created)")
+    try:
+        table = DeltaTable(uri, storage_options=storage_options)
+        _check_format(table.metadata().configuration.get(s.FORMAT_PROPERTY), f"delta:{uri}")
+        # The dataset of the loaded version: the log says which files are live, so files an
+        # OPTIMIZE replaced (still on disk until VACUUM) are not read.
+        rows = table.to_pyarrow_dataset().to_table()
+        version = table.version()
+    except DeltaError as e:
+        raise LedgerError(f"ledger delta:{uri} could not be read: {e}") from e
+    return LedgerSnapshot(f"delta:{uri}", version, _conform(rows))
+
+
+def _iceberg(identifier: str, catalog: Any) -> LedgerSnapshot:
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    if catalog is None:
+        from lakeckpt_tables.sources.iceberg import default_catalog
+
+        catalog = default_catalog()
+    where = f"iceberg:{identifier} (catalog {catalog.name})"
+    try:
+        table = catalog.load_table(identifier)
+    except (NoSuchTableError, NoSuchNamespaceError) as e:
+        raise LedgerError(f"no ledger {where} (nothing was created): {e}") from e
+    _check_format(table.properties.get(s.FORMAT_PROPERTY), where)
+    current = table.current_snapshot()
+    if current is None:
+        return LedgerSnapshot(f"iceberg:{identifier}", None, s.LEDGER_SCHEMA.empty_table(),
+                              catalog)
+    try:
+        rows = table.scan(snapshot_id=current.snapshot_id).to_arrow()
+    except OSError as e:
+        raise LedgerError(f"ledger {where} could not be read: {e}") from e
+    return LedgerSnapshot(f"iceberg:{identifier}", int(current.snapshot_id), _conform(rows),
+                          catalog)
+
+
+def _from_object(ledger: Any) -> LedgerSnapshot:
+    describe = getattr(ledger, "describe", None)
+    to_arrow = getattr(ledger, "to_arrow", None)
+    if describe is None or to_arrow is None:
+        raise LedgerError(f"{ledger!r} is neither a checkpoint root, a ledger spec nor a ledger")
+    where = describe()
+    catalog = getattr(ledger, "_catalog", None)
+    # to_arrow refreshes once and reads that one snapshot
+    return LedgerSnapshot(where.split(" (catalog")[0], None, _conform(to_arrow()), catalog)
+
+
+def _check_format(found: str | None, where: str) -> None:
+    if found != str(s.LEDGER_FORMAT_VERSION):
+        raise LedgerError(f"ledger {where} has format version {found or 'none (not a ledger)'}, "
+                          f"this lakeckpt-tables reads format version {s.LEDGER_FORMAT_VERSION}")
+
+
+def _conform(rows: pa.Table) -> pa.Table:
+    """The rows in LEDGER_SCHEMA; columns a newer writer added are kept at the end."""
+    missing = [f for f in s.LEDGER_SCHEMA if f.name not in rows.column_names]
+    for field in missing:
+        rows = rows.append_column(field.name, pa.nulls(rows.num_rows, field.type))
+    known = rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+    for name in rows.column_names:
+        if name not in s.LEDGER_SCHEMA.names:
+            known = known.append_column(name, rows[name])
+    return known

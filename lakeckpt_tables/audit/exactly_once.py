@@ -1,0 +1,241 @@
+"""``verify``: exactly-once, proved from a run's consumption records up to a checkpoint.
+
+The records checked are those of the checkpoint's lineage (it, its parent, grandparent...):
+checkpoints a restore skipped or went back past recorded training that was lost, and the rows
+they name are read again by the lineage. Per pass (segment, epoch) and row group:
+
+- **no overlap**: exact ranges never intersect each other or a partial range (a range of
+  which a checkpoint inside a shuffled window consumed a seeded subset); the counts recorded
+  against one range never exceed it; no row group gives more rows than it holds;
+- **no gap**: in every pass the reader state shows finished, every row group of the pass
+  gave exactly its live rows, less the rows the ledger's ``undelivered`` events name.
+
+Which passes are finished, and the live rows of each row group, come from the plan of the
+checkpoint's reader state over the source table's metadata (no data is read).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.compute as pc
+
+from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
+from lakeckpt_tables.audit.replay import dataset_for, lineage
+from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
+
+__all__ = ["Verdict", "verify", "verify_snapshot"]
+
+
+@dataclass
+class Verdict:
+    """The outcome of verifying one run up to one checkpoint.
+
+    Attributes:
+        run_id: the run.
+        checkpoint_id: the checkpoint verified up to (None: the run has no checkpoint).
+        step: its step.
+        checkpoints: checkpoints in its lineage, whose records were checked.
+        records: consumption records checked.
+        rows: rows they consumed.
+        finished_passes: passes (segment, epoch) the reader state shows finished, each
+            checked for gaps.
+        violations: what breaks exactly-once, the first one first; empty when proved.
+    """
+
+    run_id: str
+    checkpoint_id: str | None
+    step: int | None
+    checkpoints: int = 0
+    records: int = 0
+    rows: int = 0
+    finished_passes: list[tuple[int, int]] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "checkpoint_id": self.checkpoint_id, "step": self.step,
+                "ok": self.ok, "checkpoints": self.checkpoints, "records": self.records,
+                "rows": self.rows, "finished_passes": [list(p) for p in self.finished_passes],
+                "violations": self.violations}
+
+
+def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None,
+           catalog: Any = None, storage_options: dict[str, str] | None = None,
+           source: Any = None) -> list[Verdict]:
+    """Verify exactly-once for each run (or ``run``) up to its newest committed checkpoint.
+
+    Args:
+        target: a checkpoint root, a ledger spec or a ledger object.
+        run: only this run.
+        checkpoint: verify up to this checkpoint (id or unique prefix) instead; implies its run.
+        catalog: pyiceberg catalog of an Iceberg ledger or source.
+        storage_options: deltalake storage options.
+        source: the source table; by default opened from what the ledger names.
+
+    Returns:
+        One verdict per run verified.
+
+    Raises:
+        LedgerError: no ledger there, or no such run or checkpoint.
+        SourceNotFoundError: the source table cannot be opened to size its passes.
+    """
+    snapshot = read_ledger(target, catalog=catalog, storage_options=storage_options)
+    return verify_snapshot(snapshot, run=run, checkpoint=checkpoint, source=source,
+                           storage_options=storage_options)
+
+
+def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
+                    checkpoint: str | None = None, source: Any = None,
+                    storage_options: dict[str, str] | None = None) -> list[Verdict]:
+    """:func:`verify` over a ledger version already read."""
+    records = checkpoints_from_arrow(snapshot.rows)
+    retired = _retired(snapshot)
+    if checkpoint is not None:
+        chosen = [r for r in records if r.checkpoint_id == checkpoint] or \
+            [r for r in records if r.checkpoint_id.startswith(checkpoint)]
+        if len(chosen) != 1:
+            raise LedgerError(f"ledger {snapshot.where} has no single checkpoint with id "
+                              f"{checkpoint!r}")
+        heads = chosen
+    else:
+        runs = sorted({r.run_id for r in records} if run is None else {run})
+        heads = []
+        for run_id in runs:
+            mine = [r for r in records if r.run_id == run_id and r.checkpoint_id not in retired]
+            if not mine:
+                raise LedgerError(f"ledger {snapshot.where} has no committed checkpoint of run "
+                                  f"{run_id!r}")
+            heads.append(mine[-1])
+    return [_verify_run(snapshot, records, head, source, storage_options) for head in heads]
+
+
+def _retired(snapshot: LedgerSnapshot) -> set[str]:
+    rows = snapshot.rows.filter((pc.field(s.RECORD) == s.RECORD_EVENT)
+                                & (pc.field(s.EVENT) == "retired"))
+    return {json.loads(d).get("checkpoint_id") for d in rows[s.DETAIL].to_pylist()}
+
+
+Key = tuple[int, int, str, int]  # segment, epoch, file, row group
+
+
+def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
+                head: CheckpointRecord, source: Any,
+                storage_options: dict[str, str] | None) -> Verdict:
+    chain = lineage(records, head)
+    steps = {r.checkpoint_id: r.step for r in chain}
+    verdict = Verdict(head.run_id, head.checkpoint_id, head.step, checkpoints=len(chain))
+    consumed = snapshot.rows.filter((pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
+                                    & (pc.field(s.RUN_ID) == head.run_id))
+    by_group: dict[Key, list[tuple[int, int, int, int]]] = defaultdict(list)
+    for rec in consumed.to_pylist():
+        step = steps.get(rec[s.CHECKPOINT_ID])
+        if step is None:
+            continue  # not in the lineage: training lost with a restore
+        key = (rec[s.SEGMENT], rec[s.EPOCH], rec[s.FILE], rec[s.ROW_GROUP])
+        by_group[key].append((rec[s.ROW_START], rec[s.ROW_END], rec[s.ROWS], step))
+        verdict.records += 1
+        verdict.rows += rec[s.ROWS]
+    for key in sorted(by_group):
+        verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
+    verdict.violations.extend(_gaps(snapshot, head, chain, by_group, verdict, source,
+                                    storage_options))
+    return verdict
+
+
+def _where(run_id: str, key: Key) -> str:
+    segment, epoch, file, group = key
+    return f"run {run_id} segment {segment} epoch {epoch}: {file} row group {group}"
+
+
+def _overlaps(run_id: str, key: Key, ranges: list[tuple[int, int, int, int]]) -> list[str]:
+    out = []
+    exact = sorted((a, b, step) for a, b, n, step in ranges if n == b - a)
+    reach, by = -1, -1  # the furthest end of the ranges so far, and its step
+    for a, b, step in exact:
+        if a < reach:
+            out.append(f"overlap: {_where(run_id, key)} rows [{a}, {min(reach, b)}) consumed "
+                       f"at step {by} and again at step {step}")
+        if b > reach:
+            reach, by = b, step
+    partial: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for a, b, n, step in ranges:
+        if n != b - a:
+            partial[(a, b)].append((n, step))
+    for (a, b), counts in sorted(partial.items()):
+        total = sum(n for n, _ in counts)
+        if total > b - a:
+            out.append(f"overlap: {_where(run_id, key)} range [{a}, {b}) gave {total} rows "
+                       f"(steps {sorted(st for _, st in counts)}), it holds {b - a}")
+        for ea, eb, step in exact:
+            if ea < b and a < eb:
+                out.append(f"overlap: {_where(run_id, key)} rows [{ea}, {eb}) consumed at step "
+                           f"{step} lie in range [{a}, {b}) consumed in part at steps "
+                           f"{sorted(st for _, st in counts)}")
+    return out
+
+
+def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[CheckpointRecord],
+          by_group: dict[Key, list[tuple[int, int, int, int]]], verdict: Verdict,
+          source: Any, storage_options: dict[str, str] | None) -> list[str]:
+    """Row groups of finished passes that did not give exactly their live rows."""
+    from lakeckpt_tables.reader.state import ReaderState, decode_state
+
+    if not head.reader_state:
+        return []
+    state = ReaderState.from_dict(decode_state(head.reader_state))
+    if state.plan is None:
+        return []
+    dataset = dataset_for(state, snapshot, source=source, storage_options=storage_options)
+    undelivered = _undelivered(snapshot, head.run_id, {r.checkpoint_id for r in chain})
+    known = dict(state.rounds)
+    out: list[str] = []
+    last = max(pos[0] for pos in state.positions())
+    for index in range(last + 1):
+        plan, units = dataset.round_plan(index, state.plan, dict(state.layouts), known)
+        finished = all(e > index or (e == index and pos >= plan.delivered_rows(g))
+                       for g, (e, pos) in enumerate(state.positions()))
+        if not finished:
+            continue
+        verdict.finished_passes.append((plan.segment, plan.epoch))
+        for unit in units.units:
+            key = (plan.segment, plan.epoch, unit.path, unit.row_group)
+            got = sum(n for _, _, n, _ in by_group.get(key, ()))
+            want = unit.rows - undelivered.get(key, 0)
+            if got > want:
+                out.append(f"overlap: {_where(head.run_id, key)} gave {got} rows, it holds "
+                           f"{want}")
+            elif got < want:
+                out.append(f"gap: {_where(head.run_id, key)} gave {got} of its {want} rows "
+                           "in a finished pass")
+        paths = {(u.path, u.row_group) for u in units.units}
+        for key in by_group:
+            if key[:2] == (plan.segment, plan.epoch) and (key[2], key[3]) not in paths:
+                out.append(f"overlap: {_where(head.run_id, key)} is not a row group of the "
+                           "pass, yet rows were recorded from it")
+    return out
+
+
+def _undelivered(snapshot: LedgerSnapshot, run_id: str,
+                 checkpoints: Iterable[str]) -> dict[Key, int]:
+    wanted = set(checkpoints)
+    rows = snapshot.rows.filter((pc.field(s.RECORD) == s.RECORD_EVENT)
+                                & (pc.field(s.EVENT) == "undelivered")
+                                & (pc.field(s.RUN_ID) == run_id))
+    out: dict[Key, int] = defaultdict(int)
+    for rec in rows.to_pylist():
+        if rec[s.CHECKPOINT_ID] not in wanted:
+            continue
+        detail = json.loads(rec[s.DETAIL])
+        for path, group, r0, r1 in detail.get("ranges", ()):
+            out[(int(detail["segment"]), int(detail["epoch"]), path, int(group))] += r1 - r0
+    return out

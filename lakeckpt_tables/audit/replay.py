@@ -1,0 +1,231 @@
+"""``rows``: the exact rows a checkpoint trained on, recomputed from the pure plan.
+
+The ledger's consumption records name row ranges, and where a checkpoint fell inside a shuffled
+window only how many rows of a range were consumed. Which ones is not lost: the plan is a pure
+function of the pinned snapshot, the seed and the shape, and a checkpoint's reader state holds
+every slice's position. Replaying the plan between the parent's positions and the
+checkpoint's gives every row, in the order each (rank, worker) delivered it. No data is read;
+the source's metadata is (to list its units).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
+from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
+
+__all__ = ["ROWS_SCHEMA", "CheckpointRows", "checkpoint_rows", "dataset_for", "lineage", "rows"]
+
+ROWS_SCHEMA = pa.schema([
+    ("rank", pa.int32()), ("worker", pa.int32()), ("segment", pa.int64()),
+    ("epoch", pa.int64()), ("file", pa.string()), ("row_group", pa.int32()),
+    ("row", pa.int64()),
+])
+"""Columns of :func:`rows`. ``row`` counts the row group's live rows (rows not deleted at the
+pinned version), which is the row's index in the file's row group when nothing was deleted."""
+
+
+def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any = None,
+         storage_options: dict[str, str] | None = None, source: Any = None) -> pa.Table:
+    """The (file, row group, row) checkpoint ``checkpoint`` trained on.
+
+    Not cumulative by default: the rows delivered since the checkpoint's parent (the
+    checkpoint its run saved or restored last), exactly what its consumption records cover.
+    ``cumulative=True`` gives every row of its lineage up to it (parent, grandparent...), so
+    a row read in two epochs appears twice.
+
+    Args:
+        target: a checkpoint root, a ledger spec or a ledger object (see
+            :func:`~lakeckpt_tables.audit.connect`).
+        checkpoint: the checkpoint id.
+        cumulative: include the rows of the checkpoint's ancestors.
+        catalog: pyiceberg catalog of an Iceberg ledger or source.
+        storage_options: deltalake storage options.
+        source: the source table to plan from; by default opened from what the ledger names.
+
+    Returns:
+        A table in :data:`ROWS_SCHEMA`, each slice's rows in the order they were delivered.
+
+    Raises:
+        LedgerError: no such checkpoint, or no ledger there.
+        SourceNotFoundError: the source table cannot be opened again.
+        StateMismatchError: a reader state cannot be replayed against the table.
+    """
+    snapshot = read_ledger(target, catalog=catalog, storage_options=storage_options)
+    records = checkpoints_from_arrow(snapshot.rows)
+    record = _find(records, checkpoint, snapshot.where)
+    chain = lineage(records, record) if cumulative else [record]
+    parts = []
+    for rec in reversed(chain):
+        parts.append(checkpoint_rows(rec, _parent(records, rec), snapshot,
+                                     source=source, storage_options=storage_options).table())
+    return pa.concat_tables(parts) if parts else ROWS_SCHEMA.empty_table()
+
+
+@dataclass
+class CheckpointRows:
+    """The rows one checkpoint delivered, per slice and pass, as unit indices and rows."""
+
+    parts: list[tuple[int, int, int, int, tuple[Any, ...], np.ndarray[Any, Any],
+                      np.ndarray[Any, Any]]]
+    """(rank, worker, segment, epoch, units, unit index per row, row within unit)."""
+    dataset: Any
+
+    def table(self) -> pa.Table:
+        columns: dict[str, list[Any]] = {name: [] for name in ROWS_SCHEMA.names}
+        for rank, worker, segment, epoch, units, unit_index, row in self.parts:
+            n = len(row)
+            columns["rank"].append(np.full(n, rank, np.int32))
+            columns["worker"].append(np.full(n, worker, np.int32))
+            columns["segment"].append(np.full(n, segment, np.int64))
+            columns["epoch"].append(np.full(n, epoch, np.int64))
+            paths = np.array([u.path for u in units], dtype=object)
+            groups = np.array([u.row_group for u in units], dtype=np.int32)
+            columns["file"].append(paths[unit_index] if n else np.empty(0, object))
+            columns["row_group"].append(groups[unit_index] if n else np.empty(0, np.int32))
+            columns["row"].append(row)
+        if not self.parts:
+            return ROWS_SCHEMA.empty_table()
+        return pa.table({name: np.concatenate(parts) for name, parts in columns.items()},
+                        schema=ROWS_SCHEMA)
+
+
+def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
+                    snapshot: LedgerSnapshot, *, source: Any = None,
+                    storage_options: dict[str, str] | None = None,
+                    datasets: dict[Any, Any] | None = None) -> CheckpointRows:
+    """Replay the plan from ``parent``'s positions to ``record``'s (see the module docstring).
+
+    ``datasets`` caches the readers built per (source, state configuration) across calls.
+    """
+    from lakeckpt_tables.reader.state import ReaderState, decode_state
+
+    if not record.reader_state:
+        return CheckpointRows([], None)
+    after = ReaderState.from_dict(decode_state(record.reader_state))
+    if after.plan is None:
+        return CheckpointRows([], None)
+    before = None
+    if parent is not None and parent.reader_state:
+        before = ReaderState.from_dict(decode_state(parent.reader_state))
+        if before.plan is None or before.table.table_id != after.table.table_id:
+            before = None
+    dataset = dataset_for(after, snapshot, source=source, storage_options=storage_options,
+                          cache=datasets)
+    return CheckpointRows(list(_replay(dataset, before, after)), dataset)
+
+
+def _replay(dataset: Any, before: Any, after: Any) -> Iterator[
+        tuple[int, int, int, int, tuple[Any, ...], np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    """Every slice's rows between two states: the walk ``consumed_between`` makes for ranges
+    (lakeckpt_tables.checkpoint.consumption), here row by row."""
+    if before is not None:
+        before = dataset.reshape(before, after.plan)
+    known = {**(before.rounds if before is not None else {}), **after.rounds}
+    plans: dict[int, Any] = {}
+    workers = after.plan[1]
+    for g, end in enumerate(after.slices):
+        if end is None:
+            continue
+        start = (0, 0) if before is None or before.slices[g] is None else before.slices[g]
+        for index in range(start[0], end[0] + 1):
+            if index not in plans:
+                plans[index] = dataset.round_plan(index, after.plan, dict(after.layouts), known)
+            plan, units = plans[index]
+            lo = start[1] if index == start[0] else 0
+            hi = end[1] if index == end[0] else plan.delivered_rows(g)
+            if hi <= lo:
+                continue
+            base = _slice_rows(plan, g, lo, hi)
+            position = np.searchsorted(plan.offsets, base, "right") - 1
+            rank, worker = divmod(g, workers)
+            yield (rank, worker, plan.segment, plan.epoch, units.units,
+                   plan.order[position], base - plan.offsets[position])
+
+
+def _slice_rows(plan: Any, g: int, lo: int, hi: int) -> np.ndarray[Any, Any]:
+    """Base-space rows slice ``g`` emits at positions ``[lo, hi)``, in emission order."""
+    out = []
+    offset = 0
+    for window in plan.windows(g):
+        a, b = max(lo - offset, 0), min(hi - offset, window.size)
+        offset += window.size
+        if a < b:
+            out.append(window.rows()[a:b])
+        if offset >= hi:
+            break
+    return np.concatenate(out) if out else np.empty(0, np.int64)
+
+
+def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
+                storage_options: dict[str, str] | None = None,
+                cache: dict[Any, Any] | None = None) -> Any:
+    """A reader configured as the one that captured ``state`` (never iterated: it plans)."""
+    from lakeckpt_tables.audit.sources import open_source
+    from lakeckpt_tables.reader.dataset import LakeDataset
+
+    config = dict(state.config)
+    key = (state.table, state.version, repr(sorted(config.items())), state.plan)
+    if cache is not None and key in cache:
+        return cache[key]
+    if source is None:
+        source = open_source(state.table.format, state.table.location, catalog=snapshot.catalog,
+                             table_id=state.table.table_id, storage_options=storage_options)
+    follow = config.get("follow")
+    kwargs: dict[str, Any] = {}
+    if isinstance(follow, dict):
+        kwargs = {"follow": True, "min_segment_rows": follow["min_segment_rows"],
+                  "on_change": follow["on_change"], "until_version": follow["until_version"]}
+    elif config.get("refresh") is not None:
+        kwargs = {"refresh": config["refresh"]}
+    else:
+        kwargs = {"epochs": int(config.get("epochs", 1))}
+    world, _, batch = state.plan
+    dataset = LakeDataset(source, columns=config.get("columns"), batch_size=batch,
+                          shuffle=bool(config.get("shuffle", True)),
+                          seed=int(config.get("seed", 0)), version=state.version, rank=0,
+                          world_size=world, drop_last=bool(config.get("drop_last", False)),
+                          shuffle_window=int(config.get("shuffle_window", 4)), **kwargs)
+    if cache is not None:
+        cache[key] = dataset
+    return dataset
+
+
+def lineage(records: list[CheckpointRecord], record: CheckpointRecord) -> list[CheckpointRecord]:
+    """``record``, its parent, grandparent... (newest first), within its run."""
+    chain = [record]
+    seen = {record.checkpoint_id}
+    while (parent := _parent(records, chain[-1])) is not None and \
+            parent.checkpoint_id not in seen:
+        chain.append(parent)
+        seen.add(parent.checkpoint_id)
+    return chain
+
+
+def _parent(records: list[CheckpointRecord], record: CheckpointRecord) -> CheckpointRecord | None:
+    if record.parent_id is None:
+        return None
+    for r in records:
+        if r.run_id == record.run_id and r.checkpoint_id == record.parent_id:
+            return r
+    return None
+
+
+def _find(records: list[CheckpointRecord], checkpoint: str, where: str) -> CheckpointRecord:
+    found = [r for r in records if r.checkpoint_id == checkpoint]
+    if not found:
+        # a unique prefix is enough, as with git commits
+        found = [r for r in records if r.checkpoint_id.startswith(checkpoint)]
+    if len(found) != 1:
+        what = "no checkpoint" if not found else f"{len(found)} checkpoints"
+        raise LedgerError(f"ledger {where} has {what} with id {checkpoint!r}; list them with "
+                          "`lakeckpt checkpoints TARGET --all`")
+    return found[0]
+

@@ -1,0 +1,230 @@
+"""``connect``: a DuckDB connection whose views answer progress and audit questions in SQL.
+
+DuckDB cannot download its delta or iceberg extensions here, and reading a ledger's Parquet
+files by globbing would count twice the rows a compaction rewrote. So each ledger is read once,
+through its table format's reader, at one version (:mod:`lakeckpt_tables.audit._target`), and
+registered as the Arrow table ``ledger``; the views are plain SQL shipped in ``catalog/*.sql``
+and documented column by column in ``catalog/README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
+from lakeckpt_tables.errors import LakeckptError, LedgerError
+from lakeckpt_tables.ledger import schema as s
+
+__all__ = ["VIEWS", "connect", "connect_snapshots"]
+
+VIEWS = ("checkpoints", "consumption", "events", "progress", "recoveries", "follow_lag")
+"""The views of a connection, in the order their SQL is run (later ones use earlier ones)."""
+
+PASS_SIZES_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("segment", pa.int64()), ("epoch", pa.int64()),
+    ("rows", pa.int64()), ("delivered", pa.int64()), ("from_version", pa.int64()),
+    ("to_version", pa.int64()), ("origin", pa.string()),
+])
+SOURCE_VERSIONS_SCHEMA = pa.schema([
+    ("location", pa.string()), ("latest_version", pa.int64()),
+    ("checked_at", pa.timestamp("us", tz="UTC")),
+])
+LEDGERS_SCHEMA = pa.schema([("ledger", pa.string()), ("version", pa.int64()),
+                            ("rows", pa.int64())])
+
+
+def connect(target: Any = None, *, catalog: Any = None,
+            storage_options: dict[str, str] | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection over one consistent version of a ledger (or of every registered run).
+
+    Views: ``checkpoints``, ``consumption``, ``events``, ``progress``, ``recoveries``,
+    ``follow_lag`` (see ``catalog/README.md``); tables: ``ledger`` (the raw rows) and
+    ``ledgers`` (which ledger versions were read). An empty ledger gives empty views.
+
+    Args:
+        target: a checkpoint root, ``"delta:<uri>"``, ``"iceberg:<namespace.table>"``, or a
+            ledger object. None with ``catalog``: every ledger the runs registered in that
+            catalog name (:mod:`lakeckpt_tables.audit.registry`).
+        catalog: a pyiceberg catalog (or the name of one pyiceberg can load): where an
+            ``iceberg:`` target lives, and, without a target, whose registered runs to read.
+        storage_options: deltalake storage options of Delta ledgers.
+
+    Returns:
+        The connection; the caller closes it.
+
+    Raises:
+        LedgerError: no ledger where ``target`` points (nothing is created), or it cannot be
+            read.
+    """
+    catalog = _load_catalog(catalog)
+    if target is None:
+        if catalog is None:
+            raise LedgerError("connect() needs a target (checkpoint root or ledger spec) or "
+                              "catalog= to read every run registered there")
+        from lakeckpt_tables.audit.registry import registered_ledgers
+
+        snapshots = [read_ledger(spec, catalog=catalog, storage_options=storage_options)
+                     for spec in registered_ledgers(catalog)]
+    else:
+        snapshots = [read_ledger(target, catalog=catalog, storage_options=storage_options)]
+    return connect_snapshots(snapshots)
+
+
+def connect_snapshots(snapshots: Iterable[LedgerSnapshot], *,
+                      look_up_sources: bool = True) -> duckdb.DuckDBPyConnection:
+    """The connection of :func:`connect` over ledger versions already read.
+
+    Args:
+        snapshots: the ledger versions.
+        look_up_sources: open the source tables the runs read for what the ledger does not
+            hold (sizes of passes without a ``round`` event, the tables' newest versions).
+    """
+    snapshots = list(snapshots)
+    rows = pa.concat_tables([sn.rows.select(s.LEDGER_SCHEMA.names) for sn in snapshots]) \
+        if snapshots else s.LEDGER_SCHEMA.empty_table()
+    con = duckdb.connect()
+    con.register("ledger", rows)
+    con.register("ledgers", pa.table({
+        "ledger": [sn.where for sn in snapshots], "version": [sn.version for sn in snapshots],
+        "rows": [sn.rows.num_rows for sn in snapshots]}, schema=LEDGERS_SCHEMA))
+    catalogs = [sn.catalog for sn in snapshots if sn.catalog is not None]
+    con.register("_pass_sizes", pass_sizes(rows, look_up_sources=look_up_sources,
+                                           catalog=catalogs[0] if catalogs else None))
+    con.register("_source_versions", _source_versions(rows) if look_up_sources
+                 else SOURCE_VERSIONS_SCHEMA.empty_table())
+    for name in VIEWS:
+        con.execute(view_sql(name))
+    return con
+
+
+def view_sql(name: str) -> str:
+    """The SQL of view ``name``, as shipped in ``catalog/<name>.sql``."""
+    return resources.files("lakeckpt_tables.catalog").joinpath(f"{name}.sql").read_text()
+
+
+def _load_catalog(catalog: Any) -> Any:
+    if catalog is None or not isinstance(catalog, str):
+        return catalog
+    from lakeckpt_tables.audit.registry import load_catalog
+
+    return load_catalog(catalog)
+
+
+# ------------------------------------------------------------------------------ pass sizes
+
+
+def pass_sizes(rows: pa.Table, *, look_up_sources: bool = True,
+               catalog: Any = None) -> pa.Table:
+    """Rows in each pass (segment, epoch) of each run: what ``progress`` divides by.
+
+    From ``round`` events when the ledger has them; else follow segments from ``segment``
+    events, and the pinned snapshot's epochs from the source's metadata (no data is read),
+    less the rows ``undelivered`` events name.
+    """
+    events = rows.filter(pc.field(s.RECORD) == s.RECORD_EVENT).select(
+        [s.RUN_ID, s.EVENT, s.DETAIL, s.STEP]).to_pylist()
+    out: dict[tuple[str, int, int], dict[str, Any]] = {}
+    undelivered: dict[tuple[str, int, int], int] = {}
+    segments: dict[tuple[str, int], dict[str, Any]] = {}
+    for e in events:
+        detail = json.loads(e[s.DETAIL] or "{}")
+        run = e[s.RUN_ID]
+        if e[s.EVENT] == "round":
+            key = (run, int(detail["segment"]), int(detail["epoch"]))
+            out[key] = {"rows": detail.get("rows"), "delivered": detail.get("delivered"),
+                        "from_version": detail.get("base_version"),
+                        "to_version": detail.get("version"), "origin": "round"}
+        elif e[s.EVENT] == "segment":
+            segments[(run, int(detail["segment"]))] = detail
+        elif e[s.EVENT] == "undelivered":
+            key = (run, int(detail["segment"]), int(detail["epoch"]))
+            undelivered[key] = undelivered.get(key, 0) + int(detail.get("rows", 0))
+    for (run, segment), detail in segments.items():
+        key = (run, segment, 0)
+        if key not in out:
+            live = int(detail["rows"])
+            out[key] = {"rows": live, "delivered": live - undelivered.get(key, 0),
+                        "from_version": detail.get("from_version"),
+                        "to_version": detail.get("to_version"), "origin": "segment"}
+    if look_up_sources:
+        for key, size in _pinned_sizes(rows, out, catalog).items():
+            size["delivered"] = size["rows"] - undelivered.get(key, 0)
+            out[key] = size
+    names = [f.name for f in PASS_SIZES_SCHEMA][3:]
+    return pa.table({
+        "run_id": [k[0] for k in out], "segment": [k[1] for k in out],
+        "epoch": [k[2] for k in out], **{n: [v.get(n) for v in out.values()] for n in names},
+    }, schema=PASS_SIZES_SCHEMA)
+
+
+def _pinned_sizes(rows: pa.Table, known: dict[tuple[str, int, int], Any],
+                  catalog: Any) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """Epochs of the pinned snapshot (segment 0) of every run, sized from table metadata."""
+    from lakeckpt_tables.reader.state import decode_state
+
+    checkpoints = rows.filter(pc.field(s.RECORD) == s.RECORD_CHECKPOINT).sort_by(
+        [(s.RUN_ID, "ascending"), (s.STEP, "ascending")]).to_pylist()
+    latest = {c[s.RUN_ID]: c for c in checkpoints if c[s.READER_STATE]}
+    sizes: dict[tuple[str, int], int | None] = {}
+    out: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for run, c in latest.items():
+        try:
+            config = decode_state(c[s.READER_STATE]).get("config", {})
+        except LakeckptError:
+            continue
+        if config.get("refresh") is not None:
+            continue  # each epoch pins its own version: only 'round' events size them
+        epochs = 1 if config.get("follow") else int(config.get("epochs", 1))
+        missing = [e for e in range(epochs) if (run, 0, e) not in known]
+        if not missing:
+            continue
+        where = (c[s.SOURCE_FORMAT], c[s.SOURCE_LOCATION], c[s.SOURCE_VERSION])
+        key = (f"{where[1]}", int(where[2]))
+        if key not in sizes:
+            sizes[key] = _snapshot_rows(*where, catalog=catalog)
+        if sizes[key] is None:
+            continue
+        for e in missing:
+            out[(run, 0, e)] = {"rows": sizes[key], "from_version": None,
+                                "to_version": int(where[2]), "origin": "table"}
+    return out
+
+
+def _snapshot_rows(fmt: str, location: str, version: int, *, catalog: Any) -> int | None:
+    try:
+        from lakeckpt_tables.audit.sources import open_source
+
+        return int(open_source(fmt, location, catalog=catalog).snapshot(version).rows)
+    except LakeckptError:
+        return None
+
+
+def _source_versions(rows: pa.Table) -> pa.Table:
+    """Each Delta source's newest version now (Iceberg snapshot ids have no order: skipped)."""
+    checkpoints = rows.filter(pc.field(s.RECORD) == s.RECORD_CHECKPOINT)
+    pairs = {(f, loc) for f, loc in zip(checkpoints[s.SOURCE_FORMAT].to_pylist(),
+                                        checkpoints[s.SOURCE_LOCATION].to_pylist(), strict=True)
+             if loc is not None}
+    found: dict[str, list[Any]] = {"location": [], "latest_version": [], "checked_at": []}
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    for fmt, location in sorted(pairs):
+        if fmt != "delta":
+            continue
+        try:
+            version = DeltaTable(location).version()
+        except (DeltaError, OSError):
+            continue
+        found["location"].append(location)
+        found["latest_version"].append(version)
+        found["checked_at"].append(datetime.now(UTC))
+    return pa.table(found, schema=SOURCE_VERSIONS_SCHEMA)

@@ -1,0 +1,164 @@
+"""Which checkpoints trained on the rows a predicate selects: the deletion-request audit.
+
+For every checkpoint of every run that read the given table, the exact rows it trained on are
+replayed from the plan (:mod:`lakeckpt_tables.audit.replay`); the predicate is evaluated by
+DuckDB on the row groups those rows come from, read as the reader read them (deletes applied).
+A checkpoint's model has seen a row if it or any checkpoint of its lineage trained on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from lakeckpt_tables.audit._target import read_ledger
+from lakeckpt_tables.audit.replay import checkpoint_rows, lineage
+from lakeckpt_tables.errors import AuditError, SourceNotFoundError
+from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
+
+__all__ = ["MATCHES_SCHEMA", "RunExposure", "exposure", "trained_on"]
+
+MATCHES_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("checkpoint_id", pa.string()), ("step", pa.int64()),
+    ("rows", pa.int64()),
+])
+"""Columns of :func:`trained_on`: matching rows each checkpoint trained on since its parent."""
+
+_ROW = "__lakeckpt_row"
+
+
+def trained_on(target: Any, predicate: str, table: str, *, catalog: Any = None,
+               storage_options: dict[str, str] | None = None) -> pa.Table:
+    """Checkpoints that trained on rows of ``table`` matching ``predicate``, with counts.
+
+    Args:
+        target: a checkpoint root, a ledger spec or a ledger object.
+        predicate: a SQL boolean expression over the table's columns (DuckDB dialect), e.g.
+            ``"user_id = 42"``.
+        table: the source table: a Delta URI, or ``"iceberg:<namespace.table>"``.
+        catalog: pyiceberg catalog of an Iceberg ledger or table.
+        storage_options: deltalake storage options.
+
+    Returns:
+        One row per checkpoint that trained on at least one matching row, in
+        :data:`MATCHES_SCHEMA`, ordered by run and step.
+
+    Raises:
+        LedgerError: no ledger there.
+        SourceNotFoundError: the table cannot be opened.
+        AuditError: the predicate is not valid SQL over the table's columns.
+    """
+    snapshot = read_ledger(target, catalog=catalog, storage_options=storage_options)
+    source = _open_table(table, snapshot.catalog if catalog is None else catalog,
+                         storage_options)
+    table_id = source.snapshot(None).identity.table_id
+    records = checkpoints_from_arrow(snapshot.rows)
+    by_id = {(r.run_id, r.checkpoint_id): r for r in records}
+    datasets: dict[Any, Any] = {}
+    matches: dict[tuple[str, int, int], np.ndarray[Any, Any]] = {}
+    out: dict[str, list[Any]] = {n: [] for n in MATCHES_SCHEMA.names}
+    for record in records:
+        if record.source is None or record.source.table_id != table_id:
+            continue
+        parent = by_id.get((record.run_id, record.parent_id or ""))
+        replayed = checkpoint_rows(record, parent, snapshot, source=source,
+                                   storage_options=storage_options, datasets=datasets)
+        count = 0
+        for _, _, _, _, units, unit_index, row in replayed.parts:
+            for u in np.unique(unit_index):
+                unit = units[u]
+                key = (unit.path, unit.row_group, unit.rows)
+                if key not in matches:
+                    matches[key] = _matching_rows(replayed.dataset, unit, predicate)
+                count += int(np.isin(row[unit_index == u], matches[key]).sum())
+        if count:
+            for name, value in zip(MATCHES_SCHEMA.names,
+                                   (record.run_id, record.checkpoint_id, record.step, count),
+                                   strict=True):
+                out[name].append(value)
+    return pa.table(out, schema=MATCHES_SCHEMA)
+
+
+@dataclass
+class RunExposure:
+    """What one run did with the matching rows.
+
+    Attributes:
+        run_id: the run.
+        first_step, last_step: the first and last checkpoints that trained on matching rows.
+        first_checkpoint, last_checkpoint: their ids.
+        rows: matching rows trained on, summed over checkpoints (a row read in two epochs
+            counts twice).
+        checkpoints: ids of the checkpoints that trained on matching rows.
+        exposed: ids of every checkpoint whose model has seen a matching row: those above and
+            every checkpoint whose lineage holds one of them. These must be retrained or deleted.
+    """
+
+    run_id: str
+    first_step: int
+    last_step: int
+    first_checkpoint: str
+    last_checkpoint: str
+    rows: int
+    checkpoints: list[str] = field(default_factory=list)
+    exposed: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def exposure(target: Any, matches: pa.Table, *, catalog: Any = None,
+             storage_options: dict[str, str] | None = None) -> list[RunExposure]:
+    """Summarise :func:`trained_on`'s result per run (first and last step, exposed models)."""
+    snapshot = read_ledger(target, catalog=catalog, storage_options=storage_options)
+    records = checkpoints_from_arrow(snapshot.rows)
+    rows = matches.to_pylist()
+    out = []
+    for run_id in sorted({r["run_id"] for r in rows}):
+        mine = sorted((r for r in rows if r["run_id"] == run_id), key=lambda r: r["step"])
+        hit = {r["checkpoint_id"] for r in mine}
+        exposed = [rec.checkpoint_id for rec in records if rec.run_id == run_id
+                   and _sees(records, rec, hit)]
+        out.append(RunExposure(run_id, mine[0]["step"], mine[-1]["step"],
+                               mine[0]["checkpoint_id"], mine[-1]["checkpoint_id"],
+                               sum(r["rows"] for r in mine), [r["checkpoint_id"] for r in mine],
+                               exposed))
+    return out
+
+
+def _sees(records: list[CheckpointRecord], record: CheckpointRecord, hit: set[str]) -> bool:
+    return any(r.checkpoint_id in hit for r in lineage(records, record))
+
+
+def _open_table(table: str, catalog: Any, storage_options: dict[str, str] | None) -> Any:
+    kind, _, rest = table.partition(":")
+    if kind == "iceberg" and rest:
+        from lakeckpt_tables.sources.iceberg import IcebergSource
+
+        return IcebergSource(rest, catalog=catalog)
+    from lakeckpt_tables.sources.delta import DeltaSource
+
+    uri = rest if kind == "delta" and rest else table
+    return DeltaSource(uri, storage_options=storage_options)
+
+
+def _matching_rows(dataset: Any, unit: Any, predicate: str) -> np.ndarray[Any, Any]:
+    """Live row indices of ``unit`` where ``predicate`` holds."""
+    if dataset is None:
+        raise SourceNotFoundError("no reader to read the table's rows with")
+    rows = dataset.snapshot.row_reader().read(unit, dataset.snapshot.schema.names)
+    rows = rows.append_column(_ROW, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    con = duckdb.connect()
+    con.register("t", rows)
+    try:
+        found = con.sql(f"SELECT {_ROW} FROM t WHERE {predicate}").fetchall()
+    except duckdb.Error as e:
+        raise AuditError(f"predicate {predicate!r} over {dataset.snapshot.describe()}: {e}. "
+                            f"Columns: {dataset.snapshot.schema.names}") from e
+    finally:
+        con.close()
+    return np.array([r[0] for r in found], dtype=np.int64)

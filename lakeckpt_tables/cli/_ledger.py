@@ -1,0 +1,24 @@
+"""Opening a ledger to write (tag, gc, maintain): only one that exists; nothing is created."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lakeckpt_tables.audit._target import read_ledger
+
+__all__ = ["existing_ledger"]
+
+
+def existing_ledger(target: str, catalog: Any) -> Any:
+    """The ledger ``target`` names, which must exist (read commands' rules, then opened)."""
+    from lakeckpt_tables.audit.registry import load_catalog
+    from lakeckpt_tables.ledger import DeltaLedger
+
+    catalog = load_catalog(catalog) if target.startswith("iceberg:") else catalog
+    found = read_ledger(target, catalog=catalog)
+    kind, _, rest = found.where.partition(":")
+    if kind == "iceberg":
+        from lakeckpt_tables.ledger.iceberg import IcebergLedger
+
+        return IcebergLedger(rest, catalog=found.catalog)
+    return DeltaLedger(rest)

@@ -1,0 +1,89 @@
+"""``lakeckpt audit TARGET``: which rows trained a checkpoint, who read a file, who saw a row."""
+
+from __future__ import annotations
+
+import argparse
+
+from lakeckpt_tables.cli._output import add_output, add_target, emit
+
+__all__ = ["register", "run"]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_target(parser)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--checkpoint", metavar="ID",
+                      help="the exact (file, row group, row) this checkpoint trained on since "
+                      "its parent")
+    what.add_argument("--file", metavar="PATH", help="which checkpoints of which runs read "
+                      "this data file")
+    what.add_argument("--where", metavar="PRED", help="which checkpoints of which runs "
+                      "trained on rows matching this SQL predicate (needs --table)")
+    parser.add_argument("--table", metavar="URI",
+                        help="with --where: the source table (Delta URI or "
+                        "iceberg:<namespace.table>)")
+    parser.add_argument("--cumulative", action="store_true",
+                        help="with --checkpoint: also the rows of its ancestors")
+    add_output(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.checkpoint is not None:
+        return _checkpoint(args)
+    if args.file is not None:
+        return _file(args)
+    if args.table is None:
+        raise SystemExit("lakeckpt audit: --where needs --table URI (the table to evaluate "
+                         "the predicate on)")
+    return _where(args)
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.audit.replay import rows
+
+    table = rows(args.target, checkpoint=args.checkpoint, cumulative=args.cumulative,
+                 catalog=args.catalog)
+    if args.output != "table":
+        emit(table, args.output)
+        return 0
+    import duckdb
+
+    con = duckdb.connect()
+    con.register("r", table)
+    summary = con.sql(
+        "SELECT rank, worker, segment, epoch, file, row_group, count(*) AS rows, "
+        "min(row) AS first_row, max(row) AS last_row FROM r GROUP BY ALL ORDER BY ALL")
+    emit(summary.to_arrow_table(), "table", title=f"rows of checkpoint {args.checkpoint} "
+         "(per row group; --output csv for every row)", empty="no rows")
+    return 0
+
+
+def _file(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.audit.views import connect
+
+    con = connect(args.target, catalog=args.catalog)
+    result = con.sql(
+        "SELECT run_id, step, checkpoint_id, status, list(DISTINCT row_group ORDER BY row_group)"
+        " AS row_groups, CAST(sum(rows) AS BIGINT) AS rows FROM consumption "
+        "WHERE file = $file OR file LIKE '%/' || $name GROUP BY ALL ORDER BY run_id, step",
+        params={"file": args.file, "name": args.file.lstrip("/")})
+    emit(result.to_arrow_table(), args.output, title=f"checkpoints that read {args.file}",
+         empty="no checkpoint read it")
+    return 0
+
+
+def _where(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.audit.where import exposure, trained_on
+
+    matches = trained_on(args.target, args.where, args.table, catalog=args.catalog)
+    runs = exposure(args.target, matches, catalog=args.catalog)
+    if args.output == "json":
+        emit([r.to_json() for r in runs], "json")
+        return 0
+    rows = [{**r.to_json(), "checkpoints": len(r.checkpoints), "exposed": len(r.exposed)}
+            for r in runs]
+    emit(rows, args.output, columns=("run_id", "first_step", "last_step", "first_checkpoint",
+                                     "last_checkpoint", "rows", "checkpoints", "exposed"),
+         title=f"runs that trained on rows where {args.where}",
+         empty="no checkpoint trained on a matching row")
+    return 0

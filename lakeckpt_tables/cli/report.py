@@ -1,0 +1,28 @@
+"""``lakeckpt report TARGET -o report.html``: one self-contained page for an auditor."""
+
+from __future__ import annotations
+
+import argparse
+
+from lakeckpt_tables.cli._output import add_target
+
+__all__ = ["register", "run"]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_target(parser)
+    parser.add_argument("-o", "--out", required=True, metavar="FILE.html",
+                        help="where to write the page")
+    parser.add_argument("--title", default=None, help="page title (default: the target)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.audit.report import render_report
+    from lakeckpt_tables.audit.views import connect
+
+    con = connect(args.target, catalog=args.catalog)
+    page = render_report(con, title=args.title or f"lakeckpt report: {args.target}")
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(page)
+    print(f"wrote {args.out}")
+    return 0

@@ -15,6 +15,7 @@ loads, that it sees every file of the checkpoint it is about to restore.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -23,6 +24,8 @@ from lakeckpt_tables.errors import StorageError, StorageRootNotSharedError
 from lakeckpt_tables.io.storage import Storage
 
 __all__ = ["CheckpointStorage"]
+
+log = logging.getLogger(__name__)
 
 Manifest = dict[str, dict[str, int | str]]
 T = TypeVar("T")
@@ -90,8 +93,13 @@ class CheckpointStorage:
         return self.store.exists(location)
 
     def delete(self, location: str) -> None:
-        """Remove a checkpoint's files (absent: nothing to do)."""
-        self.store.delete(location)
+        """Remove a checkpoint's files, best effort: a failure is logged, and what is left
+        is an orphan no ledger names, which a later :meth:`CheckpointManager.gc` removes."""
+        try:
+            self.store.delete(location)
+        except StorageError as exc:
+            log.warning("could not remove %s (gc removes it later): %s",
+                        self.url(location), exc)
 
     def checksums(self, location: str, names: Iterable[str]) -> Manifest:
         """``{name: {"sha256": ..., "bytes": ...}}`` for files under ``location``."""

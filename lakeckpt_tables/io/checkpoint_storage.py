@@ -146,15 +146,13 @@ class CheckpointStorage:
         failed = world.broadcast(failed)  # a collective: also the barrier before reading
         if failed:
             raise StorageError(f"run {run_id}: nothing was saved: {failed}")
+        seen, problem = False, ""
         try:
             seen = self.store.read_bytes(key).decode() == nonce
         except FileNotFoundError:
-            seen = False
+            pass
         except StorageError as exc:
-            seen = False
             problem = str(exc)
-        else:
-            problem = ""
         views = world.gather((seen, self.root, problem))
         world.barrier()
         if world.rank == 0:

@@ -16,19 +16,24 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import _s3server
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from _s3server import S3Server, s3, shadow_env, shadow_s3  # noqa: F401  (fixtures)
+from _s3server import S3Server
 from deltalake import WriterProperties, write_deltalake
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
-from lakeckpt_tables.errors import CheckpointError, StorageError, StorageRootNotSharedError
+from lakeckpt_tables.errors import CheckpointError, StorageError
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger import DeltaLedger
+
+s3 = _s3server.s3  # the fixtures of the module
+shadow_s3 = _s3server.shadow_s3
+shadow_env = _s3server.shadow_env
 
 ROWS = 192  # 12 batches of 16 on one rank, 6 per rank on two
 JOB = str(Path(__file__).parent / "jobs" / "storage_train.py")
@@ -43,7 +48,7 @@ def _write(uri: str, options: dict[str, str] | None) -> None:
 
 
 @pytest.fixture(scope="module")
-def s3_table(s3: S3Server) -> str:  # noqa: F811
+def s3_table(s3: S3Server) -> str:
     uri = f"s3://{s3.bucket('src')}/t"
     _write(uri, Storage(uri, s3.options()).delta_options())
     return uri
@@ -77,7 +82,7 @@ def _bucket_bytes(server: S3Server, bucket: str) -> bytes:
 
 
 def test_a_checkpoint_on_s3_saves_restores_and_retires_through_its_options_only(
-        s3_table: str, s3: S3Server, shadow_env: S3Server, tmp_path: Path,  # noqa: F811
+        s3_table: str, s3: S3Server, shadow_env: S3Server, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # a root misread as a local path would land here
     bucket = s3.bucket("ckpt")
@@ -115,7 +120,7 @@ def test_a_checkpoint_on_s3_saves_restores_and_retires_through_its_options_only(
     assert s3.secret.encode() not in stored and s3.key.encode() not in stored
 
 
-def test_gc_on_s3_removes_only_what_no_checkpoint_names(s3: S3Server) -> None:  # noqa: F811
+def test_gc_on_s3_removes_only_what_no_checkpoint_names(s3: S3Server) -> None:
     root = f"s3://{s3.bucket('gc')}/ckpt"
     options = s3.options()
     manager = CheckpointManager(root, "run", storage_options=options)
@@ -129,7 +134,7 @@ def test_gc_on_s3_removes_only_what_no_checkpoint_names(s3: S3Server) -> None:  
 
 
 def test_a_checkpoint_root_on_a_server_that_is_down_saves_nothing_and_a_retry_commits(
-        s3: S3Server) -> None:  # noqa: F811
+        s3: S3Server) -> None:
     root = f"s3://{s3.bucket('down')}/ckpt"
     options = s3.options(max_attempts="1")
     manager = CheckpointManager(root, "run", storage_options=options)
@@ -145,7 +150,7 @@ def test_a_checkpoint_root_on_a_server_that_is_down_saves_nothing_and_a_retry_co
     assert torch.equal(restored.weight, model.weight)
 
 
-def test_restore_checks_files_through_the_options(s3: S3Server) -> None:  # noqa: F811
+def test_restore_checks_files_through_the_options(s3: S3Server) -> None:
     root = f"s3://{s3.bucket('verify')}/ckpt"
     options = s3.options()
     manager = CheckpointManager(root, "run", storage_options=options, keep_last=2)
@@ -188,7 +193,7 @@ def _trained(out: Path) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_two_rank_job_on_s3_killed_mid_run_resumes_exactly_once(
-        s3_table: str, s3: S3Server, tmp_path: Path) -> None:  # noqa: F811
+        s3_table: str, s3: S3Server, tmp_path: Path) -> None:
     root = f"s3://{s3.bucket('job')}/ckpt"
     options = s3.options()
     out = tmp_path / "out"

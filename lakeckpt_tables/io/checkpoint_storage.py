@@ -15,6 +15,7 @@ loads, that it sees every file of the checkpoint it is about to restore.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
@@ -109,7 +110,8 @@ class CheckpointStorage:
             out[name] = {"sha256": digest, "bytes": size}
         return out
 
-    def verify(self, location: str, manifest: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    def verify(self, location: str, manifest: Mapping[str, Mapping[str, Any]]
+               ) -> builtins.list[str]:
         """Problems found (missing, resized or altered files); empty when all verify."""
         problems = []
         for name, expected in sorted(manifest.items()):

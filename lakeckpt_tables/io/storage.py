@@ -360,7 +360,7 @@ class Storage:
         return digest.hexdigest(), size
 
 
-class _ParquetFile(pq.ParquetFile):
+class _ParquetFile(pq.ParquetFile):  # type: ignore[misc]
     """A Parquet file whose reads raise :class:`StorageError` when the store fails."""
 
     def __init__(self, source: Any, *, errors: Any, **kwargs: Any) -> None:

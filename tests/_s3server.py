@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["S3Server", "s3", "shadow_s3", "shadow_env"]
+__all__ = ["S3Server", "s3", "shadow_env", "shadow_s3"]
 
 
 class S3Server:

@@ -11,15 +11,20 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import _s3server
 import numpy as np
 import pytest
-from _s3server import S3Server, s3, shadow_env, shadow_s3  # noqa: F401  (fixtures)
+from _s3server import S3Server
 from conftest import ROW_GROUP_ROWS, file_ranges, loader_for, rows_table, write_delta
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.errors import StorageError
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.sources import _footers
+
+s3 = _s3server.s3  # the fixtures of the module
+shadow_s3 = _s3server.shadow_s3
+shadow_env = _s3server.shadow_env
 
 RANGES = file_ranges()
 IDS = list(range(RANGES[0][0], RANGES[-1][1]))
@@ -36,7 +41,7 @@ def ids_of(dataset: LakeDataset, workers: int = 0) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def delta_on_s3(s3: S3Server, shadow_s3: S3Server) -> str:  # noqa: F811
+def delta_on_s3(s3: S3Server, shadow_s3: S3Server) -> str:
     """A Delta table on the server and, at the same URI, another one on the shadow server."""
     bucket = s3.bucket("delta")
     uri = f"s3://{bucket}/rows"
@@ -57,7 +62,7 @@ def shadow_s3_bucket(server: S3Server, name: str) -> None:
 # ---------------------------------------------------------------------------- Storage
 
 
-def test_storage_operations_on_s3(s3: S3Server) -> None:  # noqa: F811
+def test_storage_operations_on_s3(s3: S3Server) -> None:
     store = Storage(f"s3://{s3.bucket()}/root", s3.options())
     assert store.list() == [] and not store.exists("a/one")
     store.put("a/one", b"0123456789")
@@ -78,7 +83,7 @@ def test_storage_operations_on_s3(s3: S3Server) -> None:  # noqa: F811
 
 
 def test_a_storage_crosses_processes_without_its_filesystem_or_secrets_in_view(
-        s3: S3Server) -> None:  # noqa: F811
+        s3: S3Server) -> None:
     store = Storage(f"s3://{s3.bucket()}/root", s3.options())
     store.put("f", b"data")
     assert s3.secret not in repr(store) and s3.key not in repr(store)
@@ -88,7 +93,7 @@ def test_a_storage_crosses_processes_without_its_filesystem_or_secrets_in_view(
 
 
 def test_a_server_that_is_down_gives_a_named_error_without_secrets_and_a_retry_works(
-        s3: S3Server) -> None:  # noqa: F811
+        s3: S3Server) -> None:
     store = Storage(f"s3://{s3.bucket()}/root", s3.options(max_attempts="1"))
     store.put("f", b"kept")
     with s3.down(), pytest.raises(StorageError) as caught:
@@ -104,7 +109,7 @@ def test_a_server_that_is_down_gives_a_named_error_without_secrets_and_a_retry_w
 
 
 def test_options_given_never_read_the_environment(s3: S3Server, shadow_env: S3Server
-                                                  ) -> None:  # noqa: F811
+                                                  ) -> None:
     bucket = s3.bucket()
     shadow_s3_bucket(shadow_env, bucket)
     Storage(f"s3://{bucket}", shadow_env.options()).put("k", b"shadow")
@@ -118,7 +123,7 @@ def test_options_given_never_read_the_environment(s3: S3Server, shadow_env: S3Se
 
 
 def test_options_without_credentials_are_anonymous_not_the_environments(
-        s3: S3Server, shadow_env: S3Server) -> None:  # noqa: F811
+        s3: S3Server, shadow_env: S3Server) -> None:
     store = Storage(f"s3://{s3.bucket()}", {"AWS_ENDPOINT_URL": s3.endpoint,
                                             "AWS_ALLOW_HTTP": "true"})
     assert store.fsspec_options()["anon"] is True
@@ -134,7 +139,7 @@ def test_options_without_credentials_are_anonymous_not_the_environments(
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_delta_table_on_s3_is_read_through_its_options_only(
-        delta_on_s3: str, s3: S3Server, shadow_env: S3Server, workers: int) -> None:  # noqa: F811
+        delta_on_s3: str, s3: S3Server, shadow_env: S3Server, workers: int) -> None:
     dataset = LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options()),
                           columns=["id", "x"], batch_size=24, seed=3)
     assert sorted(ids_of(dataset, workers)) == IDS
@@ -142,7 +147,7 @@ def test_a_delta_table_on_s3_is_read_through_its_options_only(
 
 
 def test_a_delta_row_group_read_costs_at_most_two_requests_and_no_footer(
-        delta_on_s3: str, s3: S3Server) -> None:  # noqa: F811
+        delta_on_s3: str, s3: S3Server) -> None:
     source = DeltaSource(delta_on_s3, storage_options=s3.options())
     dataset = LakeDataset(source, columns=["id", "x"], batch_size=24, seed=3)
     units = dataset.snapshot.units
@@ -166,7 +171,7 @@ def test_a_delta_row_group_read_costs_at_most_two_requests_and_no_footer(
 
 
 def test_a_delta_table_on_a_server_that_is_down_fails_by_name_and_a_retry_reads_it(
-        delta_on_s3: str, s3: S3Server, shadow_env: S3Server) -> None:  # noqa: F811
+        delta_on_s3: str, s3: S3Server, shadow_env: S3Server) -> None:
     source = DeltaSource(delta_on_s3, storage_options=s3.options(max_attempts="1"))
     with s3.down(), pytest.raises(StorageError) as caught:
         LakeDataset(source, columns=["id"])
@@ -176,7 +181,7 @@ def test_a_delta_table_on_a_server_that_is_down_fails_by_name_and_a_retry_reads_
 
 
 def test_a_row_group_read_on_a_server_that_is_down_fails_by_name_and_resumes(
-        delta_on_s3: str, s3: S3Server) -> None:  # noqa: F811
+        delta_on_s3: str, s3: S3Server) -> None:
     dataset = LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options(
         max_attempts="1")), columns=["id"], batch_size=24, seed=1)
     loader = loader_for(dataset, 0)
@@ -195,7 +200,7 @@ def test_a_row_group_read_on_a_server_that_is_down_fails_by_name_and_resumes(
 
 
 def test_follow_mode_polls_the_delta_log_on_s3(delta_on_s3: str, s3: S3Server,
-                                               shadow_env: S3Server) -> None:  # noqa: F811
+                                               shadow_env: S3Server) -> None:
     uri = delta_on_s3.replace("/rows", "/followed")
     first, later = (0, 40), (40, 90)
     write_s3_delta(uri, [first], s3)
@@ -216,7 +221,7 @@ def test_follow_mode_polls_the_delta_log_on_s3(delta_on_s3: str, s3: S3Server,
 
 
 @pytest.fixture(scope="module")
-def iceberg_on_s3(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Any:  # noqa: F811
+def iceberg_on_s3(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from pyiceberg.catalog.sql import SqlCatalog
 
     root = tmp_path_factory.mktemp("iceberg_s3")
@@ -232,7 +237,7 @@ def iceberg_on_s3(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Any
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_iceberg_table_on_s3_is_read_through_its_fileio_properties(
-        iceberg_on_s3: Any, s3: S3Server, shadow_env: S3Server, workers: int  # noqa: F811
+        iceberg_on_s3: Any, s3: S3Server, shadow_env: S3Server, workers: int
 ) -> None:
     dataset = LakeDataset(IcebergSource("ns.rows", catalog=iceberg_on_s3),
                           columns=["id", "name"], batch_size=24, seed=5)
@@ -243,7 +248,7 @@ def test_an_iceberg_table_on_s3_is_read_through_its_fileio_properties(
 
 
 def test_iceberg_data_files_are_read_with_at_most_two_requests_per_row_group(
-        iceberg_on_s3: Any, s3: S3Server) -> None:  # noqa: F811
+        iceberg_on_s3: Any, s3: S3Server) -> None:
     dataset = LakeDataset(IcebergSource("ns.rows", catalog=iceberg_on_s3), columns=["id"],
                           batch_size=24)
     units = dataset.snapshot.units

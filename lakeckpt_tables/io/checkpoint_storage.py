@@ -15,6 +15,8 @@ loads, that it sees every file of the checkpoint it is about to restore.
 
 from __future__ import annotations
 
+import builtins
+import logging
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -23,6 +25,8 @@ from lakeckpt_tables.errors import StorageError, StorageRootNotSharedError
 from lakeckpt_tables.io.storage import Storage
 
 __all__ = ["CheckpointStorage"]
+
+log = logging.getLogger(__name__)
 
 Manifest = dict[str, dict[str, int | str]]
 T = TypeVar("T")
@@ -90,8 +94,13 @@ class CheckpointStorage:
         return self.store.exists(location)
 
     def delete(self, location: str) -> None:
-        """Remove a checkpoint's files (absent: nothing to do)."""
-        self.store.delete(location)
+        """Remove a checkpoint's files, best effort: a failure is logged, and what is left
+        is an orphan no ledger names, which a later :meth:`CheckpointManager.gc` removes."""
+        try:
+            self.store.delete(location)
+        except StorageError as exc:
+            log.warning("could not remove %s (gc removes it later): %s",
+                        self.url(location), exc)
 
     def checksums(self, location: str, names: Iterable[str]) -> Manifest:
         """``{name: {"sha256": ..., "bytes": ...}}`` for files under ``location``."""
@@ -101,7 +110,8 @@ class CheckpointStorage:
             out[name] = {"sha256": digest, "bytes": size}
         return out
 
-    def verify(self, location: str, manifest: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    def verify(self, location: str, manifest: Mapping[str, Mapping[str, Any]]
+               ) -> builtins.list[str]:
         """Problems found (missing, resized or altered files); empty when all verify."""
         problems = []
         for name, expected in sorted(manifest.items()):
@@ -138,15 +148,13 @@ class CheckpointStorage:
         failed = world.broadcast(failed)  # a collective: also the barrier before reading
         if failed:
             raise StorageError(f"run {run_id}: nothing was saved: {failed}")
+        seen, problem = False, ""
         try:
             seen = self.store.read_bytes(key).decode() == nonce
         except FileNotFoundError:
-            seen = False
+            pass
         except StorageError as exc:
-            seen = False
             problem = str(exc)
-        else:
-            problem = ""
         views = world.gather((seen, self.root, problem))
         world.barrier()
         if world.rank == 0:

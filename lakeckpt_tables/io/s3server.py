@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     front = Front(DomainDispatcherApplication(create_backend_app))
 
-    class Handler(MotoRequestHandler):  # type: ignore[misc]
+    class Handler(MotoRequestHandler):
         def log_request(self, *args: Any, **kwargs: Any) -> None:
             pass
 

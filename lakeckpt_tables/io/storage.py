@@ -186,7 +186,11 @@ class Storage:
         if self.scheme not in ("s3", "s3a"):
             return dict(self._options)
         s3 = s3_settings(self._options)
-        out: dict[str, Any] = {"endpoint_url": s3["endpoint"],
+        config: dict[str, Any] = {"connect_timeout": float(s3.get("connect_timeout", 5)),
+                                  "read_timeout": float(s3.get("request_timeout", 30))}
+        if "max_attempts" in s3:
+            config["retries"] = {"max_attempts": int(s3["max_attempts"]), "mode": "standard"}
+        out: dict[str, Any] = {"endpoint_url": s3["endpoint"], "config_kwargs": config,
                                "client_kwargs": {"region_name": s3["region"]}}
         if "key" in s3:
             out.update(key=s3["key"], secret=s3.get("secret"), token=s3.get("token"))
@@ -360,7 +364,7 @@ class Storage:
         return digest.hexdigest(), size
 
 
-class _ParquetFile(pq.ParquetFile):
+class _ParquetFile(pq.ParquetFile):  # type: ignore[misc]
     """A Parquet file whose reads raise :class:`StorageError` when the store fails."""
 
     def __init__(self, source: Any, *, errors: Any, **kwargs: Any) -> None:

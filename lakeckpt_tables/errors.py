@@ -15,6 +15,7 @@ __all__ = [
     "EmptySourceError",
     "LakeckptError",
     "LedgerError",
+    "NullValuesError",
     "PinnedFileMissingError",
     "RowCountMismatchError",
     "SourceChangedError",
@@ -97,3 +98,8 @@ class SourceFileChangedError(RowCountMismatchError):
 class TableMetadataError(LakeckptError):
     """The table's log, manifests or delete files cannot be read (the message names the table,
     the version and the underlying error)."""
+
+
+class NullValuesError(UnsupportedTableError):
+    """A selected column holds nulls torch cannot represent, and the null policy refuses them
+    (the message names table, version, file, column, type and null count)."""

@@ -151,12 +151,55 @@ class RowGroupReader:
         table: pa.Table = handle.file.read_row_group(unit.row_group, columns=columns)
         return table.select(columns)
 
+    def null_counts(self, units: Sequence[Unit], columns: Sequence[str]) -> dict[str, int]:
+        """Nulls of ``columns`` in the row groups of ``units`` (one data file), from footer
+        statistics where the file has them (deleted rows included), by reading otherwise.
+
+        Raises:
+            PinnedFileMissingError, SourceFileChangedError, DataFileError: as :meth:`read`.
+        """
+        if not units:
+            return {}
+        data_file = units[0].file if isinstance(units[0].file, DataFile) else None
+        handle = self._handle(units[0].path, data_file)
+        meta = handle.file.metadata
+        counts: dict[str, int] = {}
+        for column in columns:
+            source = self._null_source(handle, data_file, column)
+            total = 0
+            for unit in units:
+                rows = handle.row_group_rows[unit.row_group]
+                if isinstance(source, int):
+                    total += rows if source else 0
+                    continue
+                stat = _leaf_null_count(meta.row_group(unit.row_group), source)
+                if stat is None:
+                    table = self._logical(handle, unit, data_file, [column])
+                    stat = table.column(column).null_count
+                total += stat
+            counts[column] = total
+        return counts
+
+    def _null_source(self, handle: Any, data_file: DataFile | None, column: str) -> str | int:
+        """Where ``column``'s nulls show in a file: the Parquet leaf path holding it, or 1 when
+        every row is null (the file lacks the column), 0 when none is."""
+        return column if column in handle.file.schema_arrow.names else 1
+
     def _keep(self, unit: Unit, data_file: DataFile, handle: Any) -> pa.Array:
         sizes = data_file.row_group_rows or handle.row_group_rows
         start = int(sum(sizes[: unit.row_group]))
         deletes = data_file.deletes
         assert deletes is not None
         return pa.array(deletes.keep(start, sizes[unit.row_group]))
+
+
+def _leaf_null_count(row_group: Any, path: str) -> int | None:
+    for j in range(row_group.num_columns):
+        chunk = row_group.column(j)
+        if chunk.path_in_schema == path:
+            stats = chunk.statistics
+            return int(stats.null_count) if stats is not None and stats.has_null_count else None
+    return None
 
 
 def _check_pinned(where: str, data_file: DataFile, handle: Any) -> None:

@@ -205,6 +205,14 @@ class DeltaRowGroupReader(RowGroupReader):
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+    def _null_source(self, handle: Any, data_file: DataFile | None, column: str) -> str | int:
+        if column in self.partitions:
+            values = dict(data_file.partition) if data_file is not None else {}
+            return 1 if values.get(column) is None else 0
+        physical = self._names(column)[0]
+        return physical if physical in handle.file.schema_arrow.names else 1
+
+
 def _reader(dt: Any, identity: TableIdentity, version: int) -> DeltaRowGroupReader:
     fields = json.loads(dt.schema().to_json())["fields"]
     arrow = pa.schema(dt.schema().to_arrow())

@@ -245,6 +245,18 @@ class IcebergRowGroupReader(RowGroupReader):
         return result
 
 
+    def _null_source(self, handle: Any, data_file: DataFile | None, column: str) -> str | int:
+        from pyiceberg.io.pyarrow import pyarrow_to_schema
+
+        field_id = self.schema.find_field(column).field_id
+        file_schema = pyarrow_to_schema(handle.file.schema_arrow, self.name_mapping,
+                                        format_version=self.format_version)  # type: ignore[arg-type]
+        if field_id in file_schema.field_ids:
+            return str(file_schema.find_field(field_id).name)
+        identity = dict(data_file.partition) if data_file is not None else {}
+        return 0 if str(field_id) in identity else 1
+
+
 def _reader(table: Any, identity: TableIdentity, pinned: int,
             snap_meta: Any) -> IcebergRowGroupReader:
     schema = table.schemas().get(snap_meta.schema_id, table.schema())

@@ -124,7 +124,7 @@ class RowGroupReader:
                 "the file was rewritten in place")
         return table
 
-    def _handle(self, path: str, data_file: DataFile | None) -> Any:
+    def _handle(self, path: str, data_file: DataFile | None, keep: bool = True) -> Any:
         handle = self._handles.get(path)
         if handle is not None:
             return handle
@@ -142,7 +142,8 @@ class RowGroupReader:
             ) from exc
         if data_file is not None:
             _check_pinned(self.describe(), data_file, handle)
-        self._handles[path] = handle
+        if keep:
+            self._handles[path] = handle
         return handle
 
     def _logical(self, handle: Any, unit: Unit, data_file: DataFile | None,
@@ -161,7 +162,7 @@ class RowGroupReader:
         if not units:
             return {}
         data_file = units[0].file if isinstance(units[0].file, DataFile) else None
-        handle = self._handle(units[0].path, data_file)
+        handle = self._handle(units[0].path, data_file, keep=False)  # reads check again
         meta = handle.file.metadata
         counts: dict[str, int] = {}
         for column in columns:
@@ -286,6 +287,12 @@ def units_from_files(
             f"{identity.describe()} at version {version}: data file {missing} is gone "
             "(vacuumed or expired?). Pin a newer version or restore the file."
         ) from exc
+    except (OSError, pa.ArrowException) as exc:
+        raise DataFileError(
+            f"{identity.describe()} at version {version}: cannot read the Parquet footer of "
+            f"data file {_failing(ordered)}: {type(exc).__name__}: {exc}. Check the file and "
+            "its permissions; restore it from a backup."
+        ) from exc
     units: list[Unit] = []
     for data_file, footer in zip(ordered, footers, strict=True):
         _check_row_count(identity, version, data_file, footer)
@@ -293,6 +300,16 @@ def units_from_files(
         live = _live_rows(identity, version, pinned)
         units.extend(Unit(pinned.path, i, n, pinned) for i, n in enumerate(live) if n)
     return tuple(units), {f.path: f.column_names for f in footers}
+
+
+def _failing(files: Sequence[DataFile]) -> str:
+    """Which file's footer fails (error path only: footers are read in a pool)."""
+    for f in files:
+        try:
+            read_footers([f.path], [f.size_bytes])
+        except (OSError, pa.ArrowException):
+            return f.path
+    return "(one of the snapshot's files)"
 
 
 def _live_rows(identity: TableIdentity, version: int, data_file: DataFile) -> list[int]:

@@ -37,6 +37,7 @@ from lakeckpt_tables.reader.state import (
     states_from_loader,
 )
 from lakeckpt_tables.sources.base import Snapshot, Source
+from lakeckpt_tables.sources.filters import filtered
 from lakeckpt_tables.sources.nulls import check_nulls
 
 __all__ = ["LakeDataset"]
@@ -110,6 +111,9 @@ class LakeDataset(IterableDataset[Batch]):
             every type, nulls kept; same state, resume and exactly-once).
         nulls: torch output: ``"refuse"`` at construction, ``"fill"`` or ``"mask"``
             (NOTE [ null policy ] in :mod:`lakeckpt_tables.sources.nulls`).
+        filter: a ``pyarrow.compute`` expression over the table's columns: only the rows it
+            keeps are read; decided at construction (NOTE [ row filters ] in
+            :mod:`lakeckpt_tables.sources.filters`) and part of the run configuration.
         decimals: torch output: ``"refuse"`` decimal columns or give ``"float64"`` tensors.
 
     Raises:
@@ -143,6 +147,7 @@ class LakeDataset(IterableDataset[Batch]):
         output: Literal["torch", "arrow"] = "torch",
         nulls: Literal["refuse", "fill", "mask"] = "refuse",
         decimals: Literal["refuse", "float64"] = "refuse",
+        filter: Any = None,
     ) -> None:
         super().__init__()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
@@ -152,6 +157,12 @@ class LakeDataset(IterableDataset[Batch]):
         self._requested_version = version
         self._requested_min_segment_rows = min_segment_rows
         self.snapshot: Snapshot = source.snapshot(version)
+        self.filter = filter
+        if filter is not None:
+            if follow or refresh is not None:
+                raise ValueError("filter= is decided when the snapshot is pinned; follow=True "
+                                 "and refresh='epoch' pin versions later and take no filter")
+            self.snapshot = filtered(self.snapshot, filter)
         if self.snapshot.rows == 0 and not follow:
             raise EmptySourceError(f"{self.snapshot.describe()} holds no rows; nothing to read")
         self.columns = _check_columns(self.snapshot, columns)
@@ -195,6 +206,8 @@ class LakeDataset(IterableDataset[Batch]):
             "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns)}
         if self.refresh is not None:
             config["refresh"] = self.refresh
+        if self.filter is not None:
+            config["filter"] = str(self.filter)
         if self.follow is not None:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows,
                                 "on_change": self.follow.on_change,

@@ -13,6 +13,7 @@ __all__ = [
     "CommitStateUnknownError",
     "DataFileError",
     "EmptySourceError",
+    "FilterError",
     "LakeckptError",
     "LedgerError",
     "NullValuesError",
@@ -103,3 +104,7 @@ class TableMetadataError(LakeckptError):
 class NullValuesError(UnsupportedTableError):
     """A selected column holds nulls torch cannot represent, and the null policy refuses them
     (the message names table, version, file, column, type and null count)."""
+
+
+class FilterError(LakeckptError):
+    """A row filter cannot be evaluated on the table (unknown column, not a boolean)."""

@@ -182,3 +182,12 @@ def test_struct_and_map_columns_read_like_deltalake_through_the_row_reader(
     uri = _every_type(tmp_path)
     ours = read_all(DeltaSource(uri).snapshot())
     assert not compare(ours, delta_references(uri, 1)[0])
+
+
+def test_the_null_check_uses_the_logs_statistics_without_opening_files(tmp_path: Path) -> None:
+    uri = _nulls_table(tmp_path)
+    DeltaSource(uri).snapshot()  # footers now cached: pinning reads no file again
+    for data in Path(uri).glob("*.parquet"):  # unreadable now, same size
+        data.write_bytes(b"\0" * data.stat().st_size)
+    with pytest.raises(NullValuesError, match=r"2 null\(s\) in column 'label'"):
+        LakeDataset(DeltaSource(uri), columns=["id", "label"])

@@ -56,6 +56,8 @@ class DataFile:
         partition: (logical column, typed value) pairs stored in the metadata, not the file.
         row_group_rows: rows per row group as the footer said when pinned (set by
             :func:`units_from_files`; checked again before the rows are delivered).
+        null_counts: (logical column, nulls in the whole file) from the table metadata's
+            statistics, when it has them: the null policy then needs no footer read.
     """
 
     path: str
@@ -64,6 +66,7 @@ class DataFile:
     deletes: Deletes | None = None
     partition: tuple[tuple[str, Any], ...] = ()
     row_group_rows: tuple[int, ...] | None = None
+    null_counts: tuple[tuple[str, int], ...] | None = None
 
 
 class RowGroupReader:
@@ -162,9 +165,14 @@ class RowGroupReader:
         if not units:
             return {}
         data_file = units[0].file if isinstance(units[0].file, DataFile) else None
+        counts: dict[str, int] = {}
+        known = dict(data_file.null_counts or ()) if data_file is not None else {}
+        whole = (data_file is not None and data_file.row_group_rows is not None
+                 and len(units) == len(data_file.row_group_rows))
+        if whole and all(c in known for c in columns):  # metadata statistics: no footer read
+            return {c: known[c] for c in columns}
         handle = self._handle(units[0].path, data_file, keep=False)  # reads check again
         meta = handle.file.metadata
-        counts: dict[str, int] = {}
         for column in columns:
             source = self._null_source(handle, data_file, column)
             total = 0

@@ -14,8 +14,10 @@ __all__ = [
     "CommitStateUnknownError",
     "DataFileError",
     "EmptySourceError",
+    "FilterError",
     "LakeckptError",
     "LedgerError",
+    "NullValuesError",
     "PinnedFileMissingError",
     "RowCountMismatchError",
     "SourceChangedError",
@@ -113,3 +115,12 @@ class TableMetadataError(LakeckptError):
 class AuditError(LakeckptError):
     """An audit question cannot be answered as asked: a predicate that is not valid SQL over the
     table's columns, a checkpoint or run the ledger does not hold."""
+
+
+class NullValuesError(UnsupportedTableError):
+    """A selected column holds nulls torch cannot represent, and the null policy refuses them
+    (the message names table, version, file, column, type and null count)."""
+
+
+class FilterError(LakeckptError):
+    """A row filter cannot be evaluated on the table (unknown column, not a boolean)."""

@@ -212,7 +212,7 @@ def test_a_garbage_data_file_is_a_named_error(tmp_path: Path) -> None:
     data = next(table.glob("*.parquet"))
     size = data.stat().st_size
     data.write_bytes(b"\0" * size)
-    with pytest.raises(DataFileError, match=rf"cannot open data file .*{data.name}") as info:
+    with pytest.raises(DataFileError, match=rf"data file .*{data.name}") as info:
         next(iter(ds))
     assert isinstance(info.value.__cause__, pa.ArrowException | OSError)
 
@@ -253,3 +253,22 @@ def test_follow_mode_appended_partitioned_files_carry_their_partition_values(
                           strict=True))
     assert sorted(got) == expected
     assert json.dumps(sorted(r[0] for r in got)) == json.dumps(list(range(9)))
+
+
+def test_a_garbage_file_at_pin_time_is_a_named_error_naming_it(tmp_path: Path) -> None:
+    table = _copy("table-with-dv-small", tmp_path)
+    data = next(table.glob("*.parquet"))
+    data.write_bytes(b"garbage" * 10)
+    with pytest.raises(DataFileError, match=rf"Parquet footer of data file .*{data.name}"):
+        DeltaSource(str(table)).snapshot()
+
+
+def test_an_unopenable_data_file_is_a_named_error(tmp_path: Path) -> None:
+    table = _copy("table-with-dv-small", tmp_path)
+    ds = LakeDataset(DeltaSource(str(table)), columns=["value"], batch_size=4, shuffle=False)
+    data = next(table.glob("*.parquet"))
+    data.unlink()
+    data.mkdir()  # a directory where the file was: opening it fails with an OSError
+    with pytest.raises(DataFileError, match=rf"cannot open data file .*{data.name}") as info:
+        next(iter(ds))
+    assert isinstance(info.value.__cause__, OSError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import warnings
 from typing import Any, NamedTuple
 
@@ -12,7 +13,11 @@ import torch
 
 from lakeckpt_tables.errors import UnsupportedTableError
 
-__all__ = ["Ragged", "to_tensors"]
+__all__ = ["DECIMAL_POLICIES", "OUTPUTS", "Ragged", "check_convertible", "convert",
+           "to_tensors"]
+
+OUTPUTS = ("torch", "arrow")
+DECIMAL_POLICIES = ("refuse", "float64")
 
 
 class Ragged(NamedTuple):
@@ -45,6 +50,82 @@ _PLAIN_NUMERIC = frozenset(t.id for t in (
     pa.uint64(), pa.float16(), pa.float32(), pa.float64()))
 
 
+def check_convertible(where: str, schema: pa.Schema, columns: list[str], *, output: str,
+                      nulls: str, decimals: str) -> None:
+    """Refuse at construction what the chosen output cannot hold (decimals in torch unless
+    ``decimals="float64"``), and a mask column name that is already a column.
+
+    Raises:
+        ValueError: an unknown option value.
+        UnsupportedTableError: names the table, version, column and type.
+    """
+    from lakeckpt_tables.sources.nulls import MASK_SUFFIX, needs_policy
+
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if decimals not in DECIMAL_POLICIES:
+        raise ValueError(f"decimals must be one of {DECIMAL_POLICIES}, got {decimals!r}")
+    if output == "arrow":
+        return
+    for name in columns:
+        kind = schema.field(name).type
+        if pa.types.is_decimal(kind) and decimals == "refuse":
+            raise UnsupportedTableError(
+                f"{where}: column {name!r} is {kind}; torch has no decimal. Pass "
+                "decimals='float64' (float64 tensors, exact to 15 significant digits) or "
+                "output='arrow' (exact values), or leave the column out.")
+        if nulls == "mask" and needs_policy(kind) and name + MASK_SUFFIX in schema.names:
+            raise UnsupportedTableError(
+                f"{where}: nulls='mask' would add column {name + MASK_SUFFIX!r}, which the "
+                "table already has; rename it or use nulls='fill'")
+
+
+def convert(table: pa.Table, output: str = "torch", nulls: str = "refuse") -> Any:
+    """One batch in the chosen output: a ``pyarrow.RecordBatch`` (every type, nulls kept) or
+    the tensors of :func:`to_tensors` under the null policy (NOTE [ null policy ] in
+    ``lakeckpt_tables.sources.nulls``)."""
+    if output == "arrow":
+        return pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns],
+                                          schema=table.schema)
+    if nulls == "refuse":
+        return to_tensors(table)
+    return _with_policy(table, nulls == "mask")
+
+
+def _with_policy(table: pa.Table, mask: bool) -> dict[str, Any]:
+    from lakeckpt_tables.sources.nulls import MASK_SUFFIX, needs_policy
+
+    out: dict[str, Any] = {}
+    for name, column in zip(table.schema.names, table.columns, strict=True):
+        kind = column.type
+        if not needs_policy(kind):
+            out[name] = _column(name, column)
+            continue
+        array = column.combine_chunks()
+        if array.null_count:
+            missing = array.is_null()
+            array = array.fill_null(_zero(kind))
+        else:
+            missing = None
+        out[name] = _column(name, pa.chunked_array([array]))
+        if mask:
+            flags = (np.zeros(len(array), dtype=bool) if missing is None
+                     else missing.to_numpy(zero_copy_only=False))
+            out[name + MASK_SUFFIX] = torch.from_numpy(flags)
+    return out
+
+
+def _zero(kind: pa.DataType) -> pa.Scalar:
+    """The documented fill value: 0, False, the epoch (timestamps and dates)."""
+    if pa.types.is_boolean(kind):
+        return pa.scalar(False)
+    if pa.types.is_date(kind):
+        return pa.scalar(0, pa.int32()).cast(pa.date32()).cast(kind)
+    if pa.types.is_decimal(kind):
+        return pa.scalar(decimal.Decimal(0), kind)
+    return pa.scalar(0, pa.int64()).cast(kind)
+
+
 def to_tensors(table: pa.Table) -> dict[str, Any]:
     """One batch as a dict: tensors, 2-D tensors for fixed-length lists, :class:`Ragged` for
     variable-length lists, lists of ``str``/``bytes`` for strings and binaries."""
@@ -69,6 +150,8 @@ def _column(name: str, column: pa.ChunkedArray) -> Any:
         return array.to_pylist()
     if pa.types.is_timestamp(kind) or pa.types.is_date(kind) or pa.types.is_duration(kind):
         array = _as_integers(array)
+    elif pa.types.is_decimal(kind):  # decimals="float64" (refused up front otherwise)
+        array = pc.cast(array, pa.float64())
     return torch.from_numpy(_numpy(name, array))
 
 

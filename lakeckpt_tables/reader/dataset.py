@@ -27,7 +27,7 @@ from lakeckpt_tables.plan import (
     permutation,
     replan_rounds,
 )
-from lakeckpt_tables.reader.convert import to_tensors
+from lakeckpt_tables.reader.convert import check_convertible, convert
 from lakeckpt_tables.reader.rounds import FollowPolicy, Round, RoundSequence, RoundUnits
 from lakeckpt_tables.reader.state import (
     STATE_FORMAT,
@@ -37,6 +37,8 @@ from lakeckpt_tables.reader.state import (
     states_from_loader,
 )
 from lakeckpt_tables.sources.base import Snapshot, Source
+from lakeckpt_tables.sources.filters import filtered
+from lakeckpt_tables.sources.nulls import check_nulls
 
 __all__ = ["LakeDataset"]
 
@@ -105,6 +107,14 @@ class LakeDataset(IterableDataset[Batch]):
             ``world_size * batch_size``. Must be at least ranks x workers.
         refresh: ``"epoch"``: every epoch reads the table's latest version, pinned for it by
             :meth:`set_epoch` (call it before iterating each epoch); one pass is one epoch.
+        output: ``"torch"`` (tensors, the default) or ``"arrow"`` (``pyarrow.RecordBatch``:
+            every type, nulls kept; same state, resume and exactly-once).
+        nulls: torch output: ``"refuse"`` at construction, ``"fill"`` or ``"mask"``
+            (NOTE [ null policy ] in :mod:`lakeckpt_tables.sources.nulls`).
+        filter: a ``pyarrow.compute`` expression over the table's columns: only the rows it
+            keeps are read; decided at construction (NOTE [ row filters ] in
+            :mod:`lakeckpt_tables.sources.filters`) and part of the run configuration.
+        decimals: torch output: ``"refuse"`` decimal columns or give ``"float64"`` tensors.
 
     Raises:
         SourceNotFoundError, UnsupportedTableError, EmptySourceError, UnknownColumnError,
@@ -134,6 +144,10 @@ class LakeDataset(IterableDataset[Batch]):
         on_change: Literal["fail", "skip"] = "fail",
         min_segment_rows: int | None = None,
         refresh: Literal["epoch"] | None = None,
+        output: Literal["torch", "arrow"] = "torch",
+        nulls: Literal["refuse", "fill", "mask"] = "refuse",
+        decimals: Literal["refuse", "float64"] = "refuse",
+        filter: Any = None,
     ) -> None:
         super().__init__()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
@@ -143,9 +157,17 @@ class LakeDataset(IterableDataset[Batch]):
         self._requested_version = version
         self._requested_min_segment_rows = min_segment_rows
         self.snapshot: Snapshot = source.snapshot(version)
+        self.filter = filter
+        if filter is not None:
+            if follow or refresh is not None:
+                raise ValueError("filter= is decided when the snapshot is pinned; follow=True "
+                                 "and refresh='epoch' pin versions later and take no filter")
+            self.snapshot = filtered(self.snapshot, filter)
         if self.snapshot.rows == 0 and not follow:
             raise EmptySourceError(f"{self.snapshot.describe()} holds no rows; nothing to read")
         self.columns = _check_columns(self.snapshot, columns)
+        self.output, self.nulls, self.decimals = output, nulls, decimals
+        self._check_output()
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
@@ -184,6 +206,8 @@ class LakeDataset(IterableDataset[Batch]):
             "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns)}
         if self.refresh is not None:
             config["refresh"] = self.refresh
+        if self.filter is not None:
+            config["filter"] = str(self.filter)
         if self.follow is not None:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows,
                                 "on_change": self.follow.on_change,
@@ -274,10 +298,17 @@ class LakeDataset(IterableDataset[Batch]):
                                     refresh=self.refresh is not None)
         return True
 
+    def _check_output(self) -> None:
+        """Output, decimal and null policies decided up front (sources.nulls, reader.convert)."""
+        check_convertible(self.snapshot.describe(), self.snapshot.schema, self.columns,
+                          output=self.output, nulls=self.nulls, decimals=self.decimals)
+        check_nulls(self.snapshot, self.columns, self.nulls if self.output == "torch" else "fill")
+
     def _repin(self, version: int) -> None:
         self.snapshot = self.source.snapshot(version)
         self._row_reader = self.snapshot.row_reader()
         self.columns = _check_columns(self.snapshot, self.columns)
+        self._check_output()
         self.rounds = RoundSequence(self.source, self.snapshot, self.columns,
                                     epochs=self.epochs, follow=self.follow,
                                     refresh=self.refresh is not None)
@@ -489,7 +520,7 @@ class LakeDataset(IterableDataset[Batch]):
             own = self._own_round({index: rnd}, index)
             for table, position in self._batches(plan, units, cursor.slice_index, start):
                 cursor.epoch, cursor.position, cursor.rounds = index, position, own
-                batch = to_tensors(table)
+                batch = convert(table, self.output, self.nulls)
                 yield self.transform(batch) if self.transform is not None else batch
             index += 1
 

@@ -57,6 +57,8 @@ class DataFile:
         partition: (logical column, typed value) pairs stored in the metadata, not the file.
         row_group_rows: rows per row group as the footer said when pinned (set by
             :func:`units_from_files`; checked again before the rows are delivered).
+        null_counts: (logical column, nulls in the whole file) from the table metadata's
+            statistics, when it has them: the null policy then needs no footer read.
     """
 
     path: str
@@ -65,6 +67,7 @@ class DataFile:
     deletes: Deletes | None = None
     partition: tuple[tuple[str, Any], ...] = ()
     row_group_rows: tuple[int, ...] | None = None
+    null_counts: tuple[tuple[str, int], ...] | None = None
 
 
 class RowGroupReader:
@@ -127,7 +130,7 @@ class RowGroupReader:
                 "the file was rewritten in place")
         return table
 
-    def _handle(self, path: str, data_file: DataFile | None) -> Any:
+    def _handle(self, path: str, data_file: DataFile | None, keep: bool = True) -> Any:
         handle = self._handles.get(path)
         if handle is not None:
             return handle
@@ -145,7 +148,8 @@ class RowGroupReader:
             ) from exc
         if data_file is not None:
             _check_pinned(self.describe(), data_file, handle)
-        self._handles[path] = handle
+        if keep:
+            self._handles[path] = handle
         return handle
 
     def _logical(self, handle: Any, unit: Unit, data_file: DataFile | None,
@@ -154,12 +158,60 @@ class RowGroupReader:
         table: pa.Table = handle.file.read_row_group(unit.row_group, columns=columns)
         return table.select(columns)
 
+    def null_counts(self, units: Sequence[Unit], columns: Sequence[str]) -> dict[str, int]:
+        """Nulls of ``columns`` in the row groups of ``units`` (one data file), from footer
+        statistics where the file has them (deleted rows included), by reading otherwise.
+
+        Raises:
+            PinnedFileMissingError, SourceFileChangedError, DataFileError: as :meth:`read`.
+        """
+        if not units:
+            return {}
+        data_file = units[0].file if isinstance(units[0].file, DataFile) else None
+        counts: dict[str, int] = {}
+        known = dict(data_file.null_counts or ()) if data_file is not None else {}
+        whole = (data_file is not None and data_file.row_group_rows is not None
+                 and len(units) == len(data_file.row_group_rows))
+        if whole and all(c in known for c in columns):  # metadata statistics: no footer read
+            return {c: known[c] for c in columns}
+        handle = self._handle(units[0].path, data_file, keep=False)  # reads check again
+        meta = handle.file.metadata
+        for column in columns:
+            source = self._null_source(handle, data_file, column)
+            total = 0
+            for unit in units:
+                rows = handle.row_group_rows[unit.row_group]
+                if isinstance(source, int):
+                    total += rows if source else 0
+                    continue
+                stat = _leaf_null_count(meta.row_group(unit.row_group), source)
+                if stat is None:
+                    table = self._logical(handle, unit, data_file, [column])
+                    stat = table.column(column).null_count
+                total += stat
+            counts[column] = total
+        return counts
+
+    def _null_source(self, handle: Any, data_file: DataFile | None, column: str) -> str | int:
+        """Where ``column``'s nulls show in a file: the Parquet leaf path holding it, or 1 when
+        every row is null (the file lacks the column), 0 when none is."""
+        return column if column in handle.file.schema_arrow.names else 1
+
     def _keep(self, unit: Unit, data_file: DataFile, handle: Any) -> pa.Array:
         sizes = data_file.row_group_rows or handle.row_group_rows
         start = int(sum(sizes[: unit.row_group]))
         deletes = data_file.deletes
         assert deletes is not None
         return pa.array(deletes.keep(start, sizes[unit.row_group]))
+
+
+def _leaf_null_count(row_group: Any, path: str) -> int | None:
+    for j in range(row_group.num_columns):
+        chunk = row_group.column(j)
+        if chunk.path_in_schema == path:
+            stats = chunk.statistics
+            return int(stats.null_count) if stats is not None and stats.has_null_count else None
+    return None
 
 
 def _check_pinned(where: str, data_file: DataFile, handle: Any) -> None:
@@ -250,6 +302,12 @@ def units_from_files(
             f"{identity.describe()} at version {version}: data file {missing} is gone "
             "(vacuumed or expired?). Pin a newer version or restore the file."
         ) from exc
+    except (OSError, pa.ArrowException) as exc:
+        raise DataFileError(
+            f"{identity.describe()} at version {version}: cannot read the Parquet footer of "
+            f"data file {_failing(ordered)}: {type(exc).__name__}: {exc}. Check the file and "
+            "its permissions; restore it from a backup."
+        ) from exc
     units: list[Unit] = []
     for data_file, footer in zip(ordered, footers, strict=True):
         _check_row_count(identity, version, data_file, footer)
@@ -257,6 +315,16 @@ def units_from_files(
         live = _live_rows(identity, version, pinned)
         units.extend(Unit(pinned.path, i, n, pinned) for i, n in enumerate(live) if n)
     return tuple(units), {f.path: f.column_names for f in footers}
+
+
+def _failing(files: Sequence[DataFile]) -> str:
+    """Which file's footer fails (error path only: footers are read in a pool)."""
+    for f in files:
+        try:
+            read_footers([f.path], [f.size_bytes])
+        except (OSError, pa.ArrowException):
+            return f.path
+    return "(one of the snapshot's files)"
 
 
 def _live_rows(identity: TableIdentity, version: int, data_file: DataFile) -> list[int]:

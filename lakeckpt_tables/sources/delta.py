@@ -216,6 +216,14 @@ class DeltaRowGroupReader(RowGroupReader):
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+    def _null_source(self, handle: Any, data_file: DataFile | None, column: str) -> str | int:
+        if column in self.partitions:
+            values = dict(data_file.partition) if data_file is not None else {}
+            return 1 if values.get(column) is None else 0
+        physical = self._names(column)[0]
+        return physical if physical in handle.file.schema_arrow.names else 1
+
+
 def _reader(dt: Any, identity: TableIdentity, version: int,
             storage: Storage | None = None) -> DeltaRowGroupReader:
     fields = json.loads(dt.schema().to_json())["fields"]
@@ -253,6 +261,9 @@ def _data_files(dt: Any, root: str, reader: DeltaRowGroupReader) -> list[DataFil
     rows = adds.column("num_records").to_pylist() if "num_records" in adds.column_names else None
     parts = (adds.column("partition").to_pylist()
              if reader.partitions and "partition" in adds.column_names else None)
+    nulls = (adds.column("null_count").to_pylist() if "null_count" in adds.column_names
+             else [None] * len(paths))
+    logical = {reader._names(c)[0]: c for c in reader.schema.names}
     deletes = _deletion_vectors(dt)
     out = []
     for i, rel in enumerate(paths):
@@ -263,8 +274,11 @@ def _data_files(dt: Any, root: str, reader: DeltaRowGroupReader) -> list[DataFil
             raise TableMetadataError(
                 f"{reader.describe()}: the log gives data file {full} no value for partition "
                 f"column(s) {sorted(missing)}; the log is corrupt")
+        counts = tuple(sorted((logical[k], int(v)) for k, v in (nulls[i] or {}).items()
+                              if k in logical and isinstance(v, int)))
         out.append(DataFile(full, sizes[i], None if rows is None else rows[i],
-                            deletes.get(local_path_or_uri(full)), partition))
+                            deletes.get(local_path_or_uri(full)), partition,
+                            null_counts=counts or None))
     return out
 
 

@@ -143,7 +143,7 @@ class IcebergSource:
         pinned = int(snap_meta.snapshot_id)
         storage = iceberg_storage(table.metadata.location, table.io.properties)
         reader = _reader(table, identity, pinned, snap_meta, storage)
-        files = self._data_files(table, identity, pinned)
+        files = self._data_files(table, identity, pinned, reader.schema)
         units, _ = units_from_files(identity, pinned, files, storage)
         schema = _snapshot_schema(table, snap_meta)
         columns = {f.path: tuple(schema.names) for f in files}  # resolved by field id
@@ -182,7 +182,8 @@ class IcebergSource:
         """Snapshot ids are not ordered; only reaching ``until`` itself ends a follow."""
         return False
 
-    def _data_files(self, table: Any, identity: TableIdentity, pinned: int) -> list[DataFile]:
+    def _data_files(self, table: Any, identity: TableIdentity, pinned: int,
+                    schema: Any) -> list[DataFile]:
         """Data files of snapshot ``pinned`` with their deletes and identity-partition values."""
         where = f"{identity.describe()} at snapshot {pinned}"
         try:
@@ -194,7 +195,8 @@ class IcebergSource:
                 f"{where}: pyiceberg cannot plan its files: {type(exc).__name__}: {exc}"
             ) from exc
         read: dict[str, dict[str, Any]] = {}  # delete file -> {data file: positions}
-        return [_data_file(table, task, _positions(table, task, read, where)) for task in tasks]
+        return [_data_file(table, task, _positions(table, task, read, where), schema)
+                for task in tasks]
 
 
 class IcebergRowGroupReader(RowGroupReader):
@@ -247,6 +249,18 @@ class IcebergRowGroupReader(RowGroupReader):
         return result
 
 
+    def _null_source(self, handle: Any, data_file: DataFile | None, column: str) -> str | int:
+        from pyiceberg.io.pyarrow import pyarrow_to_schema
+
+        field_id = self.schema.find_field(column).field_id
+        file_schema = pyarrow_to_schema(handle.file.schema_arrow, self.name_mapping,
+                                        format_version=self.format_version)  # type: ignore[arg-type]
+        if field_id in file_schema.field_ids:
+            return str(file_schema.find_field(field_id).name)
+        identity = dict(data_file.partition) if data_file is not None else {}
+        return 0 if str(field_id) in identity else 1
+
+
 def _reader(table: Any, identity: TableIdentity, pinned: int, snap_meta: Any,
             storage: Storage | None = None) -> IcebergRowGroupReader:
     schema = table.schemas().get(snap_meta.schema_id, table.schema())
@@ -254,7 +268,7 @@ def _reader(table: Any, identity: TableIdentity, pinned: int, snap_meta: Any,
                                  int(table.metadata.format_version), storage)
 
 
-def _data_file(table: Any, task: Any, deletes: Deletes | None) -> DataFile:
+def _data_file(table: Any, task: Any, deletes: Deletes | None, schema: Any = None) -> DataFile:
     """A scan task's data file, with the values of its identity partitions by source field id
     (filled in when the file does not store the column)."""
     from pyiceberg.schema import build_position_accessors
@@ -270,8 +284,16 @@ def _data_file(table: Any, task: Any, deletes: Deletes | None) -> DataFile:
                 value = accessors[field.field_id].get(file.partition)
                 if value is not None:
                     partition.append((str(field.source_id), value))
+    schema = schema if schema is not None else table.schema()  # null counts by its names
+    counts = []
+    for field_id, count in (file.null_value_counts or {}).items():
+        try:
+            counts.append((schema.find_column_name(field_id), int(count)))
+        except ValueError:
+            continue
+    named = tuple(sorted((n, c) for n, c in counts if n is not None))
     return DataFile(local_path_or_uri(file.file_path), file.file_size_in_bytes,
-                    file.record_count, deletes, tuple(partition))
+                    file.record_count, deletes, tuple(partition), null_counts=named or None)
 
 
 def _positions(table: Any, task: Any, read: dict[str, dict[str, Any]],

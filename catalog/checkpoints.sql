@@ -14,9 +14,20 @@ retired AS (
     WHERE record = 'event' AND event = 'retired'
     GROUP BY ALL
 ),
-resumed AS (  -- (run, parent step, child step) of every checkpoint with a parent
-    SELECT c.run_id, p.step AS parent_step, c.step AS child_step
-    FROM ckpt c JOIN ckpt p ON p.run_id = c.run_id AND p.checkpoint_id = c.parent_id
+ordered AS (
+    SELECT run_id, checkpoint_id, step, parent_id,
+           lag(step) OVER (PARTITION BY run_id ORDER BY step) AS previous_step
+    FROM ckpt
+),
+jumps AS (  -- a checkpoint resumed from before its predecessor: the steps between were lost
+    SELECT o.run_id, p.step AS parent_step, o.step AS child_step
+    FROM ordered o JOIN ckpt p ON p.run_id = o.run_id AND p.checkpoint_id = o.parent_id
+    WHERE p.step < o.previous_step
+),
+abandoned AS (
+    SELECT DISTINCT c.run_id, c.checkpoint_id
+    FROM ckpt c JOIN jumps j
+      ON j.run_id = c.run_id AND j.parent_step < c.step AND c.step < j.child_step
 ),
 tagged AS (  -- tags given after the commit (`lakeckpt tag`): 'tag' events
     SELECT run_id, detail ->> '$.checkpoint_id' AS checkpoint_id,
@@ -35,9 +46,7 @@ SELECT c.run_id,
        c.checkpoint_id,
        c.step,
        CASE WHEN r.checkpoint_id IS NOT NULL THEN 'retired'
-            WHEN EXISTS (SELECT 1 FROM resumed x
-                         WHERE x.run_id = c.run_id AND x.parent_step < c.step
-                           AND c.step < x.child_step) THEN 'abandoned'
+            WHEN a.checkpoint_id IS NOT NULL THEN 'abandoned'
             ELSE 'committed' END                     AS status,
        r.reason                                      AS retired_reason,
        c.parent_id,
@@ -55,6 +64,7 @@ SELECT c.run_id,
        c.committed_at
 FROM ckpt c
 LEFT JOIN retired r USING (run_id, checkpoint_id)
+LEFT JOIN abandoned a USING (run_id, checkpoint_id)
 LEFT JOIN tagged t USING (run_id, checkpoint_id)
 LEFT JOIN consumed k USING (run_id, checkpoint_id)
 ORDER BY c.run_id, c.step;

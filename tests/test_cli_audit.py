@@ -239,3 +239,12 @@ def test_progress_plot_writes_a_png(root: tuple[Path, list[SimulatedRun]], tmp_p
     image = matplotlib.image.imread(str(out))
     assert image.shape[:2] == (450, 800)
     assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_progress_watch_shows_again_until_told_to_stop(root: tuple[Path, list[SimulatedRun]],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = root
+    code, out, _ = _run(["progress", str(path), "--watch", "0.01", "--times", "3", "--output",
+                         "csv"], capsys)
+    assert code == 0
+    assert out.count("run_id,segment,epoch") == 3

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pa_ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
@@ -27,7 +28,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 
-from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.errors import LedgerCorruptError, LedgerError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
@@ -55,9 +56,7 @@ class DeltaLedger(LedgerBase[AddAction]):
         self._uri = uri
         self._table = _open_or_create(uri, storage_options)
         _check_format(self._table, self.describe())
-        # Data files are written through delta-rs's own object store, so storage_options
-        # apply to them exactly as they do to the log.
-        self._fs = pa_fs.PyFileSystem(DeltaStorageHandler(uri, storage_options))
+        self._fs = _filesystem(uri, storage_options)
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -90,17 +89,41 @@ class DeltaLedger(LedgerBase[AddAction]):
         wanted = {s.RECORD: record, s.RUN_ID: run_id, s.CHECKPOINT_ID: checkpoint_id}
         conditions = [pc.field(name) == v for name, v in wanted.items() if v is not None]
         where = functools.reduce(operator.and_, conditions) if conditions else None
-        rows = self._table.to_pyarrow_dataset().to_table(filter=where)
+        paths = [_relative(uri, self._uri) for uri in self._table.file_uris()]
+        try:
+            rows = _dataset(paths, self._fs).to_table(filter=where)
+        except (OSError, pa.ArrowException) as e:
+            raise self._damaged(paths, e) from e
         return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+
+    def _damaged(self, paths: list[str], cause: Exception) -> LedgerCorruptError:
+        """The named error for a ledger file that cannot be read, found file by file."""
+        for path in paths:
+            try:
+                _dataset([path], self._fs).to_table()
+            except (OSError, pa.ArrowException) as e:
+                return LedgerCorruptError(
+                    f"ledger {self.describe()}: data file {self._uri}/{path} is missing, "
+                    f"truncated or damaged ({e}). The way out: move the file aside (keep it "
+                    f"for inspection) and run DeltaTable({self._uri!r}).repair(), which drops "
+                    "it from the log; its records are lost, and restore falls back to the "
+                    "newest checkpoint the ledger still holds"
+                )
+        return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
 
     def _last_step(self, run_id: str) -> int | None:
         # Each checkpoint commit sets the run's app transaction version to its step, and
-        # steps only grow, so the version is the run's last step: no data read needed.
+        # steps only grow (a retired step is committed again at most), so the version is the
+        # run's last step: no data read needed.
         return self._table.transaction_version(_app_id(run_id))
+
+    def _owner(self, run_id: str) -> str | None:
+        token = self._table.transaction_version(_owner_app_id(run_id))
+        return None if token is None else str(token)
 
     def _prepare(self, rows: pa.Table) -> AddAction:
         path = f"lakeckpt-{uuid.uuid4().hex}.parquet"
-        pq.write_table(rows, path, filesystem=self._fs)
+        pq.write_table(rows, path, filesystem=self._fs, write_page_checksum=True)
         return AddAction(
             path=path,
             size=self._fs.get_file_info(path).size,
@@ -111,15 +134,23 @@ class DeltaLedger(LedgerBase[AddAction]):
         )
 
     def _publish(
-        self, prepared: AddAction, *, run_id: str, checkpoint: CheckpointRecord | None
+        self,
+        prepared: AddAction,
+        *,
+        run_id: str,
+        checkpoint: CheckpointRecord | None,
+        owner: str | None = None,
     ) -> bool:
+        transactions = []
+        if checkpoint is not None:
+            transactions.append(Transaction(app_id=_app_id(run_id), version=checkpoint.step))
+        if owner is not None:
+            # a claim and an owned commit carry the same app id: delta-rs refuses to rebase
+            # one over the other, so the loser settles against the winner
+            transactions.append(Transaction(app_id=_owner_app_id(run_id), version=int(owner)))
         properties = CommitProperties(
             custom_metadata=_commit_info(run_id, checkpoint),
-            app_transactions=(
-                None
-                if checkpoint is None
-                else [Transaction(app_id=_app_id(run_id), version=checkpoint.step)]
-            ),
+            app_transactions=transactions or None,
         )
         try:
             self._table.create_write_transaction(
@@ -170,6 +201,36 @@ def _check_format(table: DeltaTable, where: str) -> None:
 
 def _app_id(run_id: str) -> str:
     return f"lakeckpt:{run_id}"
+
+
+def _owner_app_id(run_id: str) -> str:
+    return f"lakeckpt-owner:{run_id}"
+
+
+def _filesystem(uri: str, storage_options: dict[str, str] | None) -> pa_fs.FileSystem:
+    """The ledger directory as a pyarrow filesystem rooted at the table.
+
+    A local table gets pyarrow's own local filesystem; anything else goes through delta-rs's
+    object store, so storage_options apply to data files exactly as they do to the log.
+    """
+    if "://" not in uri or uri.startswith("file://"):
+        local = uri.removeprefix("file://")
+        return pa_fs.SubTreeFileSystem(local, pa_fs.LocalFileSystem())
+    return pa_fs.PyFileSystem(DeltaStorageHandler(uri, storage_options))
+
+
+def _relative(file_uri: str, table_uri: str) -> str:
+    """A data file's path relative to the table root, as the ledger's filesystem takes it."""
+    for root in (table_uri.rstrip("/"), f"file://{table_uri.rstrip('/')}"):
+        if file_uri.startswith(root + "/"):
+            return file_uri[len(root) + 1:]
+    return file_uri
+
+
+def _dataset(paths: list[str], fs: pa_fs.FileSystem) -> pa_ds.Dataset:
+    options = pa_ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+    return pa_ds.dataset(paths, schema=s.LEDGER_SCHEMA, filesystem=fs,
+                         format=pa_ds.ParquetFileFormat(default_fragment_scan_options=options))
 
 
 def _commit_info(run_id: str, checkpoint: CheckpointRecord | None) -> dict[str, object]:

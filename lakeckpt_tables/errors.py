@@ -9,13 +9,16 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "CheckpointIntegrityError",
+    "CheckpointWriteError",
     "CommitConflictError",
     "CommitStateUnknownError",
     "EmptySourceError",
     "LakeckptError",
+    "LedgerCorruptError",
     "LedgerError",
     "PinnedFileMissingError",
     "RowCountMismatchError",
+    "RunFencedError",
     "SourceChangedError",
     "SourceNotFoundError",
     "StateMismatchError",
@@ -79,3 +82,15 @@ class CheckpointError(LakeckptError):
 
 class CheckpointIntegrityError(CheckpointError):
     """A checkpoint's files do not match the checksums recorded in the ledger."""
+
+
+class RunFencedError(CommitConflictError):
+    """Another job restored (took over) the run: this job may no longer commit to it."""
+
+
+class LedgerCorruptError(LedgerError):
+    """A ledger file is missing, truncated or damaged, or a record fails its checksum."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint's files failed (disk full, permissions...); nothing was committed."""

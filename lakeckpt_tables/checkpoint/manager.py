@@ -79,6 +79,7 @@ LR_SCHEDULER = "lr_scheduler"
 EXTRA = "extra"
 _METADATA = ".metadata"
 _UNKNOWN_OUTCOME_TRIES = 3
+_CLAIM_TRIES = 3
 
 
 def _rank_key(rank: int) -> str:
@@ -438,10 +439,7 @@ class CheckpointManager:
         self.wait()
         choice: Any = None
         if self.world.rank == 0:
-            try:
-                choice = self._choose(step, tag)
-            except errors.LakeckptError as exc:
-                choice = exc
+            choice = self._choose_and_claim(step, tag)
         choice = self.world.broadcast(choice)
         if isinstance(choice, errors.LakeckptError):
             raise choice
@@ -461,6 +459,21 @@ class CheckpointManager:
             self._baseline = state
         self._head = record
         return record.step
+
+    def _choose_and_claim(self, step: int | None, tag: str | None) -> Any:
+        """Rank 0: :meth:`_choose`, again if another job committed to the run meanwhile."""
+        for attempt in range(_CLAIM_TRIES):
+            try:
+                return self._choose(step, tag)
+            except errors.RunFencedError as exc:
+                return exc
+            except errors.CommitConflictError as exc:
+                if attempt + 1 == _CLAIM_TRIES:
+                    return exc
+                log.warning("run %s: %s", self.run_id, exc)
+            except errors.LakeckptError as exc:
+                return exc
+        raise AssertionError("unreachable")
 
     def _choose(self, step: int | None,
                 tag: str | None) -> CheckpointRecord | tuple[str, str] | None:
@@ -493,7 +506,8 @@ class CheckpointManager:
                 continue
             problems = verify_manifest(path, record.manifest)
             if not problems:
-                self._claim(record, newest, skipped, scan)
+                self._claim(record, newest, skipped, scan,
+                            explicit=step is not None or tag is not None)
                 return record
             log.warning("checkpoint %s (step %d) of run %s fails verification: %s",
                         record.checkpoint_id, record.step, self.run_id, "; ".join(problems))
@@ -514,7 +528,7 @@ class CheckpointManager:
                 f"{' | '.join(detail)}")
 
     def _claim(self, chosen: CheckpointRecord, newest: int | None,
-               skipped: list[dict[str, Any]], scan: RunScan) -> None:
+               skipped: list[dict[str, Any]], scan: RunScan, *, explicit: bool) -> None:
         """Rank 0: one ledger commit that retires what restore skipped, records the restore
         and makes this job the run's one writer (the previous job is fenced)."""
         assert self.ledger is not None
@@ -537,7 +551,8 @@ class CheckpointManager:
             "checkpoint_id": chosen.checkpoint_id, "step": chosen.step,
             "newest_step": newest_step, "steps_lost": newest_step - chosen.step,
             "owner": self.owner}))
-        self.ledger.claim(self.run_id, self.owner, events)
+        self.ledger.claim(self.run_id, self.owner, events, head=chosen.checkpoint_id,
+                          check_head=not explicit)
 
     def _load_files(self, record: CheckpointRecord, model: Any, optimizer: Any,
                     lr_scheduler: Any, extra: dict[str, Any] | None) -> None:

@@ -140,8 +140,17 @@ class Ledger(Protocol):
         """
         ...
 
-    def claim(self, run_id: str, owner: str, events: Sequence[LedgerEvent] = ()) -> None:
-        """Make ``owner`` the run's one writer, recording ``events`` in the same commit."""
+    def claim(
+        self,
+        run_id: str,
+        owner: str,
+        events: Sequence[LedgerEvent] = (),
+        *,
+        head: str | None = None,
+        check_head: bool = True,
+    ) -> None:
+        """Make ``owner`` the run's one writer, recording ``events`` in the same commit; it
+        lands only while ``head`` is the run's newest checkpoint (unless not ``check_head``)."""
         ...
 
     def scan(self, run_id: str) -> RunScan:
@@ -290,20 +299,48 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 return stored
             return record
 
-    def claim(self, run_id: str, owner: str, events: Sequence[LedgerEvent] = ()) -> None:
+    def claim(
+        self,
+        run_id: str,
+        owner: str,
+        events: Sequence[LedgerEvent] = (),
+        *,
+        head: str | None = None,
+        check_head: bool = True,
+    ) -> None:
         """Make ``owner`` the run's one writer (fencing every other job), with ``events``.
 
+        Args:
+            run_id: the run.
+            owner: the claiming job's token.
+            events: recorded in the same commit (the restore, retirements...).
+            head: the checkpoint the claimer restores; the claim lands only while it is the
+                run's newest (after the retirements in ``events``).
+            check_head: False when restoring an older checkpoint on purpose (by step or tag):
+                the claim lands anyway, and commits building on it are refused.
+
         Raises:
-            CommitConflictError: the claim kept losing to concurrent commits of the run.
+            CommitConflictError: the run's newest checkpoint is not ``head`` any more (another
+                job committed meanwhile: choose again), or the claim kept losing races.
             CommitStateUnknownError: the claim may or may not have landed.
         """
+        retiring = {e.detail["checkpoint_id"] for e in events if e.event == EVENT_RETIRED}
         with self._lock:
-            self._refresh()
             prepared = self._prepare(event_rows(run_id, events, now_utc(), owner=owner))
             for _ in range(COMMIT_ATTEMPTS):
+                self._refresh()
+                committed = [c for c in self._scan(run_id).committed
+                             if c.checkpoint_id not in retiring]
+                newest = committed[-1].checkpoint_id if committed else None
+                if check_head and newest != head:
+                    self._discard(prepared)
+                    raise CommitConflictError(
+                        f"ledger {self.describe()}: run {run_id!r} moved on while job {owner} "
+                        f"was restoring checkpoint {head!r} (its newest is now {newest!r}); "
+                        "restore again"
+                    )
                 if self._publish(prepared, run_id=run_id, checkpoint=None, owner=owner):
                     return
-                self._refresh()
             self._discard(prepared)
             raise CommitConflictError(
                 f"ledger {self.describe()}: job {owner} could not take over run {run_id!r}: "
@@ -320,14 +357,16 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         if not events:
             return
         with self._lock:
-            self._refresh()
             prepared = self._prepare(event_rows(run_id, events, now_utc()))
-            if not self._publish(prepared, run_id=run_id, checkpoint=None):
-                self._discard(prepared)
-                raise CommitConflictError(
-                    f"ledger {self.describe()}: events of run {run_id!r} were not recorded: "
-                    "the commit lost to concurrent commits; record them again"
-                )
+            for _ in range(COMMIT_ATTEMPTS):
+                self._refresh()
+                if self._publish(prepared, run_id=run_id, checkpoint=None):
+                    return
+            self._discard(prepared)
+            raise CommitConflictError(
+                f"ledger {self.describe()}: events of run {run_id!r} were not recorded: the "
+                f"commit lost {COMMIT_ATTEMPTS} races to concurrent commits; record them again"
+            )
 
     def scan(self, run_id: str) -> RunScan:
         """The run's committed, retired and damaged checkpoints, from the newest snapshot.

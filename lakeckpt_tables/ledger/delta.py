@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import operator
+import os
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -28,12 +30,14 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 
-from lakeckpt_tables.errors import LedgerCorruptError, LedgerError
+from lakeckpt_tables.errors import CommitStateUnknownError, LedgerCorruptError, LedgerError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
 
 __all__ = ["DeltaLedger"]
+
+log = logging.getLogger(__name__)
 
 # Columns given min/max statistics in each add action, so that readers filtering on a run or
 # a kind of record can skip files. numRecords is there because without it count() undercounts.
@@ -56,23 +60,47 @@ class DeltaLedger(LedgerBase[AddAction]):
         self._uri = uri
         self._table = _open_or_create(uri, storage_options)
         _check_format(self._table, self.describe())
-        self._fs = _filesystem(uri, storage_options)
+        self._fs, self._base = _filesystem(uri, storage_options)
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
         return f"delta:{self._uri}"
 
     def compact(self) -> None:
-        """Rewrite small files into large ones and checkpoint the log.
+        """Rewrite the ledger's files into one and checkpoint the log.
 
-        OPTIMIZE only rearranges rows (its commit has ``dataChange=false``), so concurrent
-        ledger commits are not disturbed and every row stays; the replaced files stay on disk
-        until a VACUUM.
+        NOTE [ delta ledger compaction ]
+        delta-rs's OPTIMIZE lets two concurrent compactions that remove the same files both
+        land (each adds its own rewritten copy: every row twice), and it ignores app
+        transactions. So the rewrite is an overwrite of exactly the snapshot read, which
+        delta-rs's conflict checker refuses if anything was committed since: of two
+        concurrent compactions the second gives way, and a compaction racing a ledger commit
+        either gives way or makes that commit lose its race and settle again. No row is ever
+        lost or doubled. The replaced files stay on disk until a VACUUM.
+
+        Raises:
+            LedgerCorruptError: a ledger file cannot be read (nothing was changed).
+            CommitStateUnknownError: the rewrite may or may not have landed.
         """
         with self._lock:
             self._table.update_incremental()
-            self._table.optimize.compact()
-            self._table.update_incremental()
+            if len(self._table.file_uris()) > 1:
+                prepared = self._prepare(self._read(), data_change=False)
+                properties = CommitProperties(custom_metadata={COMPACTION_PROPERTY: "true"})
+                try:
+                    self._table.create_write_transaction(
+                        [prepared], mode="overwrite", schema=s.LEDGER_SCHEMA,
+                        commit_properties=properties)
+                except CommitFailedError:
+                    self._discard(prepared)
+                    log.info("ledger %s: a concurrent commit won over compaction; giving way",
+                             self.describe())
+                    return
+                except (DeltaError, OSError) as e:
+                    raise CommitStateUnknownError(
+                        f"ledger {self.describe()}: the compaction may or may not have landed "
+                        f"({e}); its rows are the same either way, compact again later") from e
+                self._table.update_incremental()
             self._table.create_checkpoint()
 
     def _refresh(self) -> None:
@@ -89,7 +117,7 @@ class DeltaLedger(LedgerBase[AddAction]):
         wanted = {s.RECORD: record, s.RUN_ID: run_id, s.CHECKPOINT_ID: checkpoint_id}
         conditions = [pc.field(name) == v for name, v in wanted.items() if v is not None]
         where = functools.reduce(operator.and_, conditions) if conditions else None
-        paths = [_relative(uri, self._uri) for uri in self._table.file_uris()]
+        paths = [self._path(uri) for uri in self._table.file_uris()]
         try:
             rows = _dataset(paths, self._fs).to_table(filter=where)
         except (OSError, pa.ArrowException) as e:
@@ -103,13 +131,20 @@ class DeltaLedger(LedgerBase[AddAction]):
                 _dataset([path], self._fs).to_table()
             except (OSError, pa.ArrowException) as e:
                 return LedgerCorruptError(
-                    f"ledger {self.describe()}: data file {self._uri}/{path} is missing, "
-                    f"truncated or damaged ({e}). The way out: move the file aside (keep it "
-                    f"for inspection) and run DeltaTable({self._uri!r}).repair(), which drops "
-                    "it from the log; its records are lost, and restore falls back to the "
-                    "newest checkpoint the ledger still holds"
+                    f"ledger {self.describe()}: data file {path} is missing, truncated or "
+                    f"damaged ({' '.join(str(e).split())}). The way out: move the file aside "
+                    f"(keep it for inspection) and run DeltaTable({self._uri!r}).repair(), "
+                    "which drops it from the log; its records are lost, and restore falls "
+                    "back to the newest checkpoint the ledger still holds"
                 )
         return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
+
+    def _path(self, file_uri: str) -> str:
+        """A data file as the ledger's filesystem names it."""
+        if self._base:  # local: absolute paths
+            return file_uri.removeprefix("file://")
+        root = self._uri.rstrip("/") + "/"
+        return file_uri[len(root):] if file_uri.startswith(root) else file_uri
 
     def _last_step(self, run_id: str) -> int | None:
         # Each checkpoint commit sets the run's app transaction version to its step, and
@@ -121,15 +156,16 @@ class DeltaLedger(LedgerBase[AddAction]):
         token = self._table.transaction_version(_owner_app_id(run_id))
         return None if token is None else str(token)
 
-    def _prepare(self, rows: pa.Table) -> AddAction:
+    def _prepare(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
         path = f"lakeckpt-{uuid.uuid4().hex}.parquet"
-        pq.write_table(rows, path, filesystem=self._fs, write_page_checksum=True)
+        where = f"{self._base}/{path}" if self._base else path
+        pq.write_table(rows, where, filesystem=self._fs, write_page_checksum=True)
         return AddAction(
             path=path,
-            size=self._fs.get_file_info(path).size,
+            size=self._fs.get_file_info(where).size,
             partition_values={},
             modification_time=int(time.time() * 1000),
-            data_change=True,
+            data_change=data_change,
             stats=_stats(rows),
         )
 
@@ -167,7 +203,7 @@ class DeltaLedger(LedgerBase[AddAction]):
     def _discard(self, prepared: AddAction) -> None:
         # A file we fail to delete is an orphan, which maintenance removes.
         with contextlib.suppress(OSError):
-            self._fs.delete_file(prepared.path)
+            self._fs.delete_file(f"{self._base}/{prepared.path}" if self._base else prepared.path)
 
 
 def _open_or_create(uri: str, storage_options: dict[str, str] | None) -> DeltaTable:
@@ -199,6 +235,10 @@ def _check_format(table: DeltaTable, where: str) -> None:
         )
 
 
+COMPACTION_PROPERTY = "lakeckpt.compaction"
+"""Commit metadata key marking the rewrite made by :meth:`DeltaLedger.compact`."""
+
+
 def _app_id(run_id: str) -> str:
     return f"lakeckpt:{run_id}"
 
@@ -207,24 +247,16 @@ def _owner_app_id(run_id: str) -> str:
     return f"lakeckpt-owner:{run_id}"
 
 
-def _filesystem(uri: str, storage_options: dict[str, str] | None) -> pa_fs.FileSystem:
-    """The ledger directory as a pyarrow filesystem rooted at the table.
+def _filesystem(uri: str, storage_options: dict[str, str] | None) -> tuple[pa_fs.FileSystem, str]:
+    """The filesystem holding the ledger's data files, and the table's path in it.
 
-    A local table gets pyarrow's own local filesystem; anything else goes through delta-rs's
-    object store, so storage_options apply to data files exactly as they do to the log.
+    A local table gets pyarrow's own local filesystem and its absolute path; anything else goes
+    through delta-rs's object store rooted at the table (path ``""``), so storage_options apply
+    to data files exactly as they do to the log.
     """
     if "://" not in uri or uri.startswith("file://"):
-        local = uri.removeprefix("file://")
-        return pa_fs.SubTreeFileSystem(local, pa_fs.LocalFileSystem())
-    return pa_fs.PyFileSystem(DeltaStorageHandler(uri, storage_options))
-
-
-def _relative(file_uri: str, table_uri: str) -> str:
-    """A data file's path relative to the table root, as the ledger's filesystem takes it."""
-    for root in (table_uri.rstrip("/"), f"file://{table_uri.rstrip('/')}"):
-        if file_uri.startswith(root + "/"):
-            return file_uri[len(root) + 1:]
-    return file_uri
+        return pa_fs.LocalFileSystem(), os.path.abspath(uri.removeprefix("file://"))
+    return pa_fs.PyFileSystem(DeltaStorageHandler(uri, storage_options)), ""
 
 
 def _dataset(paths: list[str], fs: pa_fs.FileSystem) -> pa_ds.Dataset:

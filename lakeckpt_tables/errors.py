@@ -10,16 +10,19 @@ __all__ = [
     "AuditError",
     "CheckpointError",
     "CheckpointIntegrityError",
+    "CheckpointWriteError",
     "CommitConflictError",
     "CommitStateUnknownError",
     "DataFileError",
     "EmptySourceError",
     "FilterError",
     "LakeckptError",
+    "LedgerCorruptError",
     "LedgerError",
     "NullValuesError",
     "PinnedFileMissingError",
     "RowCountMismatchError",
+    "RunFencedError",
     "SourceChangedError",
     "SourceFileChangedError",
     "SourceNotFoundError",
@@ -124,3 +127,15 @@ class NullValuesError(UnsupportedTableError):
 
 class FilterError(LakeckptError):
     """A row filter cannot be evaluated on the table (unknown column, not a boolean)."""
+
+
+class RunFencedError(CommitConflictError):
+    """Another job restored (took over) the run: this job may no longer commit to it."""
+
+
+class LedgerCorruptError(LedgerError):
+    """A ledger file is missing, truncated or damaged, or a record fails its checksum."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint's files failed (disk full, permissions...); nothing was committed."""

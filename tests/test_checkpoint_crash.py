@@ -131,6 +131,7 @@ def test_a_crash_at_any_protocol_point_leaves_the_previous_or_the_new_checkpoint
     assert len({r.step for r in final}) == len(final), "a step committed twice"
 
 
+@pytest.mark.timeout(400)  # several torchrun jobs, each ~30 s on 2 busy cores
 def test_a_two_rank_torchrun_job_killed_twice_equals_the_failure_free_run(
         table: Path, tmp_path: Path) -> None:
     # 600 rows over 2 ranks at batch 32: 10 steps; checkpoints at 3, 6, 9
@@ -146,6 +147,7 @@ def test_a_two_rank_torchrun_job_killed_twice_equals_the_failure_free_run(
     _assert_ledger_exactly_once(root, table)
 
 
+@pytest.mark.timeout(400)  # several torchrun jobs, each ~30 s on 2 busy cores
 def test_a_three_rank_job_resumed_at_two_ranks_trains_every_row_exactly_once(
         table: Path, tmp_path: Path) -> None:
     root, out = tmp_path / "ckpt", tmp_path / "out"
@@ -158,6 +160,7 @@ def test_a_three_rank_job_resumed_at_two_ranks_trains_every_row_exactly_once(
     _assert_ledger_exactly_once(root, table)
 
 
+@pytest.mark.timeout(400)  # several torchrun jobs, each ~30 s on 2 busy cores
 def test_a_rank_crashing_mid_write_under_torchrun_aborts_the_checkpoint(
         table: Path, tmp_path: Path) -> None:
     ref = tmp_path / "ref"

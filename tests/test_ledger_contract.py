@@ -383,8 +383,9 @@ def _settle_in_lockstep(monkeypatch: pytest.MonkeyPatch, ledgers: list[Ledger]) 
         real = handle._settle  # type: ignore[attr-defined]
         calls = iter(range(1_000))
 
-        def gated(record: CheckpointRecord, real: Any = real, calls: Any = calls) -> Any:
-            result = real(record)
+        def gated(record: CheckpointRecord, owner: str | None = None, real: Any = real,
+                  calls: Any = calls) -> Any:
+            result = real(record, owner)
             if next(calls) == 0:
                 barrier.wait()
             return result
@@ -460,9 +461,9 @@ def test_committers_of_different_runs_race_and_both_land(
 def test_a_ledger_of_another_format_version_is_refused_naming_both_versions(
     backend: Backend, ledger: Ledger
 ) -> None:
-    backend.stamp_format("2")
+    backend.stamp_format("1")
     with pytest.raises(
-        LedgerError, match=rf"format version 2, .* format version {LEDGER_FORMAT_VERSION}"
+        LedgerError, match=rf"format version 1, .* format version {LEDGER_FORMAT_VERSION}"
     ):
         backend.open()
 

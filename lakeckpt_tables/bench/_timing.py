@@ -71,9 +71,10 @@ class TimedManager(CheckpointManager):
             real = self.ledger.commit
 
             def timed_commit(checkpoint: CheckpointRecord, consumption: Sequence[Any] = (),
-                             events: Sequence[Any] = ()) -> CheckpointRecord:
+                             events: Sequence[Any] = (), *,
+                             owner: str | None = None) -> CheckpointRecord:
                 t0 = clock()
-                out = real(checkpoint, consumption, events)
+                out = real(checkpoint, consumption, events, owner=owner)
                 self.timings["ledger_commit"].append(clock() - t0)
                 self.records.append(len(consumption))
                 return out

@@ -42,10 +42,15 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from lakeckpt_tables import errors
 from lakeckpt_tables.audit import registry
+from lakeckpt_tables.checkpoint._failures import (
+    WRITE_FAILURES,
+    describe_failure,
+    is_write_failure,
+)
 from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
-from lakeckpt_tables.errors import CheckpointError, StateMismatchError
+from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError, StateMismatchError
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import (
     CheckpointRecord,
@@ -54,6 +59,7 @@ from lakeckpt_tables.ledger import (
     LedgerEvent,
     open_ledger,
 )
+from lakeckpt_tables.ledger.base import EVENT_RETIRED, RunScan
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.reader.state import (
     ReaderState,
@@ -72,6 +78,8 @@ OPTIMIZER = "optimizer"
 LR_SCHEDULER = "lr_scheduler"
 EXTRA = "extra"
 _METADATA = ".metadata"
+_UNKNOWN_OUTCOME_TRIES = 3
+_CLAIM_TRIES = 3
 
 
 def _rank_key(rank: int) -> str:
@@ -100,7 +108,7 @@ class _Prepared:
 
     ok: bool
     error: str = ""
-    error_type: str = ""
+    write: bool = False  # the failure is the storage's (disk full...)
     manifest: dict[str, Any] = field(default_factory=dict)
     reader: dict[str, Any] | None = None
     consumed: list[ConsumptionRecord] = field(default_factory=list)
@@ -173,8 +181,11 @@ class CheckpointManager:
         self._registration = registry.for_manager(self, config) if self.ledger else None
         self._started = time.monotonic()
         self._baseline: ReaderState | None = None
-        self._parent: str | None = None
+        self._head: CheckpointRecord | None = None  # what this job committed or restored last
         self._pending: _Attempt | None = None
+        # This job's token as the run's one writer (NOTE [ one writer per run ] in
+        # ledger/base.py); 62 bits, so that Delta can keep it as an app transaction version.
+        self.owner = self.world.broadcast(str(uuid.uuid4().int >> 66))
 
     # --------------------------------------------------------------------------- save
 
@@ -228,7 +239,7 @@ class CheckpointManager:
             try:
                 attempt.future.result()
                 attempt.prepared.manifest = self._checksums(attempt.location)
-            except Exception as exc:  # reported to every rank by the commit phase
+            except WRITE_FAILURES as exc:  # reported to every rank by the commit phase
                 attempt.prepared = _failed(exc)
         return self._commit(attempt)
 
@@ -253,8 +264,9 @@ class CheckpointManager:
             crash_point("prepare:after_write", rank)
             return _Prepared(True, manifest=manifest, reader=reader, consumed=consumed,
                              events=events), None
-        except Exception as exc:
-            log.exception("rank %d failed to prepare checkpoint %s", rank, location)
+        except WRITE_FAILURES as exc:  # DCP's CheckpointException is a BaseException
+            log.error("rank %d failed to prepare checkpoint %s: %s", rank, location,
+                      describe_failure(exc))
             return _failed(exc), None
 
     def _capture_reader(self, dataloader: Any) -> tuple[
@@ -277,8 +289,7 @@ class CheckpointManager:
         if model is not None:
             state[MODEL] = get_model_state_dict(model)
         if optimizer is not None:
-            if model is None:
-                raise CheckpointError("saving an optimizer needs its model (model=...)")
+            _check_optimizer(model, optimizer, self.run_id)
             state[OPTIMIZER] = get_optimizer_state_dict(model, optimizer)
         if lr_scheduler is not None:
             state[LR_SCHEDULER] = lr_scheduler.state_dict()
@@ -296,45 +307,96 @@ class CheckpointManager:
 
     def _commit(self, attempt: _Attempt) -> CheckpointRecord:
         reports = self.world.gather(attempt.prepared)
-        outcome: tuple[str, Any] = ("abort", ("CheckpointError", "no outcome"))
+        outcome: CheckpointRecord | errors.LakeckptError = CheckpointError("no outcome")
         if self.world.rank == 0:
             outcome = self._decide(attempt, reports)
+        # errors cross ranks as typed values: every rank raises the same exception
         outcome = self.world.broadcast(outcome)
-        if outcome[0] != "ok":
-            error_type, message = outcome[1]
-            raise getattr(errors, error_type, CheckpointError)(message)
-        record: CheckpointRecord = outcome[1]
+        if isinstance(outcome, errors.LakeckptError):
+            raise outcome
+        record = outcome
         self._baseline = ReaderState.from_dict(decode_state(record.reader_state)) \
             if record.reader_state else self._baseline
-        self._parent = record.checkpoint_id
+        self._head = record
         if self.world.rank == 0:
             self._committed(record)
         return record
 
-    def _decide(self, attempt: _Attempt, reports: list[_Prepared]) -> tuple[str, Any]:
+    def _decide(self, attempt: _Attempt,
+                reports: list[_Prepared]) -> CheckpointRecord | errors.LakeckptError:
         """Rank 0: commit if every rank prepared (the commit point), else abort."""
         failed = [(r, p) for r, p in enumerate(reports) if not p.ok]
         if failed:
-            self.storage.delete(attempt.location)
+            self._remove(attempt.location)
             detail = "; ".join(f"rank {r}: {p.error}" for r, p in failed)
-            return "abort", ("CheckpointError",
-                             f"checkpoint of run {self.run_id} at step {attempt.step} aborted, "
-                             f"nothing was committed: {detail}")
+            kind = CheckpointWriteError if any(p.write for _, p in failed) else CheckpointError
+            return kind(f"checkpoint of run {self.run_id} at step {attempt.step} under "
+                        f"{self.root} was not saved, nothing was committed: {detail}")
         try:
             record, consumption = self._records(attempt, reports)
+            if self._head is not None and self._head.step == attempt.step:
+                return self._same_step(attempt, record)
             crash_point("commit:before", 0)
-            assert self.ledger is not None
             # rank 0's reader sees the same follow segments as every rank (they are derived
             # from the commit log alone), so its events speak for all
-            committed = self.ledger.commit(record, consumption, reports[0].events)
+            committed = self._ledger_commit(record, consumption, reports[0].events)
             crash_point("commit:after", 0)
-            return "ok", committed
+            return committed
+        except errors.CommitStateUnknownError as exc:
+            # a landed commit may name the files: they stay, gc decides later from the ledger
+            return exc
+        except errors.CommitConflictError as exc:
+            self._remove(attempt.location)  # certainly not landed: nothing names the files
+            return exc
         except errors.LakeckptError as exc:
-            return "abort", (type(exc).__name__, str(exc))
+            self._remove(attempt.location)
+            return exc
         except Exception as exc:
             log.exception("ledger commit of run %s step %d failed", self.run_id, attempt.step)
-            return "abort", ("CheckpointError", f"ledger commit of run {self.run_id} step "
-                                                f"{attempt.step} failed: {exc!r}")
+            return CheckpointError(f"ledger commit of run {self.run_id} step {attempt.step} "
+                                   f"failed: {describe_failure(exc)}")
+
+    def _same_step(self, attempt: _Attempt,
+                   record: CheckpointRecord) -> CheckpointRecord | errors.LakeckptError:
+        """A second save at the step this job committed (or restored) last.
+
+        The common "final save after the loop" at a step the loop already saved: the same
+        content (model files byte for byte, reader state) is that checkpoint, returned as
+        committed; other content at a committed step is a conflict.
+        """
+        head = self._head
+        assert head is not None
+        self._remove(attempt.location)
+        if (head.reader_state == record.reader_state
+                and _data_files(head.manifest) == _data_files(record.manifest)):
+            log.info("run %s: step %d is already committed with the same content as "
+                     "checkpoint %s", self.run_id, head.step, head.checkpoint_id)
+            return head
+        return errors.CommitConflictError(
+            f"run {self.run_id} step {attempt.step} is already committed as checkpoint "
+            f"{head.checkpoint_id} with other content (the model, optimizer or reader state "
+            "changed since); save it under a later step")
+
+    def _ledger_commit(self, record: CheckpointRecord, consumption: list[ConsumptionRecord],
+                       events: list[LedgerEvent]) -> CheckpointRecord:
+        """Commit, asking again after an unknown outcome: the ledger's settle step reads the
+        log (the run's app transaction, the snapshot summaries) and returns the stored record
+        if the first try landed."""
+        assert self.ledger is not None
+        for attempt in range(_UNKNOWN_OUTCOME_TRIES):
+            try:
+                return self.ledger.commit(record, consumption, events, owner=self.owner)
+            except errors.CommitStateUnknownError as exc:
+                if attempt + 1 == _UNKNOWN_OUTCOME_TRIES:
+                    raise
+                log.warning("run %s step %d: %s; asking the ledger again", self.run_id,
+                            record.step, exc)
+                time.sleep(0.2 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _remove(self, location: str) -> None:
+        """Delete a checkpoint directory (one nobody names, or one retention lets go)."""
+        self.storage.delete(location)
 
     def _records(self, attempt: _Attempt,
                  reports: list[_Prepared]) -> tuple[CheckpointRecord, list[ConsumptionRecord]]:
@@ -349,7 +411,8 @@ class CheckpointManager:
         consumption = [c for report in reports for c in report.consumed]
         record = CheckpointRecord(
             run_id=self.run_id, checkpoint_id=attempt.checkpoint_id, step=attempt.step,
-            parent_id=self._parent, model_location=attempt.location, manifest=manifest,
+            parent_id=self._head.checkpoint_id if self._head is not None else None,
+            model_location=attempt.location, manifest=manifest,
             reader_state=encode_state(reader) if reader is not None else "",
             source=None if reader is None else reader.table,
             source_version=None if reader is None else reader.version,
@@ -384,7 +447,12 @@ class CheckpointManager:
             StateMismatchError: the checkpoint's reader state is of another table or config.
         """
         self.wait()
-        choice = self.world.broadcast(self._choose(step, tag) if self.world.rank == 0 else None)
+        choice: Any = None
+        if self.world.rank == 0:
+            choice = self._choose_and_claim(step, tag)
+        choice = self.world.broadcast(choice)
+        if isinstance(choice, errors.LakeckptError):
+            raise choice
         if isinstance(choice, tuple):
             raise CheckpointError(choice[1])
         if choice is None:
@@ -401,49 +469,101 @@ class CheckpointManager:
             state = ReaderState.from_dict(decode_state(record.reader_state))
             _lake_dataset(dataloader).load_state_dict(state.to_dict())
             self._baseline = state
-        self._parent = record.checkpoint_id
+        self._head = record
         return record.step
+
+    def _choose_and_claim(self, step: int | None, tag: str | None) -> Any:
+        """Rank 0: :meth:`_choose`, again if another job committed to the run meanwhile."""
+        for attempt in range(_CLAIM_TRIES):
+            try:
+                return self._choose(step, tag)
+            except errors.RunFencedError as exc:
+                return exc
+            except errors.CommitConflictError as exc:
+                if attempt + 1 == _CLAIM_TRIES:
+                    return exc
+                log.warning("run %s: %s", self.run_id, exc)
+            except errors.LakeckptError as exc:
+                return exc
+        raise AssertionError("unreachable")
 
     def _choose(self, step: int | None,
                 tag: str | None) -> CheckpointRecord | tuple[str, str] | None:
+        """Rank 0: the checkpoint to restore, or ("error", message), or None (fresh run).
+
+        Checkpoints that fail verification on the way down (and records that fail their
+        checksum) are retired in the same ledger commit that makes this job the run's owner
+        and records the restore (NOTE [ retired and damaged records ] in ledger/base.py).
+        """
         assert self.ledger is not None
         self._run_cache = None
-        records = [r for r in self._run_records()
+        scan = self.ledger.scan(self.run_id)
+        records = [r for r in scan.committed
                    if (step is None or r.step == step) and (tag is None or tag in r.tags)]
+        newest = max([r.step for r in scan.committed] + [d.step for d in scan.damaged],
+                     default=None)
         if not records:
-            if step is None and tag is None:
+            if step is None and tag is None and not scan.damaged:
                 return None
+            if step is None and tag is None:
+                return "error", self._none_restorable([], [], scan)
             return "error", (f"run {self.run_id} has no committed checkpoint with step={step} "
                              f"tag={tag} in {self.ledger.describe()}")
         skipped: list[dict[str, Any]] = []
-        retired = []
+        removed = []
         for record in reversed(records):
             if not self.storage.exists(record.model_location):
-                retired.append(record.step)  # model files removed by retention or gc
+                removed.append(record.step)  # model files removed by retention or gc
                 continue
             problems = self.storage.verify(record.model_location, record.manifest)
             if not problems:
-                if skipped:
-                    self._record_fallback(record, skipped)
+                self._claim(record, newest, skipped, scan,
+                            explicit=step is not None or tag is not None)
                 return record
             log.warning("checkpoint %s (step %d) of run %s fails verification: %s",
                         record.checkpoint_id, record.step, self.run_id, "; ".join(problems))
             skipped.append({"checkpoint_id": record.checkpoint_id, "step": record.step,
                             "problems": problems})
-        detail = [f"step {s['step']}: {'; '.join(s['problems'])}" for s in skipped]
-        if retired:
-            detail.append(f"steps {sorted(retired)}: model files removed by retention "
-                          f"(keep_last={self.keep_last}) or gc")
-        return "error", (f"no checkpoint of run {self.run_id} under {self.root} can be "
-                         f"restored: {' | '.join(detail)}")
+        return "error", self._none_restorable(skipped, removed, scan)
 
-    def _record_fallback(self, chosen: CheckpointRecord, skipped: list[dict[str, Any]]) -> None:
-        log.warning("run %s: restoring step %d (%s) instead of newer checkpoints that fail "
-                    "verification: %s", self.run_id, chosen.step, chosen.checkpoint_id,
-                    [s["step"] for s in skipped])
+    def _none_restorable(self, skipped: list[dict[str, Any]], removed: list[int],
+                         scan: RunScan) -> str:
+        detail = [f"step {s['step']}: {'; '.join(s['problems'])}" for s in skipped]
+        if removed:
+            detail.append(f"steps {sorted(removed)}: model files removed by retention "
+                          f"(keep_last={self.keep_last}) or gc")
+        if scan.damaged:
+            detail.append(f"steps {sorted(d.step for d in scan.damaged)}: ledger records fail "
+                          "their checksum")
+        return (f"no checkpoint of run {self.run_id} under {self.root} can be restored: "
+                f"{' | '.join(detail)}")
+
+    def _claim(self, chosen: CheckpointRecord, newest: int | None,
+               skipped: list[dict[str, Any]], scan: RunScan, *, explicit: bool) -> None:
+        """Rank 0: one ledger commit that retires what restore skipped, records the restore
+        and makes this job the run's one writer (the previous job is fenced)."""
         assert self.ledger is not None
-        self.ledger.record_events(self.run_id, [LedgerEvent("restore_fallback", {
-            "restored": chosen.checkpoint_id, "step": chosen.step, "skipped": skipped})])
+        events = [LedgerEvent(EVENT_RETIRED, {
+            "checkpoint_id": s["checkpoint_id"], "step": s["step"],
+            "reason": "model files fail verification: " + "; ".join(s["problems"])})
+            for s in skipped]
+        events += [LedgerEvent(EVENT_RETIRED, {
+            "checkpoint_id": d.checkpoint_id, "step": d.step,
+            "reason": f"its ledger {d.record} record fails its checksum"})
+            for d in scan.damaged if d.step > chosen.step and d.checkpoint_id]
+        if skipped or events:
+            log.warning("run %s: restoring step %d (%s) instead of newer checkpoints that "
+                        "cannot be used: %s", self.run_id, chosen.step, chosen.checkpoint_id,
+                        [e.detail["step"] for e in events])
+            events.append(LedgerEvent("restore_fallback", {
+                "restored": chosen.checkpoint_id, "step": chosen.step, "skipped": skipped}))
+        newest_step = chosen.step if newest is None else newest
+        events.append(LedgerEvent("restore", {
+            "checkpoint_id": chosen.checkpoint_id, "step": chosen.step,
+            "newest_step": newest_step, "steps_lost": newest_step - chosen.step,
+            "owner": self.owner}))
+        self.ledger.claim(self.run_id, self.owner, events, head=chosen.checkpoint_id,
+                          check_head=not explicit)
 
     def _load_files(self, record: CheckpointRecord, model: Any, optimizer: Any,
                     lr_scheduler: Any, extra: dict[str, Any] | None) -> None:
@@ -455,6 +575,7 @@ class CheckpointManager:
         if model is not None:
             state[MODEL] = get_model_state_dict(model)
         if optimizer is not None:
+            _check_optimizer(model, optimizer, self.run_id)
             state[OPTIMIZER] = get_optimizer_state_dict(model, optimizer)
         if lr_scheduler is not None:
             state[LR_SCHEDULER] = lr_scheduler.state_dict()
@@ -498,13 +619,28 @@ class CheckpointManager:
         self._retire_old()
         self._commits += 1
         if self._commits % self.compact_every == 0:
-            assert self.ledger is not None
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rank 0: compact the ledger; the checkpoint is committed, so a failure here is an
+        event (``compaction_failed``), never a failed save."""
+        assert self.ledger is not None
+        try:
             self.ledger.compact()
+        except Exception as exc:
+            log.warning("run %s: ledger compaction failed (the checkpoint is committed): %s",
+                        self.run_id, describe_failure(exc))
+            try:
+                self.ledger.record_events(self.run_id, [LedgerEvent(
+                    "compaction_failed", {"error": describe_failure(exc)})])
+            except Exception:
+                log.exception("run %s: the compaction_failed event was not recorded",
+                              self.run_id)
 
     def _retire_old(self) -> None:
         untagged = [r for r in self._run_records() if not r.tags]
         for record in untagged[: max(len(untagged) - self.keep_last, 0)]:
-            self.storage.delete(record.model_location)
+            self._remove(record.model_location)
 
     def gc(self) -> list[str]:
         """Remove model files no retained committed checkpoint needs (collective).
@@ -525,14 +661,40 @@ class CheckpointManager:
             for name in self.storage.list(self.run_id):
                 location = f"{self.run_id}/{name}"
                 if location not in keep:
-                    self.storage.delete(location)
+                    self._remove(location)
                     removed.append(location)
         self.world.barrier()
         return removed
 
 
 def _failed(exc: BaseException) -> _Prepared:
-    return _Prepared(False, error=f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+    return _Prepared(False, error=describe_failure(exc), write=is_write_failure(exc))
+
+
+def _data_files(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest without DCP's ``.metadata``, which holds a fresh save id every time."""
+    return {name: digest for name, digest in manifest.items() if name != _METADATA}
+
+
+def _check_optimizer(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
+                     run_id: str) -> None:
+    """Refuse an optimizer over parameters the model does not hold, before anything is written.
+
+    torch.distributed.checkpoint keys optimizer state by the model's parameter names; state of
+    a parameter outside the model has no name and would fail deep inside torch (``KeyError``).
+    """
+    if model is None:
+        raise CheckpointError(f"run {run_id}: saving or restoring an optimizer needs the model "
+                              "whose parameters it updates (model=...)")
+    owned = {id(p) for p in model.parameters()}
+    foreign = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]
+               if id(p) not in owned]
+    if foreign:
+        raise CheckpointError(
+            f"run {run_id}: the optimizer updates {len(foreign)} parameter(s) that are not "
+            f"parameters of the model given (shapes {foreign[:5]}); their state could not be "
+            "named in the checkpoint. Pass a model that holds every parameter the optimizer "
+            "updates (e.g. an nn.ModuleDict of all trained modules), or one optimizer per model")
 
 
 def _lake_dataset(dataloader: Any) -> LakeDataset:

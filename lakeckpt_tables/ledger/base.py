@@ -16,6 +16,19 @@ snapshot, or two committers of one run could both pass the check:
 3. If the commit lost a race it certainly did not land: go back to 1, which now sees the
    winner and settles against it, and commit the same prepared files again if still allowed.
 
+NOTE [ one writer per run ]
+A checkpoint committed with an ``owner`` (every CheckpointManager does) is also fenced: the
+run's owner is the job that last claimed it (:meth:`LedgerBase.claim`, called by restore) or
+first committed to it, and a commit lands only if the owner is still ours and the checkpoint's
+parent is still the run's newest checkpoint. Claims and owned commits carry the same run-wide
+condition as step 2, so a claim racing a commit of the old owner makes one of them lose, and
+the loser settles against the winner: the old owner then gets :class:`RunFencedError`.
+
+NOTE [ retired and damaged records ]
+A checkpoint that restore skipped (its files fail verification) is *retired* by a ``retired``
+event; a checkpoint row whose checksum fails is *damaged*. Neither counts as committed: they
+are left out of :meth:`LedgerBase.checkpoints`, and their step can be committed again.
+
 The data files written for a commit are deleted only when it certainly did not land (a
 conflict, or a retry that found the checkpoint stored). An error that leaves the outcome
 unknown becomes :class:`CommitStateUnknownError` and leaves the files, which a landed commit
@@ -25,40 +38,72 @@ may name; since commits are idempotent, committing the same checkpoint again fin
 from __future__ import annotations
 
 import abc
+import json
+import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from lakeckpt_tables.errors import CommitConflictError, CommitStateUnknownError
+from lakeckpt_tables.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    LedgerCorruptError,
+    RunFencedError,
+)
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.records import (
     CheckpointRecord,
     ConsumptionRecord,
+    DamagedRecord,
     LedgerEvent,
     checkpoints_from_arrow,
     commit_rows,
     event_rows,
+    intact_rows,
 )
 
 __all__ = [
     "COMMIT_ATTEMPTS",
+    "EVENT_RETIRED",
     "Ledger",
     "LedgerBase",
     "Prepared",
+    "RunScan",
     "now_utc",
     "outcome_unknown",
     "settle",
 ]
+
+log = logging.getLogger(__name__)
+
+EVENT_RETIRED = "retired"
+"""Event retiring a checkpoint: ``{"checkpoint_id", "step", "reason"}``."""
 
 COMMIT_ATTEMPTS = 5
 """How many times a commit that lost a race is settled and tried again before giving up."""
 
 Prepared = TypeVar("Prepared")
 """What a backend's phase 1 wrote (data files), handed to its phase 2 and to its cleanup."""
+
+
+@dataclass(frozen=True)
+class RunScan:
+    """What the ledger holds of one run's checkpoints, read from one snapshot.
+
+    Attributes:
+        committed: intact checkpoints that are not retired, oldest first.
+        retired: ids of retired checkpoints.
+        damaged: checkpoint rows (and retirements) whose checksum fails.
+    """
+
+    committed: list[CheckpointRecord]
+    retired: frozenset[str]
+    damaged: list[DamagedRecord]
 
 
 class Ledger(Protocol):
@@ -69,6 +114,8 @@ class Ledger(Protocol):
         checkpoint: CheckpointRecord,
         consumption: Sequence[ConsumptionRecord] = (),
         events: Sequence[LedgerEvent] = (),
+        *,
+        owner: str | None = None,
     ) -> CheckpointRecord:
         """Commit a checkpoint with its consumption and events in one atomic commit.
 
@@ -76,6 +123,9 @@ class Ledger(Protocol):
             checkpoint: the checkpoint; its ``committed_at`` is ignored and set by the ledger.
             consumption: rows consumed since the run's previous checkpoint.
             events: events to keep with the checkpoint.
+            owner: the committing job's token: if given, the commit lands only if that job
+                still owns the run and the checkpoint's parent is the run's newest
+                (NOTE [ one writer per run ]).
 
         Returns:
             The committed record, with ``committed_at`` set. For a retry of a checkpoint
@@ -85,12 +135,31 @@ class Ledger(Protocol):
         Raises:
             CommitConflictError: the run already has another checkpoint at this step, or a
                 later step, or a concurrent committer of the run won; nothing was written.
+            RunFencedError: another job owns the run now; nothing was written.
             CommitStateUnknownError: the commit may or may not have landed; retry it.
         """
         ...
 
+    def claim(
+        self,
+        run_id: str,
+        owner: str,
+        events: Sequence[LedgerEvent] = (),
+        *,
+        head: str | None = None,
+        check_head: bool = True,
+    ) -> None:
+        """Make ``owner`` the run's one writer, recording ``events`` in the same commit; it
+        lands only while ``head`` is the run's newest checkpoint (unless not ``check_head``)."""
+        ...
+
+    def scan(self, run_id: str) -> RunScan:
+        """The run's committed, retired and damaged checkpoints, from the newest snapshot."""
+        ...
+
     def checkpoints(self, run_id: str | None = None) -> list[CheckpointRecord]:
-        """Committed checkpoints of one run, or of all runs, ordered by (run, step)."""
+        """Committed (intact, not retired) checkpoints of one run or of all runs, ordered by
+        (run, step)."""
         ...
 
     def latest(self, run_id: str) -> CheckpointRecord | None:
@@ -121,11 +190,12 @@ class Ledger(Protocol):
 class LedgerBase(abc.ABC, Generic[Prepared]):
     """The ledger contract implemented once, on a few backend primitives.
 
-    A backend says how to refresh its table handle, read rows, find a run's last step cheaply,
-    write data files (phase 1, invisible: the :data:`Prepared` value names them), commit them
-    (phase 2) and discard them; the commit protocol of NOTE [ ledger commit protocol ] lives
-    here. The lock makes one ledger object safe to share between threads; separate objects
-    (or processes) on one table are kept apart by the table format's commits.
+    A backend says how to refresh its table handle, read rows, find a run's last step and
+    owner cheaply, write data files (phase 1, invisible: the :data:`Prepared` value names
+    them), commit them (phase 2) and discard them; the commit protocol of
+    NOTE [ ledger commit protocol ] lives here. The lock makes one ledger object safe to share
+    between threads; separate objects (or processes) on one table are kept apart by the table
+    format's commits.
     """
 
     def __init__(self) -> None:
@@ -153,11 +223,19 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         run_id: str | None = None,
         checkpoint_id: str | None = None,
     ) -> pa.Table:
-        """Rows of the handle's snapshot (no refresh) matching every filter given."""
+        """Rows of the handle's snapshot (no refresh) matching every filter given.
+
+        Raises:
+            LedgerCorruptError: a data file of the ledger is missing or unreadable.
+        """
 
     @abc.abstractmethod
     def _last_step(self, run_id: str) -> int | None:
         """The run's last committed step in the handle's snapshot; None if it has none."""
+
+    @abc.abstractmethod
+    def _owner(self, run_id: str) -> str | None:
+        """The run's owner in the handle's snapshot; None if no job claimed it."""
 
     @abc.abstractmethod
     def _prepare(self, rows: pa.Table) -> Prepared:
@@ -165,12 +243,19 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
 
     @abc.abstractmethod
     def _publish(
-        self, prepared: Prepared, *, run_id: str, checkpoint: CheckpointRecord | None
+        self,
+        prepared: Prepared,
+        *,
+        run_id: str,
+        checkpoint: CheckpointRecord | None,
+        owner: str | None = None,
     ) -> bool:
         """Phase 2: one commit adding the prepared files, based on the handle's snapshot.
 
         A checkpoint commit must fail if anything of its run was committed after that
-        snapshot; an events commit (``checkpoint`` None) is rebased like any append.
+        snapshot; an events commit (``checkpoint`` None) is rebased like any append, unless
+        it carries an ``owner`` (a claim), which conflicts like a checkpoint commit. A
+        commit with an ``owner`` makes it the run's owner.
 
         Returns:
             True if the commit landed, False if it certainly did not (it lost a race).
@@ -190,6 +275,8 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         checkpoint: CheckpointRecord,
         consumption: Sequence[ConsumptionRecord] = (),
         events: Sequence[LedgerEvent] = (),
+        *,
+        owner: str | None = None,
     ) -> CheckpointRecord:
         """Commit a checkpoint with its consumption and events in one atomic commit.
 
@@ -197,13 +284,13 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         """
         with self._lock:
             self._refresh()
-            stored = self._settle(checkpoint)
+            stored = self._settle(checkpoint, owner)
             if stored is not None:
                 return stored
             record = replace(checkpoint, committed_at=now_utc())
-            prepared = self._prepare(commit_rows(record, consumption, events))
+            prepared = self._prepare(commit_rows(record, consumption, events, owner=owner))
             try:
-                stored = self._publish_settled(record, prepared)
+                stored = self._publish_settled(record, prepared, owner)
             except CommitConflictError:
                 self._discard(prepared)
                 raise
@@ -211,6 +298,54 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 self._discard(prepared)
                 return stored
             return record
+
+    def claim(
+        self,
+        run_id: str,
+        owner: str,
+        events: Sequence[LedgerEvent] = (),
+        *,
+        head: str | None = None,
+        check_head: bool = True,
+    ) -> None:
+        """Make ``owner`` the run's one writer (fencing every other job), with ``events``.
+
+        Args:
+            run_id: the run.
+            owner: the claiming job's token.
+            events: recorded in the same commit (the restore, retirements...).
+            head: the checkpoint the claimer restores; the claim lands only while it is the
+                run's newest (after the retirements in ``events``).
+            check_head: False when restoring an older checkpoint on purpose (by step or tag):
+                the claim lands anyway, and commits building on it are refused.
+
+        Raises:
+            CommitConflictError: the run's newest checkpoint is not ``head`` any more (another
+                job committed meanwhile: choose again), or the claim kept losing races.
+            CommitStateUnknownError: the claim may or may not have landed.
+        """
+        retiring = {e.detail["checkpoint_id"] for e in events if e.event == EVENT_RETIRED}
+        with self._lock:
+            prepared = self._prepare(event_rows(run_id, events, now_utc(), owner=owner))
+            for _ in range(COMMIT_ATTEMPTS):
+                self._refresh()
+                committed = [c for c in self._scan(run_id).committed
+                             if c.checkpoint_id not in retiring]
+                newest = committed[-1].checkpoint_id if committed else None
+                if check_head and newest != head:
+                    self._discard(prepared)
+                    raise CommitConflictError(
+                        f"ledger {self.describe()}: run {run_id!r} moved on while job {owner} "
+                        f"was restoring checkpoint {head!r} (its newest is now {newest!r}); "
+                        "restore again"
+                    )
+                if self._publish(prepared, run_id=run_id, checkpoint=None, owner=owner):
+                    return
+            self._discard(prepared)
+            raise CommitConflictError(
+                f"ledger {self.describe()}: job {owner} could not take over run {run_id!r}: "
+                f"its claim lost {COMMIT_ATTEMPTS} commit races in a row; restore again"
+            )
 
     def record_events(self, run_id: str, events: Sequence[LedgerEvent]) -> None:
         """Commit events outside any checkpoint (checkpoint id ``""``, step -1).
@@ -222,21 +357,41 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         if not events:
             return
         with self._lock:
-            self._refresh()
             prepared = self._prepare(event_rows(run_id, events, now_utc()))
-            if not self._publish(prepared, run_id=run_id, checkpoint=None):
-                self._discard(prepared)
-                raise CommitConflictError(
-                    f"ledger {self.describe()}: events of run {run_id!r} were not recorded: "
-                    "the commit lost to concurrent commits; record them again"
-                )
+            for _ in range(COMMIT_ATTEMPTS):
+                self._refresh()
+                if self._publish(prepared, run_id=run_id, checkpoint=None):
+                    return
+            self._discard(prepared)
+            raise CommitConflictError(
+                f"ledger {self.describe()}: events of run {run_id!r} were not recorded: the "
+                f"commit lost {COMMIT_ATTEMPTS} races to concurrent commits; record them again"
+            )
 
-    def checkpoints(self, run_id: str | None = None) -> list[CheckpointRecord]:
-        """Committed checkpoints of one run, or of all runs, ordered by (run, step)."""
+    def scan(self, run_id: str) -> RunScan:
+        """The run's committed, retired and damaged checkpoints, from the newest snapshot.
+
+        Raises:
+            LedgerCorruptError: a data file of the ledger is missing or unreadable.
+        """
         with self._lock:
             self._refresh()
-            rows = self._read(record=s.RECORD_CHECKPOINT, run_id=run_id)
-        return checkpoints_from_arrow(rows)
+            return self._scan(run_id)
+
+    def checkpoints(self, run_id: str | None = None) -> list[CheckpointRecord]:
+        """Committed checkpoints of one run, or of all runs, ordered by (run, step).
+
+        Retired checkpoints and damaged rows are left out (NOTE [ retired and damaged
+        records ]); damaged rows are logged.
+        """
+        with self._lock:
+            self._refresh()
+            if run_id is not None:
+                return self._scan(run_id).committed
+            rows, damaged = intact_rows(self._read(record=s.RECORD_CHECKPOINT))
+            retired = _retired_ids(self._read(record=s.RECORD_EVENT))
+        _log_damaged(self.describe(), damaged)
+        return [c for c in checkpoints_from_arrow(rows) if c.checkpoint_id not in retired]
 
     def latest(self, run_id: str) -> CheckpointRecord | None:
         """The run's newest committed checkpoint, or None if it has none."""
@@ -254,32 +409,70 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
 
         Ordered by run, step, rank, worker, then reading position, so that contiguous ranges
         of one worker come out next to each other.
+
+        Raises:
+            LedgerCorruptError: a row fails its checksum, or a ledger file is unreadable.
         """
         with self._lock:
             self._refresh()
             rows = self._read(
                 record=s.RECORD_CONSUMPTION, run_id=run_id, checkpoint_id=checkpoint_id
             )
+        rows, damaged = intact_rows(rows)
+        if damaged:
+            first = damaged[0]
+            raise LedgerCorruptError(
+                f"ledger {self.describe()}: {len(damaged)} consumption record(s) fail their "
+                f"checksum, the first of run {first.run_id!r} step {first.step} (checkpoint "
+                f"{first.checkpoint_id!r}); the consumption of that checkpoint cannot be trusted"
+            )
         order = (s.RUN_ID, s.STEP, s.RANK, s.WORKER, s.SEGMENT, s.FILE, s.ROW_GROUP, s.ROW_START)
         return rows.select(list(s.CONSUMPTION_COLUMNS)).sort_by([(c, "ascending") for c in order])
 
     # -- the protocol's steps --------------------------------------------------------------
 
-    def _settle(self, checkpoint: CheckpointRecord) -> CheckpointRecord | None:
-        """Step 1 against the handle's snapshot: see :func:`settle`.
+    def _scan(self, run_id: str) -> RunScan:
+        rows, damaged = intact_rows(self._read(record=s.RECORD_CHECKPOINT, run_id=run_id))
+        events, damaged_events = intact_rows(self._read(record=s.RECORD_EVENT, run_id=run_id))
+        retired = _retired_ids(events)
+        damaged += [d for d in damaged_events if d.checkpoint_id]
+        _log_damaged(self.describe(), damaged)
+        committed = [c for c in checkpoints_from_arrow(rows) if c.checkpoint_id not in retired]
+        return RunScan(committed, retired, damaged)
 
-        A step after the run's last one, the common case, needs no data read.
+    def _settle(self, checkpoint: CheckpointRecord, owner: str | None) -> CheckpointRecord | None:
+        """Step 1 against the handle's snapshot: see :func:`settle` and NOTE [ one writer per
+        run ].
+
+        A step after the run's last one, of the run's owner, the common case, needs no data
+        read: only the owner commits, so its parent is the newest.
         """
-        last_step = self._last_step(checkpoint.run_id)
-        if last_step is None or checkpoint.step > last_step:
+        run_id = checkpoint.run_id
+        if owner is not None:
+            current = self._owner(run_id)
+            if current is not None and current != owner:
+                raise RunFencedError(
+                    f"ledger {self.describe()}: run {run_id!r} is owned by job {current} now "
+                    f"(it restored the run after this job {owner} did); step {checkpoint.step} "
+                    "was not committed. Stop this job: two jobs writing one run would train "
+                    "rows twice"
+                )
+            fast = current == owner
+        else:
+            fast = True
+        last_step = self._last_step(run_id)
+        if last_step is None and checkpoint.parent_id is None:
             return None
-        committed = checkpoints_from_arrow(
-            self._read(record=s.RECORD_CHECKPOINT, run_id=checkpoint.run_id)
-        )
-        return settle(self.describe(), checkpoint, committed)
+        if fast and last_step is not None and checkpoint.step > last_step:
+            return None
+        committed = self._scan(run_id).committed
+        stored = settle(self.describe(), checkpoint, committed)
+        if stored is None and owner is not None:
+            _check_parent(self.describe(), checkpoint, committed)
+        return stored
 
     def _publish_settled(
-        self, record: CheckpointRecord, prepared: Prepared
+        self, record: CheckpointRecord, prepared: Prepared, owner: str | None
     ) -> CheckpointRecord | None:
         """Steps 2 and 3: commit; after a lost race, settle against the winner and retry.
 
@@ -288,10 +481,10 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
             same checkpoint (a retrying coordinator) landed instead.
         """
         for _ in range(COMMIT_ATTEMPTS):
-            if self._publish(prepared, run_id=record.run_id, checkpoint=record):
+            if self._publish(prepared, run_id=record.run_id, checkpoint=record, owner=owner):
                 return None
             self._refresh()
-            stored = self._settle(record)
+            stored = self._settle(record, owner)
             if stored is not None:
                 return stored
         raise CommitConflictError(
@@ -299,6 +492,32 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
             f"{record.checkpoint_id!r}) lost {COMMIT_ATTEMPTS} commit races in a row; nothing "
             "of it was written"
         )
+
+
+def _check_parent(
+    location: str, new: CheckpointRecord, committed: Sequence[CheckpointRecord]
+) -> None:
+    newest = max(committed, key=lambda c: c.step, default=None)
+    newest_id = newest.checkpoint_id if newest is not None else None
+    if new.parent_id != newest_id:
+        where = "none" if newest is None else f"{newest_id!r} (step {newest.step})"
+        raise CommitConflictError(
+            f"ledger {location}: run {new.run_id!r} step {new.step} builds on checkpoint "
+            f"{new.parent_id!r}, but the run's newest checkpoint is {where}: the run moved on "
+            "without this job; restore the newest checkpoint, or continue under a new run id"
+        )
+
+
+def _retired_ids(events: pa.Table) -> frozenset[str]:
+    retired = events.filter(pc.field(s.EVENT) == EVENT_RETIRED)
+    return frozenset(json.loads(d)["checkpoint_id"] for d in retired[s.DETAIL].to_pylist())
+
+
+def _log_damaged(location: str, damaged: Sequence[DamagedRecord]) -> None:
+    for d in damaged:
+        log.warning("ledger %s: a %s record of run %r step %d (checkpoint %r) fails its "
+                    "checksum and is ignored", location, d.record, d.run_id, d.step,
+                    d.checkpoint_id)
 
 
 def settle(

@@ -13,13 +13,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import operator
+import os
 import time
 import uuid
 from datetime import datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pa_ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
@@ -27,12 +30,14 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 
-from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.errors import CommitStateUnknownError, LedgerCorruptError, LedgerError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
 
 __all__ = ["DeltaLedger"]
+
+log = logging.getLogger(__name__)
 
 # Columns given min/max statistics in each add action, so that readers filtering on a run or
 # a kind of record can skip files. numRecords is there because without it count() undercounts.
@@ -55,25 +60,47 @@ class DeltaLedger(LedgerBase[AddAction]):
         self._uri = uri
         self._table = _open_or_create(uri, storage_options)
         _check_format(self._table, self.describe())
-        # Data files are written through delta-rs's own object store, so storage_options
-        # apply to them exactly as they do to the log.
-        self._fs = pa_fs.PyFileSystem(DeltaStorageHandler(uri, storage_options))
+        self._fs, self._base = _filesystem(uri, storage_options)
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
         return f"delta:{self._uri}"
 
     def compact(self) -> None:
-        """Rewrite small files into large ones and checkpoint the log.
+        """Rewrite the ledger's files into one and checkpoint the log.
 
-        OPTIMIZE only rearranges rows (its commit has ``dataChange=false``), so concurrent
-        ledger commits are not disturbed and every row stays; the replaced files stay on disk
-        until a VACUUM.
+        NOTE [ delta ledger compaction ]
+        delta-rs's OPTIMIZE lets two concurrent compactions that remove the same files both
+        land (each adds its own rewritten copy: every row twice), and it ignores app
+        transactions. So the rewrite is an overwrite of exactly the snapshot read, which
+        delta-rs's conflict checker refuses if anything was committed since: of two
+        concurrent compactions the second gives way, and a compaction racing a ledger commit
+        either gives way or makes that commit lose its race and settle again. No row is ever
+        lost or doubled. The replaced files stay on disk until a VACUUM.
+
+        Raises:
+            LedgerCorruptError: a ledger file cannot be read (nothing was changed).
+            CommitStateUnknownError: the rewrite may or may not have landed.
         """
         with self._lock:
             self._table.update_incremental()
-            self._table.optimize.compact()
-            self._table.update_incremental()
+            if len(self._table.file_uris()) > 1:
+                prepared = self._prepare(self._read(), data_change=False)
+                properties = CommitProperties(custom_metadata={COMPACTION_PROPERTY: "true"})
+                try:
+                    self._table.create_write_transaction(
+                        [prepared], mode="overwrite", schema=s.LEDGER_SCHEMA,
+                        commit_properties=properties)
+                except CommitFailedError:
+                    self._discard(prepared)
+                    log.info("ledger %s: a concurrent commit won over compaction; giving way",
+                             self.describe())
+                    return
+                except (DeltaError, OSError) as e:
+                    raise CommitStateUnknownError(
+                        f"ledger {self.describe()}: the compaction may or may not have landed "
+                        f"({e}); its rows are the same either way, compact again later") from e
+                self._table.update_incremental()
             self._table.create_checkpoint()
 
     def _refresh(self) -> None:
@@ -90,36 +117,76 @@ class DeltaLedger(LedgerBase[AddAction]):
         wanted = {s.RECORD: record, s.RUN_ID: run_id, s.CHECKPOINT_ID: checkpoint_id}
         conditions = [pc.field(name) == v for name, v in wanted.items() if v is not None]
         where = functools.reduce(operator.and_, conditions) if conditions else None
-        rows = self._table.to_pyarrow_dataset().to_table(filter=where)
+        paths = [self._path(uri) for uri in self._table.file_uris()]
+        try:
+            rows = _dataset(paths, self._fs).to_table(filter=where)
+        except (OSError, pa.ArrowException) as e:
+            raise self._damaged(paths, e) from e
         return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+
+    def _damaged(self, paths: list[str], cause: Exception) -> LedgerCorruptError:
+        """The named error for a ledger file that cannot be read, found file by file."""
+        for path in paths:
+            try:
+                _dataset([path], self._fs).to_table()
+            except (OSError, pa.ArrowException) as e:
+                return LedgerCorruptError(
+                    f"ledger {self.describe()}: data file {path} is missing, truncated or "
+                    f"damaged ({' '.join(str(e).split())}). The way out: move the file aside "
+                    f"(keep it for inspection) and run DeltaTable({self._uri!r}).repair(), "
+                    "which drops it from the log; its records are lost, and restore falls "
+                    "back to the newest checkpoint the ledger still holds"
+                )
+        return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
+
+    def _path(self, file_uri: str) -> str:
+        """A data file as the ledger's filesystem names it."""
+        if self._base:  # local: absolute paths
+            return file_uri.removeprefix("file://")
+        root = self._uri.rstrip("/") + "/"
+        return file_uri[len(root):] if file_uri.startswith(root) else file_uri
 
     def _last_step(self, run_id: str) -> int | None:
         # Each checkpoint commit sets the run's app transaction version to its step, and
-        # steps only grow, so the version is the run's last step: no data read needed.
+        # steps only grow (a retired step is committed again at most), so the version is the
+        # run's last step: no data read needed.
         return self._table.transaction_version(_app_id(run_id))
 
-    def _prepare(self, rows: pa.Table) -> AddAction:
+    def _owner(self, run_id: str) -> str | None:
+        token = self._table.transaction_version(_owner_app_id(run_id))
+        return None if token is None else str(token)
+
+    def _prepare(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
         path = f"lakeckpt-{uuid.uuid4().hex}.parquet"
-        pq.write_table(rows, path, filesystem=self._fs)
+        where = f"{self._base}/{path}" if self._base else path
+        pq.write_table(rows, where, filesystem=self._fs, write_page_checksum=True)
         return AddAction(
             path=path,
-            size=self._fs.get_file_info(path).size,
+            size=self._fs.get_file_info(where).size,
             partition_values={},
             modification_time=int(time.time() * 1000),
-            data_change=True,
+            data_change=data_change,
             stats=_stats(rows),
         )
 
     def _publish(
-        self, prepared: AddAction, *, run_id: str, checkpoint: CheckpointRecord | None
+        self,
+        prepared: AddAction,
+        *,
+        run_id: str,
+        checkpoint: CheckpointRecord | None,
+        owner: str | None = None,
     ) -> bool:
+        transactions = []
+        if checkpoint is not None:
+            transactions.append(Transaction(app_id=_app_id(run_id), version=checkpoint.step))
+        if owner is not None:
+            # a claim and an owned commit carry the same app id: delta-rs refuses to rebase
+            # one over the other, so the loser settles against the winner
+            transactions.append(Transaction(app_id=_owner_app_id(run_id), version=int(owner)))
         properties = CommitProperties(
             custom_metadata=_commit_info(run_id, checkpoint),
-            app_transactions=(
-                None
-                if checkpoint is None
-                else [Transaction(app_id=_app_id(run_id), version=checkpoint.step)]
-            ),
+            app_transactions=transactions or None,
         )
         try:
             self._table.create_write_transaction(
@@ -136,7 +203,7 @@ class DeltaLedger(LedgerBase[AddAction]):
     def _discard(self, prepared: AddAction) -> None:
         # A file we fail to delete is an orphan, which maintenance removes.
         with contextlib.suppress(OSError):
-            self._fs.delete_file(prepared.path)
+            self._fs.delete_file(f"{self._base}/{prepared.path}" if self._base else prepared.path)
 
 
 def _open_or_create(uri: str, storage_options: dict[str, str] | None) -> DeltaTable:
@@ -168,8 +235,34 @@ def _check_format(table: DeltaTable, where: str) -> None:
         )
 
 
+COMPACTION_PROPERTY = "lakeckpt.compaction"
+"""Commit metadata key marking the rewrite made by :meth:`DeltaLedger.compact`."""
+
+
 def _app_id(run_id: str) -> str:
     return f"lakeckpt:{run_id}"
+
+
+def _owner_app_id(run_id: str) -> str:
+    return f"lakeckpt-owner:{run_id}"
+
+
+def _filesystem(uri: str, storage_options: dict[str, str] | None) -> tuple[pa_fs.FileSystem, str]:
+    """The filesystem holding the ledger's data files, and the table's path in it.
+
+    A local table gets pyarrow's own local filesystem and its absolute path; anything else goes
+    through delta-rs's object store rooted at the table (path ``""``), so storage_options apply
+    to data files exactly as they do to the log.
+    """
+    if "://" not in uri or uri.startswith("file://"):
+        return pa_fs.LocalFileSystem(), os.path.abspath(uri.removeprefix("file://"))
+    return pa_fs.PyFileSystem(DeltaStorageHandler(uri, storage_options)), ""
+
+
+def _dataset(paths: list[str], fs: pa_fs.FileSystem) -> pa_ds.Dataset:
+    options = pa_ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+    return pa_ds.dataset(paths, schema=s.LEDGER_SCHEMA, filesystem=fs,
+                         format=pa_ds.ParquetFileFormat(default_fragment_scan_options=options))
 
 
 def _commit_info(run_id: str, checkpoint: CheckpointRecord | None) -> dict[str, object]:

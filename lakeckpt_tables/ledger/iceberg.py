@@ -51,6 +51,8 @@ STEP_PROPERTY = "lakeckpt.step"
 """Snapshot summary key holding the step of a checkpoint commit."""
 CHECKPOINT_PROPERTY = "lakeckpt.checkpoint"
 """Snapshot summary key holding the checkpoint id of a checkpoint commit."""
+OWNER_PROPERTY = "lakeckpt.owner"
+"""Snapshot summary key naming the job that owns the run after a claim or owned commit."""
 EVENTS_PROPERTY = "lakeckpt.events"
 """Snapshot summary key naming the run of an events-only commit (deliberately not RUN_PROPERTY:
 events never conflict with checkpoints)."""
@@ -179,9 +181,22 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         # or one whose snapshots compact() expired) the data decides.
         for snapshot in _lineage(self._table.metadata):
             if _summary(snapshot, RUN_PROPERTY) == run_id:
-                return int(_summary(snapshot, STEP_PROPERTY) or -1)
+                step = int(_summary(snapshot, STEP_PROPERTY) or -1)
+                return None if step < 0 else step
         steps = self._read(record=s.RECORD_CHECKPOINT, run_id=run_id)[s.STEP]
         return pc.max(steps).as_py() if len(steps) else None
+
+    def _owner(self, run_id: str) -> str | None:
+        # The newest snapshot of the run names its owner; without one (compact() expired
+        # them) the newest row of the run that names an owner does.
+        for snapshot in _lineage(self._table.metadata):
+            if _summary(snapshot, RUN_PROPERTY) == run_id:
+                return _summary(snapshot, OWNER_PROPERTY)
+        rows = self._read(run_id=run_id).filter(pc.field(s.OWNER).is_valid())
+        if not len(rows):
+            return None
+        newest = rows.sort_by([(s.COMMITTED_AT, "descending")])[s.OWNER][0]
+        return str(newest.as_py())
 
     def _prepare(self, rows: pa.Table) -> list[DataFile]:
         # Written here rather than by Table.append so that the files are known to us: pyiceberg
@@ -193,15 +208,26 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         )
 
     def _publish(
-        self, prepared: list[DataFile], *, run_id: str, checkpoint: CheckpointRecord | None
+        self,
+        prepared: list[DataFile],
+        *,
+        run_id: str,
+        checkpoint: CheckpointRecord | None,
+        owner: str | None = None,
     ) -> bool:
         transaction = self._table.transaction()
-        if checkpoint is None:
+        if checkpoint is None and owner is None:
             summary = {EVENTS_PROPERTY: run_id}
         else:
             since = self._table.metadata.current_snapshot_id
             _require(transaction, _AssertNoCommitSince(snapshot_id=since, run_id=run_id))
-            summary = _checkpoint_summary(checkpoint)
+            if checkpoint is not None:
+                summary = _checkpoint_summary(checkpoint)
+            else:  # a claim: a commit of the run that keeps its last step
+                last = self._last_step(run_id)
+                summary = {RUN_PROPERTY: run_id, STEP_PROPERTY: str(-1 if last is None else last)}
+            if owner is not None:
+                summary[OWNER_PROPERTY] = owner
         with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
             for data_file in prepared:
                 append.append_data_file(data_file)

@@ -6,10 +6,11 @@ so both backends write and read byte-identical rows.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, cast
 
 import pyarrow as pa
@@ -22,11 +23,14 @@ from lakeckpt_tables.types import TableFormat, TableIdentity
 __all__ = [
     "CheckpointRecord",
     "ConsumptionRecord",
+    "DamagedRecord",
     "FileDigest",
     "LedgerEvent",
     "checkpoints_from_arrow",
     "commit_rows",
     "event_rows",
+    "intact_rows",
+    "row_checksum",
 ]
 
 _FORMATS: tuple[TableFormat, ...] = ("delta", "iceberg")
@@ -149,10 +153,29 @@ class LedgerEvent:
     detail: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class DamagedRecord:
+    """A ledger row whose checksum does not match its fields: not trusted, not used.
+
+    Attributes:
+        record: the kind the row claims to be (``checkpoint``, ``consumption``, ``event``).
+        run_id: the run it claims to belong to.
+        checkpoint_id: the checkpoint it claims to belong to.
+        step: the step it claims.
+    """
+
+    record: str
+    run_id: str
+    checkpoint_id: str
+    step: int
+
+
 def commit_rows(
     checkpoint: CheckpointRecord,
     consumption: Sequence[ConsumptionRecord],
     events: Sequence[LedgerEvent],
+    *,
+    owner: str | None = None,
 ) -> pa.Table:
     """Rows of one checkpoint commit: the checkpoint, its consumption and its events.
 
@@ -169,25 +192,90 @@ def commit_rows(
         s.CHECKPOINT_ID: checkpoint.checkpoint_id,
         s.STEP: checkpoint.step,
         s.COMMITTED_AT: checkpoint.committed_at,
+        s.OWNER: owner,
     }
     rows = [{**common, **_checkpoint_fields(checkpoint)}]
     rows += [{**common, **_consumption_fields(c)} for c in consumption]
     rows += [{**common, **_event_fields(e)} for e in events]
-    return pa.Table.from_pylist(rows, schema=s.LEDGER_SCHEMA)
+    return _sealed(rows)
 
 
-def event_rows(run_id: str, events: Sequence[LedgerEvent], committed_at: datetime) -> pa.Table:
+def event_rows(
+    run_id: str,
+    events: Sequence[LedgerEvent],
+    committed_at: datetime,
+    *,
+    owner: str | None = None,
+) -> pa.Table:
     """Rows of events recorded outside any checkpoint (checkpoint id ``""``, step -1)."""
-    common = {s.RUN_ID: run_id, s.CHECKPOINT_ID: "", s.STEP: -1, s.COMMITTED_AT: committed_at}
+    common = {s.RUN_ID: run_id, s.CHECKPOINT_ID: "", s.STEP: -1, s.COMMITTED_AT: committed_at,
+              s.OWNER: owner}
     rows = [{**common, **_event_fields(e)} for e in events]
-    return pa.Table.from_pylist(rows, schema=s.LEDGER_SCHEMA)
+    return _sealed(rows)
 
 
 def checkpoints_from_arrow(table: pa.Table) -> list[CheckpointRecord]:
-    """Checkpoint records held in ledger rows, ordered by (run, step); other rows are ignored."""
+    """Checkpoint records held in ledger rows, ordered by (run, step); other rows are ignored.
+
+    Rows are taken as they are: check them with :func:`intact_rows` first.
+    """
     rows = table.filter(pc.field(s.RECORD) == s.RECORD_CHECKPOINT)
     rows = rows.sort_by([(s.RUN_ID, "ascending"), (s.STEP, "ascending")])
     return [_checkpoint_from_row(row) for row in rows.to_pylist()]
+
+
+def row_checksum(row: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) over every field of a ledger row but the checksum itself.
+
+    The fields are hashed as canonical JSON in schema order, with ``committed_at`` as integer
+    microseconds, so the value is the same whichever backend wrote or read the row.
+    """
+    values = [_canonical(row.get(name)) for name in s.LEDGER_SCHEMA.names if name != s.CHECKSUM]
+    text = json.dumps(values, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def intact_rows(table: pa.Table) -> tuple[pa.Table, list[DamagedRecord]]:
+    """Split ledger rows into those whose checksum matches and the damaged rest.
+
+    Returns:
+        The intact rows (same schema), and one :class:`DamagedRecord` per damaged row.
+    """
+    keep: list[bool] = []
+    damaged: list[DamagedRecord] = []
+    for row in table.to_pylist():
+        ok = row.get(s.CHECKSUM) == row_checksum(row)
+        keep.append(ok)
+        if not ok:
+            damaged.append(DamagedRecord(
+                record=str(row.get(s.RECORD)), run_id=str(row.get(s.RUN_ID)),
+                checkpoint_id=str(row.get(s.CHECKPOINT_ID)), step=int(row.get(s.STEP) or -1)))
+    if not damaged:
+        return table, []
+    return table.filter(pa.array(keep, pa.bool_())), damaged
+
+
+def _sealed(rows: list[dict[str, object]]) -> pa.Table:
+    """Rows in the ledger schema, each with its checksum."""
+    table = pa.Table.from_pylist(rows, schema=s.LEDGER_SCHEMA)
+    # checksummed after the round trip through Arrow, so that the value is over exactly what
+    # a reader will see (timestamps truncated to microseconds, int32 columns...)
+    sums = [row_checksum(row) for row in table.to_pylist()]
+    return table.set_column(table.schema.get_field_index(s.CHECKSUM),
+                            s.LEDGER_SCHEMA.field(s.CHECKSUM), pa.array(sums, pa.string()))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return (value - _EPOCH) // timedelta(microseconds=1)
+    if isinstance(value, float):
+        return repr(value)
+    return value
 
 
 def _checkpoint_fields(c: CheckpointRecord) -> dict[str, object]:

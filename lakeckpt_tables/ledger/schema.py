@@ -9,12 +9,13 @@ misread; a ledger stamped with another version is refused when opened.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Final
 
 import pyarrow as pa
 
 __all__ = [
     "CHECKPOINT_ID",
+    "CHECKSUM",
     "COMMITTED_AT",
     "CONFIG_HASH",
     "CONSUMPTION_COLUMNS",
@@ -27,6 +28,7 @@ __all__ = [
     "LEDGER_SCHEMA",
     "MANIFEST",
     "MODEL_LOCATION",
+    "OWNER",
     "PARENT_ID",
     "RANK",
     "READER_STATE",
@@ -49,16 +51,14 @@ __all__ = [
     "WALL_TIME_S",
     "WORKER",
     "WORLD_SIZE",
-    "RecordKind",
 ]
 
-LEDGER_FORMAT_VERSION: Final = 1
-"""Version of this schema and of the meaning of its columns."""
+LEDGER_FORMAT_VERSION: Final = 2
+"""Version of this schema and of the meaning of its columns (2: ``owner`` and ``checksum``)."""
 
 FORMAT_PROPERTY: Final = "lakeckpt.ledger.format"
 """Table property (Delta configuration, Iceberg table property) holding the format version."""
 
-RecordKind = Literal["checkpoint", "consumption", "event"]
 RECORD_CHECKPOINT: Final = "checkpoint"
 """One row per committed checkpoint."""
 RECORD_CONSUMPTION: Final = "consumption"
@@ -77,6 +77,12 @@ STEP: Final = "step"
 """Training step of that checkpoint; ``-1`` for events recorded outside a checkpoint."""
 COMMITTED_AT: Final = "committed_at"
 """When the ledger commit holding the row was made (UTC)."""
+OWNER: Final = "owner"
+"""The job (a token each CheckpointManager draws) that committed the row; null if not said.
+The run's newest owner is the one job allowed to commit its checkpoints (fencing)."""
+CHECKSUM: Final = "checksum"
+"""SHA-256 over the row's other fields (:func:`lakeckpt_tables.ledger.records.row_checksum`),
+checked on read: a row that fails it is damaged and is not trusted."""
 
 # -- checkpoint rows ------------------------------------------------------------------------
 PARENT_ID: Final = "parent_id"
@@ -139,6 +145,8 @@ _TYPES: dict[str, pa.DataType] = {
     CHECKPOINT_ID: pa.string(),
     STEP: pa.int64(),
     COMMITTED_AT: pa.timestamp("us", tz="UTC"),
+    OWNER: pa.string(),
+    CHECKSUM: pa.string(),
     PARENT_ID: pa.string(),
     MODEL_LOCATION: pa.string(),
     MANIFEST: pa.string(),

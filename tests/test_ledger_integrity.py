@@ -1,0 +1,111 @@
+"""Damaged ledger bytes are detected, named, and the run goes on from the newest intact state."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import torch
+from deltalake import DeltaTable
+
+from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.errors import LedgerCorruptError
+from lakeckpt_tables.ledger import DeltaLedger
+from lakeckpt_tables.ledger.records import intact_rows, row_checksum
+
+
+def _run(root: Path, steps: list[int]) -> list[str]:
+    manager = CheckpointManager(root, "r")
+    return [manager.save(step, model=torch.nn.Linear(2, 1)).checkpoint_id for step in steps]
+
+
+def _file_of(root: Path, checkpoint_id: str) -> Path:
+    for path in (root / "_ledger").glob("*.parquet"):
+        if checkpoint_id in pq.read_table(path)["checkpoint_id"].to_pylist():
+            return path
+    raise AssertionError(checkpoint_id)
+
+
+def _events(root: Path, name: str) -> list[dict[str, object]]:
+    rows = DeltaLedger(str(root / "_ledger")).to_arrow().sort_by("committed_at").to_pylist()
+    return [json.loads(r["detail"]) for r in rows if r["event"] == name]
+
+
+def test_every_row_carries_a_checksum_over_all_its_fields(tmp_path: Path) -> None:
+    _run(tmp_path, [1])
+    rows = DeltaLedger(str(tmp_path / "_ledger")).to_arrow()
+    assert rows.num_rows == 1
+    row = rows.to_pylist()[0]
+    assert row["checksum"] == row_checksum(row)
+    for name, other in (("step", 2), ("reader_state", "x"), ("manifest", "{}"),
+                        ("source_version", 7), ("owner", "1")):
+        assert row_checksum({**row, name: other}) != row["checksum"], name
+    changed = rows.set_column(rows.schema.get_field_index("step"), "step",
+                              pa.array([16777217], pa.int64()))
+    kept, damaged = intact_rows(changed)
+    assert kept.num_rows == 0 and [(d.record, d.step) for d in damaged] == [("checkpoint",
+                                                                           16777217)]
+
+
+def test_a_rewritten_record_makes_restore_fall_back_to_the_newest_intact_and_go_on(
+        tmp_path: Path) -> None:
+    ids = _run(tmp_path, [10, 20])
+    path = _file_of(tmp_path, ids[1])
+    rows = pq.read_table(path)
+    step = rows.schema.get_field_index("step")
+    pq.write_table(rows.set_column(step, rows.schema.field(step),
+                                   pa.array([16777236], pa.int64())), path)  # 20 -> 2**24 + 20
+    job = CheckpointManager(tmp_path, "r")
+    assert job.restore(model=torch.nn.Linear(2, 1)) == 10
+    (retired,) = _events(tmp_path, "retired")
+    assert retired["checkpoint_id"] == ids[1] and "fails its checksum" in str(retired["reason"])
+    (restore,) = _events(tmp_path, "restore")
+    assert (restore["checkpoint_id"], restore["steps_lost"]) == (ids[0], 16777226)
+    assert job.save(20, model=torch.nn.Linear(2, 1)).parent_id == ids[0]
+    assert [r.step for r in job.checkpoints()] == [10, 20]
+
+
+@pytest.mark.parametrize("damage", ["bit flips", "truncated", "missing"])
+def test_a_damaged_ledger_file_is_a_named_error_naming_the_file_and_the_way_out(
+        tmp_path: Path, damage: str) -> None:
+    ids = _run(tmp_path, [10, 20])
+    path = _file_of(tmp_path, ids[1])
+    data = bytearray(path.read_bytes())
+    if damage == "bit flips":
+        rng = random.Random(3)
+        for _ in range(8):
+            k = rng.randrange(4, len(data) - 8)
+            data[k] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(data))
+    elif damage == "truncated":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        path.unlink()
+    with pytest.raises(LedgerCorruptError, match=rf"{path.name} is missing, truncated or "
+                       r"damaged .*The way out: move the file aside .*\.repair\(\)"):
+        CheckpointManager(tmp_path, "r").restore(model=torch.nn.Linear(2, 1))
+    if path.exists():
+        path.rename(tmp_path / "aside.parquet")
+    DeltaTable(str(tmp_path / "_ledger")).repair()
+    job = CheckpointManager(tmp_path, "r")
+    assert job.restore(model=torch.nn.Linear(2, 1)) == 10
+    assert job.save(11, model=torch.nn.Linear(2, 1)).parent_id == ids[0]
+
+
+def test_a_tampered_consumption_record_is_a_named_error(tmp_path: Path) -> None:
+    _run(tmp_path, [1])
+    ledger = DeltaLedger(str(tmp_path / "_ledger"))
+    ledger.record_events("r", [])
+    path = next((tmp_path / "_ledger").glob("*.parquet"))
+    rows = pq.read_table(path)
+    consumption = rows.filter(pc.field("record") == "checkpoint").to_pylist()[0]
+    consumption.update(record="consumption", rank=0, worker=0, segment=0, epoch=0, file="f",
+                       row_group=0, row_start=0, row_end=5, rows=5)
+    pq.write_table(pa.Table.from_pylist([consumption], schema=rows.schema), path)
+    with pytest.raises(LedgerCorruptError, match=r"1 consumption record\(s\) fail their checksum"):
+        ledger.consumption("r")

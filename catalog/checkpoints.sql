@@ -19,10 +19,12 @@ ordered AS (
            lag(step) OVER (PARTITION BY run_id ORDER BY step) AS previous_step
     FROM ckpt
 ),
-jumps AS (  -- a checkpoint resumed from before its predecessor: the steps between were lost
-    SELECT o.run_id, p.step AS parent_step, o.step AS child_step
+links AS MATERIALIZED (  -- materialized: planned as one equi-join, not a run-wide join
+    SELECT o.run_id, p.step AS parent_step, o.step AS child_step, o.previous_step
     FROM ordered o JOIN ckpt p ON p.run_id = o.run_id AND p.checkpoint_id = o.parent_id
-    WHERE p.step < o.previous_step
+),
+jumps AS (  -- a checkpoint resumed from before its predecessor: the steps between were lost
+    SELECT run_id, parent_step, child_step FROM links WHERE parent_step < previous_step
 ),
 abandoned AS (
     SELECT DISTINCT c.run_id, c.checkpoint_id

@@ -1,5 +1,6 @@
 -- consumption: one row per row range a (rank, worker) consumed between a checkpoint and its
--- parent, with the status of that checkpoint (see checkpoints.sql).
+-- parent, with the status of that checkpoint (see checkpoints.sql). Unordered: the view is the
+-- large one, and every view built on it would pay for a sort; say ORDER BY in your query.
 CREATE OR REPLACE VIEW consumption AS
 SELECT l.run_id,
        l.checkpoint_id,
@@ -18,6 +19,4 @@ SELECT l.run_id,
        l.rows = l.row_end - l.row_start              AS exact
 FROM ledger l
 JOIN checkpoints c USING (run_id, checkpoint_id)
-WHERE l.record = 'consumption'
-ORDER BY l.run_id, l.step, l.rank, l.worker, l.segment, l.epoch, l.file, l.row_group,
-         l.row_start;
+WHERE l.record = 'consumption';

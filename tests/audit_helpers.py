@@ -58,9 +58,12 @@ class Run:
 class SimulatedRun:
     """Ranks of one run simulated in one process, committing through ``ledger``."""
 
-    def __init__(self, table: Path, ledger: Any, run_id: str, *, world: int = 2, batch: int = 7,
-                 window: int = 3, epochs: int = 1, seed: int = 5, **options: Any) -> None:
+    def __init__(self, table: Path | Any, ledger: Any, run_id: str, *, world: int = 2,
+                 batch: int = 7, window: int = 3, epochs: int = 1, seed: int = 5,
+                 **options: Any) -> None:
+        """``table``: a Delta table's path, or a function making a source."""
         self.table, self.ledger, self.world = table, ledger, world
+        self.make_source = table if callable(table) else lambda: DeltaSource(str(table))
         self.kwargs: dict[str, Any] = {"batch_size": batch, "shuffle_window": window,
                                        "seed": seed, "columns": ["id"], **options}
         if not options.get("follow"):
@@ -72,8 +75,8 @@ class SimulatedRun:
         self._start(None)
 
     def _start(self, state: ReaderState | None) -> None:
-        self.datasets = [LakeDataset(DeltaSource(str(self.table)), rank=r,
-                                     world_size=self.world, **self.kwargs)
+        self.datasets = [LakeDataset(self.make_source(), rank=r, world_size=self.world,
+                                     **self.kwargs)
                          for r in range(self.world)]
         if state is not None:
             for d in self.datasets:

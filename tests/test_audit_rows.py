@@ -121,3 +121,32 @@ def test_rows_and_verify_of_a_follow_run_across_segments(tmp_path: Path) -> None
         (0, 120, 120, None, 1), (1, 60, 60, 1, 2), (2, 60, 60, 2, 3), (3, 60, 60, 3, 4)]
     (verdict,) = verify(str(tmp_path))
     assert verdict.ok and verdict.finished_passes == [(0, 0), (1, 0), (2, 0), (3, 0)]
+
+
+def test_rows_of_a_run_over_an_iceberg_table_with_an_iceberg_ledger(tmp_path: Path) -> None:
+    """The source is found again in the ledger's catalog by its location."""
+    import numpy as np
+    import pyarrow as pa
+    from audit_helpers import SimulatedRun
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakeckpt_tables import IcebergSource
+    from lakeckpt_tables.ledger import IcebergLedger
+
+    catalog = SqlCatalog("lakeckpt", uri=f"sqlite:///{tmp_path}/cat.db",
+                         warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("data")
+    ids = np.arange(300, dtype=np.int64)
+    events = catalog.create_table("data.events", schema=pa.schema([("id", pa.int64())]),
+                                  properties={"write.parquet.row-group-limit": "25"})
+    for part in np.array_split(ids, 3):
+        events.append(pa.table({"id": part}))
+    run = SimulatedRun(lambda: IcebergSource("data.events", catalog=catalog),
+                       IcebergLedger("ml.ledger", catalog=catalog), "ice", world=2, batch=6,
+                       window=2)
+    run.train(7)
+    run.checkpoint()
+    run.train(5)
+    record = run.checkpoint()
+    got = rows("iceberg:ml.ledger", checkpoint=record.checkpoint_id, catalog=catalog)
+    assert Counter(_ids(got)) == Counter(run.run.ids[record.checkpoint_id])

@@ -134,17 +134,20 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
     chain = lineage(records, head)
     steps = {r.checkpoint_id: r.step for r in chain}
     verdict = Verdict(head.run_id, head.checkpoint_id, head.step, checkpoints=len(chain))
+    names = [s.CHECKPOINT_ID, s.SEGMENT, s.EPOCH, s.FILE, s.ROW_GROUP, s.ROW_START, s.ROW_END,
+             s.ROWS]
     consumed = snapshot.rows.filter((pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
-                                    & (pc.field(s.RUN_ID) == head.run_id))
+                                    & (pc.field(s.RUN_ID) == head.run_id)).select(names)
     by_group: dict[Key, list[tuple[int, int, int, int]]] = defaultdict(list)
-    for rec in consumed.to_pylist():
-        step = steps.get(rec[s.CHECKPOINT_ID])
+    columns = [consumed[n].to_pylist() for n in names]
+    for checkpoint_id, segment, epoch, file, group, start, end, rows in zip(*columns,
+                                                                            strict=True):
+        step = steps.get(checkpoint_id)
         if step is None:
             continue  # not in the lineage: training lost with a restore
-        key = (rec[s.SEGMENT], rec[s.EPOCH], rec[s.FILE], rec[s.ROW_GROUP])
-        by_group[key].append((rec[s.ROW_START], rec[s.ROW_END], rec[s.ROWS], step))
+        by_group[(segment, epoch, file, group)].append((start, end, rows, step))
         verdict.records += 1
-        verdict.rows += rec[s.ROWS]
+        verdict.rows += rows
     for key in sorted(by_group):
         verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
     verdict.violations.extend(_gaps(snapshot, head, chain, by_group, verdict, source,
@@ -188,10 +191,10 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
           by_group: dict[Key, list[tuple[int, int, int, int]]], verdict: Verdict,
           source: Any, storage_options: dict[str, str] | None) -> list[str]:
     """Row groups of finished passes that did not give exactly their live rows."""
-    from lakeckpt_tables.reader.state import ReaderState, decode_state
-
     if not head.reader_state:
         return []
+    from lakeckpt_tables.reader.state import ReaderState, decode_state  # imports torch
+
     state = ReaderState.from_dict(decode_state(head.reader_state))
     if state.plan is None:
         return []

@@ -168,11 +168,20 @@ def pass_sizes(rows: pa.Table, *, look_up_sources: bool = True,
 def _pinned_sizes(rows: pa.Table, known: dict[tuple[str, int, int], Any],
                   catalog: Any) -> dict[tuple[str, int, int], dict[str, Any]]:
     """Epochs of the pinned snapshot (segment 0) of every run, sized from table metadata."""
+    checkpoints = rows.filter((pc.field(s.RECORD) == s.RECORD_CHECKPOINT)
+                              & (pc.field(s.READER_STATE) != "")).select(
+        [s.RUN_ID, s.STEP, s.READER_STATE, s.SOURCE_FORMAT, s.SOURCE_LOCATION,
+         s.SOURCE_VERSION])
+    if not checkpoints.num_rows:
+        return {}
+    # each run's newest checkpoint: the last row of the run in (run, step) order
+    ordered = checkpoints.sort_by([(s.RUN_ID, "ascending"), (s.STEP, "ascending")])
+    runs = ordered[s.RUN_ID].to_pylist()
+    newest = [i for i in range(len(runs)) if i + 1 == len(runs) or runs[i + 1] != runs[i]]
+    latest = {c[s.RUN_ID]: c for c in ordered.take(newest).to_pylist()}
+    # the reader state's decoder imports the reader (and torch): only when there is one
     from lakeckpt_tables.reader.state import decode_state
 
-    checkpoints = rows.filter(pc.field(s.RECORD) == s.RECORD_CHECKPOINT).sort_by(
-        [(s.RUN_ID, "ascending"), (s.STEP, "ascending")]).to_pylist()
-    latest = {c[s.RUN_ID]: c for c in checkpoints if c[s.READER_STATE]}
     sizes: dict[tuple[str, int], int | None] = {}
     out: dict[tuple[str, int, int], dict[str, Any]] = {}
     for run, c in latest.items():
@@ -184,17 +193,18 @@ def _pinned_sizes(rows: pa.Table, known: dict[tuple[str, int, int], Any],
             continue  # each epoch pins its own version: only 'round' events size them
         epochs = 1 if config.get("follow") else int(config.get("epochs", 1))
         missing = [e for e in range(epochs) if (run, 0, e) not in known]
-        if not missing:
+        if not missing or c[s.SOURCE_VERSION] is None:
             continue
-        where = (c[s.SOURCE_FORMAT], c[s.SOURCE_LOCATION], c[s.SOURCE_VERSION])
-        key = (f"{where[1]}", int(where[2]))
+        where = (c[s.SOURCE_FORMAT], c[s.SOURCE_LOCATION], int(c[s.SOURCE_VERSION]))
+        key = (where[1], where[2])
         if key not in sizes:
             sizes[key] = _snapshot_rows(*where, catalog=catalog)
-        if sizes[key] is None:
+        size = sizes[key]
+        if size is None:
             continue
         for e in missing:
-            out[(run, 0, e)] = {"rows": sizes[key], "from_version": None,
-                                "to_version": int(where[2]), "origin": "table"}
+            out[(run, 0, e)] = {"rows": size, "from_version": None, "to_version": where[2],
+                                "origin": "table"}
     return out
 
 

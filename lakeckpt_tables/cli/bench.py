@@ -90,6 +90,20 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "(default: a temporary directory, removed afterwards)")
     follow.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    from lakeckpt_tables.bench.audit import DEFAULT_CHECKPOINTS, QUICK_CHECKPOINTS
+
+    audit = sub.add_parser("audit", help="progress, verify and commit latency on a big ledger",
+                           description="A ledger of 100,000 checkpoints x 64 consumption "
+                           "records: maintain, then time progress, verify of one run, and "
+                           "commit latency.")
+    audit.add_argument("--checkpoints", type=_positive, default=DEFAULT_CHECKPOINTS,
+                       help=f"checkpoints in the ledger (default {DEFAULT_CHECKPOINTS:,})")
+    audit.add_argument("--quick", action="store_const", dest="checkpoints",
+                       const=QUICK_CHECKPOINTS, help=f"{QUICK_CHECKPOINTS:,} checkpoints")
+    audit.add_argument("--dir", metavar="PATH", default=None,
+                       help="build the ledger under PATH (default: a temporary directory)")
+    audit.add_argument("--json", action="store_true", help="print the report as JSON")
+
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark; exit status 0 when every target is met, 1 otherwise."""
@@ -99,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         return _checkpoint(args)
     if args.bench == "follow":
         return _follow(args)
+    if args.bench == "audit":
+        return _audit(args)
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 
@@ -144,6 +160,17 @@ def _follow(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json(), indent=2))
     else:
         print(format_report(report))
+    return 0 if report.to_json()["passed"] else 1
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.bench.audit import format_report, run_audit_bench
+
+    def progress(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    report = run_audit_bench(checkpoints=args.checkpoints, root=args.dir, progress=progress)
+    print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
     return 0 if report.to_json()["passed"] else 1
 
 

@@ -72,11 +72,11 @@ class ReadAhead(Generic[J, T]):
             while True:
                 while (not exhausted and len(pending) < self._depth
                        and (not pending or waiting_bytes.value < self._max_bytes)):
-                    job: object = next(self._jobs, _END)
-                    if job is _END:
+                    item: object = next(self._jobs, _END)
+                    if item is _END:
                         exhausted = True
                         break
-                    pending.append(pool.submit(self._counted, cast(J, job), waiting_bytes))
+                    pending.append(pool.submit(self._counted, cast(J, item), waiting_bytes))
                 if not pending:
                     return
                 result = pending.popleft().result()

@@ -10,6 +10,11 @@ and async saves, reader tracking cost, and ledger bytes per checkpoint.
 ``lakeckpt bench follow [--quick] [--poll-interval S] [--dir PATH] [--json]``: follow mode's
 delay from an append's commit to its first row in a batch (p50/p99), and the cost of forming a
 segment over a backlog of 10,000 commits (1,000 with ``--quick``).
+
+``lakeckpt bench peers [--rows N | --quick] [--dir PATH] [--json-out FILE]``: one token table
+read by raw pyarrow, a plain IterableDataset, naive skip-ahead resume, Hugging Face datasets
+streaming and the library, under StatefulDataLoader at 0 and 2 workers; a markdown table of
+ratios, resume times at 0/50/90%.
 """
 
 from __future__ import annotations
@@ -103,6 +108,25 @@ def register(parser: argparse.ArgumentParser) -> None:
     audit.add_argument("--dir", metavar="PATH", default=None,
                        help="build the ledger under PATH (default: a temporary directory)")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
+    from lakeckpt_tables.bench.peers import DEFAULT_ROWS as PEER_ROWS
+    from lakeckpt_tables.bench.peers import QUICK_ROWS as PEER_QUICK
+
+    peers = sub.add_parser("peers", help="the library beside raw pyarrow, a plain loader, HF",
+                           description="One token table read by raw pyarrow, StatefulDataLoader "
+                           "over a plain IterableDataset, naive skip-ahead resume, Hugging Face "
+                           "datasets streaming (the 'bench' extra) and the library, at 0 and 2 "
+                           "workers, with resume at 0, 50 and 90% of a pass.")
+    psize = peers.add_mutually_exclusive_group()
+    psize.add_argument("--rows", type=_positive, default=PEER_ROWS,
+                       help=f"rows of the token table (default {PEER_ROWS:,})")
+    psize.add_argument("--quick", action="store_const", dest="rows", const=PEER_QUICK,
+                       help=f"a fast smoke run on {PEER_QUICK:,} rows")
+    peers.add_argument("--batch-size", type=_positive, default=1024, help="rows per batch")
+    peers.add_argument("--rounds", type=_positive, default=3, help="rounds (median taken)")
+    peers.add_argument("--dir", metavar="PATH", default=None,
+                       help="keep the token table under PATH and reuse it (default: temporary)")
+    peers.add_argument("--json-out", metavar="FILE", default=None,
+                       help="also write the report as JSON to FILE")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         return _follow(args)
     if args.bench == "audit":
         return _audit(args)
+    if args.bench == "peers":
+        return _peers(args)
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 
@@ -172,6 +198,24 @@ def _audit(args: argparse.Namespace) -> int:
     report = run_audit_bench(checkpoints=args.checkpoints, root=args.dir, progress=progress)
     print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
     return 0 if report.to_json()["passed"] else 1
+
+
+def _peers(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from lakeckpt_tables.bench.peers import format_peers, run_peers_bench, write_json
+
+    def progress(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="lakeckpt-peers-") as scratch:
+        report = run_peers_bench(args.dir or scratch, rows=args.rows,
+                                 batch_size=args.batch_size, rounds=args.rounds,
+                                 progress=progress)
+    print(format_peers(report))
+    if args.json_out:
+        write_json(report, args.json_out)
+    return 0
 
 
 def _seconds(text: str) -> float:

@@ -1,0 +1,109 @@
+"""Read-ahead: decode the next windows on background threads while the loop trains.
+
+NOTE [ read-ahead ]
+pyarrow releases the GIL while it reads and decodes Parquet, so a thread can decode the next
+windows while the training loop (or the batch cutting) holds the GIL. Results come back in
+submission order, so what the reader yields, and therefore its position, is exactly what a
+sequential read would give: the position counts rows *delivered*, never rows read ahead, and
+state and resume are unchanged. Memory is bounded twice: at most ``depth`` reads in flight, and
+no new read is started while the results waiting to be consumed hold ``max_bytes`` or more
+(the first pending result is always allowed, so a window larger than the budget still reads).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar, cast
+
+__all__ = ["DEFAULT_DEPTH", "DEFAULT_MAX_BYTES", "ReadAhead"]
+
+T = TypeVar("T")
+J = TypeVar("J")
+
+DEFAULT_DEPTH = 2
+"""Reads in flight ahead of the consumer: one decoding while one waits is enough on 2 cores."""
+
+DEFAULT_MAX_BYTES = 256 << 20
+"""Bytes of decoded windows waiting to be consumed before read-ahead pauses."""
+
+
+class ReadAhead(Generic[J, T]):
+    """Iterate ``read(job)`` for each job, in order, reading up to ``depth`` jobs ahead.
+
+    Args:
+        read: the work per job (runs on a background thread; must be thread-safe).
+        jobs: the jobs, in the order their results are wanted.
+        depth: reads in flight at most; 0 reads in the calling thread (no threads at all).
+        max_bytes: pause reading ahead while finished results hold this many bytes.
+        size: the bytes a result holds (``nbytes`` of a pyarrow table, say).
+
+    An exception raised by ``read`` is raised by the iteration at that job's place, after the
+    results before it. Closing the iterator (or leaving a ``for`` loop) cancels what is queued.
+    """
+
+    def __init__(self, read: Callable[[J], T], jobs: Iterable[J], *,
+                 depth: int = DEFAULT_DEPTH, max_bytes: int = DEFAULT_MAX_BYTES,
+                 size: Callable[[T], int] = lambda _: 0) -> None:
+        if depth < 0:
+            raise ValueError(f"read-ahead depth must be >= 0, got {depth}")
+        if max_bytes < 0:
+            raise ValueError(f"read-ahead max_bytes must be >= 0, got {max_bytes}")
+        self._read = read
+        self._jobs = iter(jobs)
+        self._depth = depth
+        self._max_bytes = max_bytes
+        self._size = size
+
+    def __iter__(self) -> Iterator[T]:
+        if self._depth == 0:
+            for job in self._jobs:
+                yield self._read(job)
+            return
+        pool = ThreadPoolExecutor(max_workers=self._depth,
+                                  thread_name_prefix="lakeckpt-readahead")
+        pending: deque[Future[T]] = deque()
+        waiting_bytes = _Counter()
+        exhausted = False
+        try:
+            while True:
+                while (not exhausted and len(pending) < self._depth
+                       and (not pending or waiting_bytes.value < self._max_bytes)):
+                    item: object = next(self._jobs, _END)
+                    if item is _END:
+                        exhausted = True
+                        break
+                    pending.append(pool.submit(self._counted, cast(J, item), waiting_bytes))
+                if not pending:
+                    return
+                result = pending.popleft().result()
+                waiting_bytes.add(-self._size(result))
+                yield result
+        finally:
+            for future in pending:
+                future.cancel()
+            if not sys.is_finalizing():  # a generator collected at exit: threads are gone
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _counted(self, job: J, counter: _Counter) -> T:
+        result = self._read(job)
+        counter.add(self._size(result))
+        return result
+
+
+_END: object = object()
+
+
+class _Counter:
+    """An int shared between the reading threads and the consumer."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, amount: int) -> None:
+        with self._lock:
+            self.value += amount

@@ -1,0 +1,115 @@
+"""Read-ahead yields exactly what a sequential read yields, in order, within its bounds."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from lakeckpt_tables.reader.readahead import ReadAhead
+
+
+def test_results_come_in_job_order_whatever_order_reads_finish_in() -> None:
+    def read(i: int) -> int:
+        time.sleep(0.002 * ((7 * i) % 5))  # later jobs often finish first
+        return i * i
+
+    assert list(ReadAhead(read, range(40), depth=4)) == [i * i for i in range(40)]
+
+
+def test_depth_zero_reads_in_the_calling_thread() -> None:
+    seen: list[str] = []
+    out = list(ReadAhead(lambda i: seen.append(threading.current_thread().name) or i,
+                         range(5), depth=0))
+    assert out == list(range(5))
+    assert set(seen) == {threading.current_thread().name}
+
+
+def test_the_next_read_runs_while_the_consumer_holds_the_previous_result() -> None:
+    second_started = threading.Event()
+
+    def read(i: int) -> int:
+        if i == 1:
+            second_started.set()
+        return i
+
+    it = iter(ReadAhead(read, range(3), depth=2))
+    assert next(it) == 0
+    # the consumer has not asked for job 1 yet: only read-ahead can have started it
+    assert second_started.wait(timeout=5)
+    assert list(it) == [1, 2]
+
+
+def test_no_more_than_depth_reads_are_in_flight() -> None:
+    lock = threading.Lock()
+    running = peak = 0
+
+    def read(i: int) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.005)
+        with lock:
+            running -= 1
+        return i
+
+    assert list(ReadAhead(read, range(30), depth=3)) == list(range(30))
+    assert peak == 3
+
+
+def test_a_zero_byte_budget_reads_one_job_at_a_time() -> None:
+    lock = threading.Lock()
+    running = peak = 0
+
+    def read(i: int) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.002)
+        with lock:
+            running -= 1
+        return i
+
+    assert list(ReadAhead(read, range(20), depth=4, max_bytes=0)) == list(range(20))
+    assert peak == 1
+
+
+def test_an_error_is_raised_at_its_job_after_the_results_before_it() -> None:
+    def read(i: int) -> int:
+        if i == 3:
+            raise OSError("disk gone at job 3")
+        return i
+
+    got: list[int] = []
+    with pytest.raises(OSError, match="job 3"):
+        for value in ReadAhead(read, range(6), depth=2):
+            got.append(value)
+    assert got == [0, 1, 2]
+
+
+def test_leaving_the_loop_early_stops_reading_and_ends_the_threads() -> None:
+    started: list[int] = []
+
+    def read(i: int) -> int:
+        started.append(i)
+        time.sleep(0.01)
+        return i
+
+    before = threading.active_count()
+    reader = iter(ReadAhead(read, range(1000), depth=2))
+    assert [next(reader) for _ in range(3)] == [0, 1, 2]
+    reader.close()  # type: ignore[attr-defined]
+    assert len(started) <= 5
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("bad", [{"depth": -1}, {"max_bytes": -1}])
+def test_negative_bounds_are_refused(bad: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="must be >= 0"):
+        ReadAhead(lambda i: i, range(3), **bad)

@@ -15,6 +15,8 @@ __all__ = [
     "LakeckptError",
     "LedgerError",
     "PinnedFileMissingError",
+    "ProcessGroupError",
+    "ResumePathError",
     "RowCountMismatchError",
     "SourceChangedError",
     "SourceNotFoundError",
@@ -79,3 +81,11 @@ class CheckpointError(LakeckptError):
 
 class CheckpointIntegrityError(CheckpointError):
     """A checkpoint's files do not match the checksums recorded in the ledger."""
+
+
+class ResumePathError(StateMismatchError):
+    """A resume path cannot honour this reader state; the message names the one that can."""
+
+
+class ProcessGroupError(LakeckptError):
+    """The environment says several ranks but no torch.distributed process group is set up."""

@@ -37,7 +37,7 @@ from conftest import flat, loader_for, sql_catalog, take
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
-from lakeckpt_tables.errors import SourceChangedError
+from lakeckpt_tables.errors import ResumePathError, SourceChangedError
 from lakeckpt_tables.ledger import DeltaLedger
 from lakeckpt_tables.reader import encode_state, merge_states, states_from_loader
 
@@ -411,6 +411,14 @@ def test_a_resumed_follower_after_until_version_yields_nothing_more(tiny: Writte
         resumed = _follow(tiny, until_version=60)
         resumed.load_state_dict(saved)
         assert _bounded(lambda r=resumed, w=workers: take(loader_for(r, w))) == []
+        # torchdata's own resume would start the finished pass afresh in new workers
+        again = loader_for(_follow(tiny, until_version=60), workers)
+        again.load_state_dict(saved)
+        if workers:
+            with pytest.raises(ResumePathError, match="at the end of its pass"):
+                take(again)
+        else:
+            assert _bounded(lambda a=again: take(a)) == []
 
 
 def _short_segments_table(tmp_path: Path) -> Written:

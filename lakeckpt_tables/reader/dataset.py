@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -15,6 +16,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import (
     EmptySourceError,
+    ProcessGroupError,
+    ResumePathError,
     StateMismatchError,
     UnknownColumnError,
     UnsupportedTableError,
@@ -27,6 +30,11 @@ from lakeckpt_tables.plan import (
     permutation,
     replan_rounds,
 )
+from lakeckpt_tables.reader._torchdata import (
+    is_loader_state,
+    next_worker_in_turn,
+    states_from_loader,
+)
 from lakeckpt_tables.reader.convert import to_tensors
 from lakeckpt_tables.reader.rounds import FollowPolicy, Round, RoundSequence, RoundUnits
 from lakeckpt_tables.reader.state import (
@@ -34,7 +42,6 @@ from lakeckpt_tables.reader.state import (
     PlanShape,
     ReaderState,
     merge_states,
-    states_from_loader,
 )
 from lakeckpt_tables.sources.base import Snapshot, Source
 
@@ -218,8 +225,7 @@ class LakeDataset(IterableDataset[Batch]):
             StateMismatchError: the state is of another table, version, run configuration or
                 format version, or corrupt; the message says what differs.
         """
-        if isinstance(state_dict, dict) and state_dict.get("format") != STATE_FORMAT and (
-                "_snapshot" in state_dict or "dataset_state" in state_dict):
+        if is_loader_state(state_dict) and state_dict.get("format") != STATE_FORMAT:
             parsed = merge_states(states_from_loader(state_dict))
         else:
             parsed = ReaderState.from_dict(state_dict)
@@ -227,6 +233,32 @@ class LakeDataset(IterableDataset[Batch]):
         self._resume = parsed if parsed.plan is not None else None
         self._resume_own = get_worker_info() is not None
         self._cursor = None
+        if self._resume_own and self._resume is not None:
+            self._refuse_a_finished_pass_restored_by_the_loader()
+
+    def _refuse_a_finished_pass_restored_by_the_loader(self) -> None:
+        """NOTE [ torchdata's end-of-pass trap ] (``reader/_torchdata.py``): this worker was
+        handed its state by ``loader.load_state_dict``; if its slice has delivered its whole
+        pass, torchdata may be about to start the pass again in fresh workers."""
+        cursor = self._start_cursor()
+        rnd = self.rounds.get(cursor.epoch, cursor.rounds, wait=False)
+        if rnd is not None:
+            plan = self._round_plan(self._policy(cursor.shape), rnd,
+                                    cursor.layouts.get(cursor.epoch))
+            if cursor.position < plan.delivered_rows(cursor.slice_index):
+                return  # mid-round: torchdata resumes this exactly
+            if self.follow is None and self.refresh is None and cursor.epoch < self.epochs - 1:
+                return  # epochs remain in this pass
+            if (self.follow is not None and self.follow.max_idle is None
+                    and not self.rounds.at_end(rnd.to)):
+                return  # a follower's pass ends only at until_version or idle
+        raise ResumePathError(
+            f"{self.snapshot.describe()}: DataLoader worker {cursor.slice_index % cursor.shape[1]}"
+            f" of rank {self.rank} was restored by StatefulDataLoader.load_state_dict at the end "
+            "of its pass; torchdata (0.11) cannot tell a finished pass from one it restarts "
+            "afresh in new workers, so the pass could be delivered twice. Resume through the "
+            "dataset instead: dataset.load_state_dict(saved) before iterating the loader "
+            "(CheckpointManager.restore does this)")
 
     def _check_compatible(self, state: ReaderState) -> None:
         ours = self._empty_state(None)
@@ -457,15 +489,7 @@ class LakeDataset(IterableDataset[Batch]):
                     d += int(np.searchsorted(plan.batch_ends(g), position, side="right"))
             done.append(d)
             due.append(n if self.follow is None else n + 1)  # a follower never runs dry
-        # Round j polls, in worker order, every worker with more than j batches: the workers
-        # that yielded the most form a prefix of the current round, the last of them went last.
-        most = max(done)
-        last = max(i for i, d in enumerate(done) if d == most) if most else -1
-        for step in range(1, workers + 1):
-            i = (last + step) % workers
-            if done[i] < due[i]:
-                return i
-        return 0
+        return next_worker_in_turn(done, due)
 
     def _own_round(self, rounds: dict[int, Round] | Any, index: int) -> dict[int, Round]:
         """The descriptor a state needs for round ``index`` (see ``needs_descriptor``)."""
@@ -477,8 +501,9 @@ class LakeDataset(IterableDataset[Batch]):
     def __iter__(self) -> Iterator[Batch]:
         cursor = self._start_cursor()
         self._cursor = cursor
-        if get_worker_info() is None:
-            self._resume = None  # a later pass in this process starts afresh
+        if get_worker_info() is None or self._resume_own:
+            # a later pass in this process starts afresh (persistent workers: in this worker)
+            self._resume = None
         policy = self._policy(cursor.shape)
         index = cursor.epoch
         while (rnd := self.rounds.get(index, cursor.rounds, wait=True)) is not None:
@@ -585,6 +610,15 @@ def _check_columns(snapshot: Snapshot, columns: Sequence[str] | None) -> list[st
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     dist = torch.distributed
     initialized = dist.is_available() and dist.is_initialized()
+    launched = os.environ.get("WORLD_SIZE", "1").strip()
+    if not initialized and world_size is None and launched.isdigit() and int(launched) > 1:
+        # torchrun set the environment but nobody joined the ranks: every rank would believe
+        # it is alone and read the whole table (duplicates until the ledger refuses a commit)
+        raise ProcessGroupError(
+            f"WORLD_SIZE={launched} (RANK={os.environ.get('RANK', '?')}) is set, as torchrun "
+            "does, but torch.distributed has no process group. Call "
+            "torch.distributed.init_process_group() (backend 'gloo' on CPU, 'nccl' on GPU) "
+            "before building the LakeDataset, or pass rank= and world_size= explicitly")
     if world_size is None:
         world_size = dist.get_world_size() if initialized else 1
     if rank is None:

@@ -180,7 +180,8 @@ class RoundSequence:
 
     # ------------------------------------------------------------------------ follow
 
-    def _at_end(self, version: int) -> bool:
+    def at_end(self, version: int) -> bool:
+        """Follow mode: whether ``version`` is at or past ``until_version`` (the pass ends)."""
         assert self.follow is not None
         until = self.follow.until_version
         return until is not None and (version == until or self.source.is_after(version, until))
@@ -210,7 +211,7 @@ class RoundSequence:
         version, rows = prev.to, 0
         units: list[Unit] = []
         skipped: list[tuple[int, str]] = []
-        while not self._at_end(version):
+        while not self.at_end(version):
             commit = self._next_commit(version, wait)
             if commit is None:
                 if wait and rows:

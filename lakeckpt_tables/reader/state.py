@@ -35,6 +35,7 @@ from typing import Any
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import Piece
+from lakeckpt_tables.reader._torchdata import states_from_loader
 from lakeckpt_tables.reader.rounds import Round
 from lakeckpt_tables.types import TableIdentity
 
@@ -207,26 +208,6 @@ def _merge_two(a: ReaderState, b: ReaderState) -> ReaderState:
                                      f"{slices[g]} vs {pos}")
         slices[g] = pos
     return replace(a, slices=tuple(slices), rounds={**a.rounds, **b.rounds})
-
-
-def states_from_loader(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The dataset states inside a torchdata ``StatefulDataLoader.state_dict()``.
-
-    Works for ``num_workers=0`` (one state) and for worker processes (one per worker).
-    """
-    snapshot = loader_state.get("_snapshot")
-    if snapshot is not None:
-        workers = snapshot.get("_worker_snapshots", {})
-        found = [w.get("dataset_state") for _, w in sorted(workers.items())]
-    else:
-        found = [loader_state.get("dataset_state")]
-    states = [s for s in found if s is not None]
-    if not states:
-        raise StateMismatchError(
-            "the DataLoader state holds no LakeDataset state: was it taken from a "
-            "StatefulDataLoader over a LakeDataset?"
-        )
-    return states
 
 
 def encode_state(state: Mapping[str, Any] | ReaderState) -> str:

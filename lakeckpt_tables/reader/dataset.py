@@ -274,8 +274,11 @@ class LakeDataset(IterableDataset[Batch]):
         if self._adopt_min_segment_rows(state):
             ours = self._empty_state(None)
         if state.version != ours.version:
+            how = (f"pass version={state.version}" if self._requested_version is not None
+                   else "resume through dataset.load_state_dict(saved) in the main process, "
+                   f"which pins it, or pass version={state.version}")
             diffs.append(f"version: state pinned {state.version}, this reader pinned "
-                         f"{ours.version} (pass version={state.version})")
+                         f"{ours.version} ({how})")
         for key in sorted(set(state.config) | set(ours.config)):
             if state.config.get(key) != ours.config.get(key):
                 diffs.append(f"{key}: state has {state.config.get(key)!r}, this reader "
@@ -285,10 +288,9 @@ class LakeDataset(IterableDataset[Batch]):
                                      + "; ".join(diffs))
 
     def _adopts_versions(self) -> bool:
-        """Follow and refresh readers built for the latest version resume where the state
-        began instead (in the main process: resolving a snapshot there is fork-safe)."""
-        return ((self.follow is not None or self.refresh is not None)
-                and self._requested_version is None and get_worker_info() is None)
+        """A reader built without ``version=`` pins the version its loaded state pinned: the
+        state decides (in the main process only: resolving a snapshot there is fork-safe)."""
+        return self._requested_version is None and get_worker_info() is None
 
     def _adopt_min_segment_rows(self, state: ReaderState) -> bool:
         """A follower left to the default ``min_segment_rows`` (ranks x batch size) resumes

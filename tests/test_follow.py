@@ -655,6 +655,27 @@ def test_a_delete_or_overwrite_is_skipped_on_request_and_the_ledger_records_it(
     assert realpaths(ledger_units(root)) == realpaths(delta_units(written, 0, [1, 2, 4, 5]))
 
 
+def test_a_run_stopped_by_on_change_fail_resumes_with_skip_and_the_ledger_records_the_change(
+        tmp_path: Path) -> None:
+    """Issue 8 item 7: options that do not define the rows may change on resume; the ledger
+    names the change, every round once, and the rows still add up exactly once."""
+    written = _changed_table(tmp_path, "delete")
+    root = tmp_path / "ckpt"
+    with pytest.raises(SourceChangedError, match="version 3"):
+        _bounded(lambda: _follow_with_checkpoints(_changed_follower(written, "fail"), root,
+                                                  every=2))
+    _bounded(lambda: _follow_with_checkpoints(_changed_follower(written, "skip"), root,
+                                              every=2))
+    assert ledger_events(root, "policy_change") == [
+        {"option": "on_change", "old": "fail", "new": "skip"}]
+    assert realpaths(ledger_units(root)) == realpaths(delta_units(written, 0, [1, 2, 4, 5]))
+    rounds = ledger_events(root, "round")
+    assert [(r["round"], r["segment"], r["base_version"], r["version"], r["rows"],
+             r["delivered"]) for r in rounds] == [
+        (0, 0, None, 0, 20, 20), (1, 1, 0, 1, 10, 10), (2, 2, 1, 2, 10, 10),
+        (3, 3, 2, 4, 10, 10), (4, 4, 4, 5, 10, 10)]
+
+
 # ------------------------------------------------------------------------- 5. Iceberg
 
 ICEBERG_ID = "follow.rows"

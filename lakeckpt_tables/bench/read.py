@@ -379,7 +379,7 @@ class ResumeResult:
 def _state_at(dataset: LakeDataset, position: int) -> dict[str, Any]:
     """A one-slice reader state ``position`` rows into epoch 0, built from the state schema."""
     snap = dataset.snapshot
-    state = ReaderState(snap.identity, snap.version, 0, dataset.config,
+    state = ReaderState(snap.identity, snap.version, dataset.config,
                         (dataset.world_size, 1, dataset.batch_size), {}, ((0, position),))
     return state.to_dict()
 
@@ -493,7 +493,7 @@ def simulated_state(
                              str(uuid.UUID(int=int(rng.integers(0, 2**62)))))
     config = {"seed": 1234, "shuffle": True, "shuffle_window": 4, "drop_last": False,
               "epochs": 1, "columns": list(columns)}
-    state = ReaderState(identity, 4821, 0, config, (ranks, workers, batch_size), {}, positions)
+    state = ReaderState(identity, 4821, config, (ranks, workers, batch_size), {}, positions)
     return state, per_slice
 
 

@@ -53,21 +53,27 @@ def consumed_between(dataset: LakeDataset, before: ReaderState | None,
 
 def segment_events(dataset: LakeDataset, before: ReaderState | None,
                    after: ReaderState) -> list[tuple[str, dict[str, Any]]]:
-    """Events of the rounds first reached between two states: follow segments formed, the
-    commits they skipped, and rows the plan does not deliver (``undelivered``)."""
+    """Events between two states: options changed on resume (``policy_change``), and for the
+    rounds first reached, the ``round`` itself, follow segments formed, the commits they
+    skipped, and rows the plan does not deliver (``undelivered``)."""
+    events = _policy_changes(before, after)
     if after.plan is None:
-        return []
+        return events
     reached = max((s[0] for s in after.slices if s is not None), default=0)
     since = -1 if before is None else max((s[0] for s in before.slices if s is not None),
                                           default=0)
     known = {**(before.rounds if before is not None else {}), **after.rounds}
-    events: list[tuple[str, dict[str, Any]]] = []
     for index in range(since + 1, reached + 1):
         rnd = dataset.rounds.get(index, known, wait=False)
         if rnd is None:
             break
         known[index] = rnd
         units = dataset.rounds.units(rnd)
+        plan, _ = dataset.round_plan(index, after.plan, dict(after.layouts), known)
+        events.append(("round", {
+            "round": index, "segment": rnd.segment, "epoch": rnd.epoch, "version": rnd.to,
+            "base_version": rnd.base, "rows": int(units.rows.sum()),
+            "delivered": sum(plan.delivered_rows(g) for g in range(plan.policy.slices))}))
         if dataset.follow is not None and index > 0:
             events.append(("segment", {"segment": rnd.segment, "from_version": rnd.base,
                                        "to_version": rnd.to, "rows": int(units.rows.sum()),
@@ -75,9 +81,20 @@ def segment_events(dataset: LakeDataset, before: ReaderState | None,
             events.extend(("skipped_commit", {"segment": rnd.segment, "version": version,
                                               "reason": reason})
                           for version, reason in rnd.skipped)
-        plan, _ = dataset.round_plan(index, after.plan, dict(after.layouts), known)
         events.extend(_undelivered(plan, units.units))
     return events
+
+
+def _policy_changes(before: ReaderState | None,
+                    after: ReaderState) -> list[tuple[str, dict[str, Any]]]:
+    """Options that may change on resume (``ReaderState.policy``), each change named once:
+    with the first checkpoint after the resume that changed it."""
+    if before is None:
+        return []
+    return [("policy_change", {"option": key, "old": before.policy.get(key),
+                               "new": after.policy.get(key)})
+            for key in sorted(set(before.policy) | set(after.policy))
+            if before.policy.get(key) != after.policy.get(key)]
 
 
 def _undelivered(plan: EpochPlan, units: tuple[Unit, ...]) -> list[tuple[str, dict[str, Any]]]:

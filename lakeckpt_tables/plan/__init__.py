@@ -144,7 +144,9 @@ class Piece:
         piece = cls(tuple((int(a), int(b)) for a, b in spans),
                     None if seed is None else int(seed), int(lo), int(hi))
         total = sum(b - a for a, b in piece.spans)
-        if not 0 <= piece.lo <= piece.hi <= total or any(b < a for a, b in piece.spans):
+        if (not 0 <= piece.lo <= piece.hi <= total
+                or any(not 0 <= a <= b for a, b in piece.spans)
+                or (piece.seed is not None and not 0 <= piece.seed < 2**63)):
             raise ValueError(f"malformed piece {value!r}")
         return piece
 

@@ -18,6 +18,7 @@ from lakeckpt_tables.errors import (
     EmptySourceError,
     ProcessGroupError,
     ResumePathError,
+    SourceNotFoundError,
     StateMismatchError,
     UnknownColumnError,
     UnsupportedTableError,
@@ -30,6 +31,7 @@ from lakeckpt_tables.plan import (
     permutation,
     replan_rounds,
 )
+from lakeckpt_tables.plan.validate import layout_problem, position_problem
 from lakeckpt_tables.reader._torchdata import (
     is_loader_state,
     next_worker_in_turn,
@@ -185,22 +187,29 @@ class LakeDataset(IterableDataset[Batch]):
 
     @property
     def config(self) -> dict[str, Any]:
-        """The run configuration a state must match to be loaded."""
+        """What defines the rows: a state loads only into a reader with the same."""
         config: dict[str, Any] = {
             "seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window,
             "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns)}
         if self.refresh is not None:
             config["refresh"] = self.refresh
         if self.follow is not None:
-            config["follow"] = {"min_segment_rows": self.follow.min_segment_rows,
-                                "on_change": self.follow.on_change,
-                                "until_version": self.follow.until_version}
+            config["follow"] = {"min_segment_rows": self.follow.min_segment_rows}
         return config
+
+    @property
+    def policy(self) -> dict[str, Any]:
+        """Options that do not define the rows: they may change on resume (recorded in the
+        ledger as ``policy_change`` events)."""
+        if self.follow is None:
+            return {}
+        return {"on_change": self.follow.on_change, "until_version": self.follow.until_version,
+                "max_idle": self.follow.max_idle, "poll_interval": self.follow.poll_interval}
 
     def _empty_state(self, shape: PlanShape | None) -> ReaderState:
         slices = () if shape is None else (None,) * (shape[0] * shape[1])
-        return ReaderState(self.snapshot.identity, self.snapshot.version, 0, self.config,
-                           shape, {}, slices)
+        return ReaderState(self.snapshot.identity, self.snapshot.version, self.config,
+                           shape, {}, slices, policy=self.policy)
 
     def state_dict(self) -> dict[str, Any]:
         """This reader's position (torchdata ``Stateful``): JSON-clean, small, never pickled.
@@ -213,9 +222,10 @@ class LakeDataset(IterableDataset[Batch]):
         cursor = self._cursor
         if cursor is None:
             return (self._resume or self._empty_state(None)).to_dict()
-        state = ReaderState(self.snapshot.identity, self.snapshot.version, 0, self.config,
+        state = ReaderState(self.snapshot.identity, self.snapshot.version, self.config,
                             cursor.shape, cursor.layouts,
-                            (None,) * (cursor.shape[0] * cursor.shape[1]), cursor.rounds)
+                            (None,) * (cursor.shape[0] * cursor.shape[1]), cursor.rounds,
+                            self.policy)
         return state.with_slice(cursor.slice_index, (cursor.epoch, cursor.position)).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -225,16 +235,56 @@ class LakeDataset(IterableDataset[Batch]):
             StateMismatchError: the state is of another table, version, run configuration or
                 format version, or corrupt; the message says what differs.
         """
-        if is_loader_state(state_dict) and state_dict.get("format") != STATE_FORMAT:
-            parsed = merge_states(states_from_loader(state_dict))
-        else:
-            parsed = ReaderState.from_dict(state_dict)
-        self._check_compatible(parsed)
+        try:
+            if is_loader_state(state_dict) and state_dict.get("format") != STATE_FORMAT:
+                parsed = merge_states(states_from_loader(state_dict))
+            else:
+                parsed = ReaderState.from_dict(state_dict)
+            self._check_compatible(parsed)
+            self._check_against_plan(parsed)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError,
+                OverflowError) as exc:  # whatever shape a damaged state takes: named
+            raise StateMismatchError(f"{self.snapshot.describe()}: reader state is corrupt: "
+                                     f"{exc!r}") from exc
         self._resume = parsed if parsed.plan is not None else None
         self._resume_own = get_worker_info() is not None
         self._cursor = None
         if self._resume_own and self._resume is not None:
             self._refuse_a_finished_pass_restored_by_the_loader()
+
+    def _check_against_plan(self, state: ReaderState) -> None:
+        """Refuse a state that cannot be a position of the plan it claims
+        (``lakeckpt_tables.plan.validate`` says what can and cannot be told)."""
+        if state.plan is None:
+            return
+        policy = self._policy(state.plan)
+        known = dict(state.rounds)
+        problems = [f"round descriptor {key} names round {rnd.index}"
+                    for key, rnd in known.items() if rnd.index != key]
+        indices = {s[0] for s in state.slices if s is not None} | set(state.layouts)
+        for index in sorted(indices):
+            if self.follow is None and self.refresh is None and index >= self.epochs:
+                problems.append(f"it stands in epoch {index} of a {self.epochs}-epoch pass")
+                continue
+            if self.refresh is not None and index not in known:
+                continue  # a re-pinned epoch not begun: pinned by set_epoch later
+            rnd = self._known_round(index, known)
+            known[index] = rnd
+            units = self.rounds.units(rnd)
+            layout = state.layouts.get(index)
+            if layout is not None:
+                problem = layout_problem(layout, int(units.rows.sum()))
+                if problem is not None:
+                    problems.append(f"round {index}: {problem}")
+                    continue
+            plan = self._round_plan(policy, rnd, layout)
+            problems.extend(p for g, s in enumerate(state.slices)
+                            if s is not None and s[0] == index
+                            and (p := position_problem(plan, g, s[1])) is not None)
+        if problems:
+            raise StateMismatchError(
+                f"{self.snapshot.describe()}: reader state cannot be a position of its plan "
+                f"{state.plan} (world_size, workers, batch_size): " + "; ".join(problems))
 
     def _refuse_a_finished_pass_restored_by_the_loader(self) -> None:
         """NOTE [ torchdata's end-of-pass trap ] (``reader/_torchdata.py``): this worker was
@@ -269,7 +319,11 @@ class LakeDataset(IterableDataset[Batch]):
             diffs.append(f"table: state is of {state.table.describe()}, "
                          f"this reader reads {ours.table.describe()}")
         if same_table and state.version != ours.version and self._adopts_versions():
-            self._repin(state.version)
+            try:
+                self._repin(state.version)
+            except SourceNotFoundError as exc:
+                raise StateMismatchError(f"reader state pinned version {state.version}, which "
+                                         f"the table does not list: {exc}") from exc
             ours = self._empty_state(None)
         if self._adopt_min_segment_rows(state):
             ours = self._empty_state(None)
@@ -415,8 +469,8 @@ class LakeDataset(IterableDataset[Batch]):
         first, layouts = replan_rounds(plan_for, dict(state.layouts), state.positions())
         rounds = {r: d for r, d in known.items()
                   if r >= first and self.rounds.needs_descriptor(d)}
-        return ReaderState(state.table, state.version, state.segment, state.config, shape,
-                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds)
+        return ReaderState(state.table, state.version, state.config, shape,
+                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy)
 
     def round_plan(self, index: int, shape: PlanShape, layouts: dict[int, tuple[Piece, ...]],
                    known: dict[int, Round]) -> tuple[EpochPlan, RoundUnits]:

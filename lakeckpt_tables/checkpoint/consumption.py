@@ -18,7 +18,6 @@ from lakeckpt_tables.plan import EpochPlan, Piece, _cut_spans, permutation
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.reader.rounds import RoundUnits
 from lakeckpt_tables.reader.state import ReaderState
-from lakeckpt_tables.types import Unit
 
 __all__ = ["consumed_between", "segment_events"]
 
@@ -47,7 +46,7 @@ def consumed_between(dataset: LakeDataset, before: ReaderState | None,
             plan, units = plans[index]
             lo = start[1] if index == start[0] else 0
             hi = end[1] if index == end[0] else plan.delivered_rows(g)
-            out.extend(_slice_records(plan, units.units, g, lo, hi))
+            out.extend(_slice_records(plan, units, g, lo, hi))
     return _coalesce(out)
 
 
@@ -81,7 +80,7 @@ def segment_events(dataset: LakeDataset, before: ReaderState | None,
             events.extend(("skipped_commit", {"segment": rnd.segment, "version": version,
                                               "reason": reason})
                           for version, reason in rnd.skipped)
-        events.extend(_undelivered(plan, units.units))
+        events.extend(_undelivered(plan, units))
     return events
 
 
@@ -97,7 +96,7 @@ def _policy_changes(before: ReaderState | None,
             if before.policy.get(key) != after.policy.get(key)]
 
 
-def _undelivered(plan: EpochPlan, units: tuple[Unit, ...]) -> list[tuple[str, dict[str, Any]]]:
+def _undelivered(plan: EpochPlan, units: RoundUnits) -> list[tuple[str, dict[str, Any]]]:
     """NOTE [ lockstep ] in lakeckpt_tables.plan: a remainder no slice can take in lockstep,
     and with drop_last each slice's partial last batch, are not delivered: name their rows."""
     reasons = [("lockstep remainder", plan.tail())]
@@ -111,13 +110,14 @@ def _undelivered(plan: EpochPlan, units: tuple[Unit, ...]) -> list[tuple[str, di
             continue
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1
         spans = [(int(run[0]), int(run[-1]) + 1) for run in np.split(rows, breaks)]
-        ranges = [[units[u].path, units[u].row_group, r0, r1] for u, r0, r1 in plan.locate(spans)]
+        ranges = [[unit.path, unit.row_group, first, end]
+                  for unit, first, end in (units.at(*c) for c in plan.locate(spans))]
         events.append(("undelivered", {"segment": plan.segment, "epoch": plan.epoch,
                                        "reason": reason, "rows": len(rows), "ranges": ranges}))
     return events
 
 
-def _slice_records(plan: EpochPlan, units: tuple[Unit, ...], g: int, lo: int,
+def _slice_records(plan: EpochPlan, units: RoundUnits, g: int, lo: int,
                    hi: int) -> list[ConsumptionRecord]:
     rank, worker = divmod(g, plan.policy.workers)
     out: list[ConsumptionRecord] = []
@@ -128,9 +128,9 @@ def _slice_records(plan: EpochPlan, units: tuple[Unit, ...], g: int, lo: int,
         if a >= b:
             continue
         for u, r0, r1, n in _window_part(plan, window, a, b):
-            unit = units[u]
+            unit, first, end = units.at(u, r0, r1)
             out.append(ConsumptionRecord(rank, worker, plan.segment, plan.epoch, unit.path,
-                                unit.row_group, r0, r1, n))
+                                         unit.row_group, first, end, n))
         if offset >= hi:
             break
     return out

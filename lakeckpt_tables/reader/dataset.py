@@ -32,13 +32,20 @@ from lakeckpt_tables.plan import (
     replan_rounds,
 )
 from lakeckpt_tables.plan.validate import layout_problem, position_problem
+from lakeckpt_tables.reader._cache import RowGroupCache
 from lakeckpt_tables.reader._torchdata import (
     is_loader_state,
     next_worker_in_turn,
     states_from_loader,
 )
 from lakeckpt_tables.reader.convert import to_tensors
-from lakeckpt_tables.reader.rounds import FollowPolicy, Round, RoundSequence, RoundUnits
+from lakeckpt_tables.reader.rounds import (
+    DEFAULT_UNIT_ROWS,
+    FollowPolicy,
+    Round,
+    RoundSequence,
+    RoundUnits,
+)
 from lakeckpt_tables.reader.state import (
     STATE_FORMAT,
     PlanShape,
@@ -46,6 +53,7 @@ from lakeckpt_tables.reader.state import (
     merge_states,
 )
 from lakeckpt_tables.sources.base import Snapshot, Source
+from lakeckpt_tables.types import Unit
 
 __all__ = ["LakeDataset"]
 
@@ -100,7 +108,8 @@ class LakeDataset(IterableDataset[Batch]):
         rank: this process's rank; from torch.distributed when initialized, else 0.
         world_size: number of ranks; from torch.distributed when initialized, else 1.
         drop_last: deliver full batches only (per worker); the rest is reported undelivered.
-        shuffle_window: units read and shuffled together; memory is about this many row groups.
+        shuffle_window: plan units read and shuffled together (NOTE [ bounded units ] in
+            ``reader/rounds.py``).
         transform: called on every batch dict in the worker, before it is yielded.
         follow: after the pinned snapshot, go on with the rows appended to the table, segment
             by segment, without epochs (see ``lakeckpt_tables.reader.rounds``).
@@ -114,6 +123,8 @@ class LakeDataset(IterableDataset[Batch]):
             ``world_size * batch_size``. Must be at least ranks x workers.
         refresh: ``"epoch"``: every epoch reads the table's latest version, pinned for it by
             :meth:`set_epoch` (call it before iterating each epoch); one pass is one epoch.
+        unit_rows: rows of a plan unit at most: row groups are planned as row ranges of this
+            size, so shuffle mixes and work divides at any row-group size.
 
     Raises:
         SourceNotFoundError, UnsupportedTableError, EmptySourceError, UnknownColumnError,
@@ -143,11 +154,15 @@ class LakeDataset(IterableDataset[Batch]):
         on_change: Literal["fail", "skip"] = "fail",
         min_segment_rows: int | None = None,
         refresh: Literal["epoch"] | None = None,
+        unit_rows: int = DEFAULT_UNIT_ROWS,
     ) -> None:
         super().__init__()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs must be a positive int, got {epochs!r}")
         PlanPolicy(batch_size=batch_size, shuffle_window=shuffle_window)  # validates both
+        if not isinstance(unit_rows, int) or isinstance(unit_rows, bool) or unit_rows < 1:
+            raise ValueError(f"unit_rows must be a positive int, got {unit_rows!r}")
+        self.unit_rows = unit_rows
         self.source = source
         self._requested_version = version
         self._requested_min_segment_rows = min_segment_rows
@@ -176,12 +191,14 @@ class LakeDataset(IterableDataset[Batch]):
                              "before each); it takes neither follow=True nor epochs")
         self.refresh = refresh
         self.rounds = RoundSequence(source, self.snapshot, self.columns, epochs=epochs,
-                                    follow=self.follow, refresh=refresh is not None)
+                                    follow=self.follow, refresh=refresh is not None,
+                                    unit_rows=unit_rows)
         self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None
         self._resume_own = False  # the state was handed to this DataLoader worker by torchdata
         self._cursor: _Cursor | None = None
         self._row_reader = self.snapshot.row_reader()
+        self._cache = RowGroupCache(self._read_row_group)
 
     # ----------------------------------------------------------------------------- state
 
@@ -190,7 +207,8 @@ class LakeDataset(IterableDataset[Batch]):
         """What defines the rows: a state loads only into a reader with the same."""
         config: dict[str, Any] = {
             "seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window,
-            "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns)}
+            "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns),
+            "unit_rows": self.unit_rows}
         if self.refresh is not None:
             config["refresh"] = self.refresh
         if self.follow is not None:
@@ -359,16 +377,19 @@ class LakeDataset(IterableDataset[Batch]):
         # rounds formed under the old value are dropped (no snapshot is resolved: fork-safe)
         self.rounds = RoundSequence(self.source, self.snapshot, self.columns,
                                     epochs=self.epochs, follow=self.follow,
-                                    refresh=self.refresh is not None)
+                                    refresh=self.refresh is not None,
+                                    unit_rows=self.unit_rows)
         return True
 
     def _repin(self, version: int) -> None:
         self.snapshot = self.source.snapshot(version)
         self._row_reader = self.snapshot.row_reader()
+        self._cache = RowGroupCache(self._read_row_group)
         self.columns = _check_columns(self.snapshot, self.columns)
         self.rounds = RoundSequence(self.source, self.snapshot, self.columns,
                                     epochs=self.epochs, follow=self.follow,
-                                    refresh=self.refresh is not None)
+                                    refresh=self.refresh is not None,
+                                    unit_rows=self.unit_rows)
 
     # ------------------------------------------------------------------- re-pinned epochs
 
@@ -489,8 +510,9 @@ class LakeDataset(IterableDataset[Batch]):
 
     def _round_plan(self, policy: PlanPolicy, rnd: Round,
                     layout: Sequence[Piece] | None) -> EpochPlan:
-        return EpochPlan(self.rounds.units(rnd).rows, policy, segment=rnd.segment,
-                         epoch=rnd.epoch, layout=layout)
+        units = self.rounds.units(rnd)
+        return EpochPlan(units.rows, policy, segment=rnd.segment, epoch=rnd.epoch,
+                         layout=layout, groups=units.source)
 
     def _resumed_slice(self, resume: ReaderState, shape: PlanShape, worker: int) -> int:
         """The slice DataLoader worker ``worker`` continues when resuming at the same shape.
@@ -625,12 +647,14 @@ class LakeDataset(IterableDataset[Batch]):
 
     def _read_spans(self, plan: EpochPlan, units: RoundUnits,
                     spans: Sequence[tuple[int, int]]) -> pa.Table:
-        parts = [self._read_unit(units, u).slice(r0, r1 - r0)
-                 for u, r0, r1 in plan.locate(spans)]
+        parts = []
+        for u, r0, r1 in plan.locate(spans):
+            unit, first, end = units.at(u, r0, r1)
+            parts.append(self._cache.get(unit).slice(first, end - first))
         return _concat(parts)
 
-    def _read_unit(self, units: RoundUnits, u: int) -> pa.Table:
-        return self._row_reader.read(units.units[u], self.columns)
+    def _read_row_group(self, unit: Unit) -> pa.Table:
+        return self._row_reader.read(unit, self.columns)
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

@@ -37,7 +37,7 @@ import json
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import Piece
@@ -164,7 +164,8 @@ class ReaderState:
                    for e, ps in state[KEY_LAYOUTS].items()}
         rounds = {int(r): Round.from_json(d) for r, d in state.get(KEY_ROUNDS, {}).items()}
         return cls(
-            table=TableIdentity(_text(t["format"]), _text(t["location"]), _text(t["table_id"])),
+            table=TableIdentity(_table_format(t["format"]), _text(t["location"]),
+                                _text(t["table_id"])),
             version=_int(state[KEY_VERSION]),
             config=dict(state[KEY_CONFIG]),
             policy=dict(state.get(KEY_POLICY) or {}),
@@ -184,6 +185,12 @@ def _slice_position(value: Any) -> SlicePos:
 def _exact_keys(name: str, value: Any, keys: tuple[str, ...]) -> None:
     if not isinstance(value, Mapping) or set(value) != set(keys):
         raise ValueError(f"{name} must be a dict with keys {list(keys)}, got {value!r}")
+
+
+def _table_format(value: Any) -> Literal["delta", "iceberg"]:
+    if value == "delta" or value == "iceberg":
+        return "delta" if value == "delta" else "iceberg"
+    raise ValueError(f"table format must be 'delta' or 'iceberg', got {value!r}")
 
 
 def _text(value: Any) -> str:

@@ -21,6 +21,8 @@ __all__ = [
     "LedgerError",
     "NullValuesError",
     "PinnedFileMissingError",
+    "ProcessGroupError",
+    "ResumePathError",
     "RowCountMismatchError",
     "RunFencedError",
     "SourceChangedError",
@@ -139,3 +141,11 @@ class LedgerCorruptError(LedgerError):
 
 class CheckpointWriteError(CheckpointError):
     """Writing a checkpoint's files failed (disk full, permissions...); nothing was committed."""
+
+
+class ResumePathError(StateMismatchError):
+    """A resume path cannot honour this reader state; the message names the one that can."""
+
+
+class ProcessGroupError(LakeckptError):
+    """The environment says several ranks but no torch.distributed process group is set up."""

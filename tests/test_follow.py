@@ -37,7 +37,7 @@ from conftest import flat, loader_for, sql_catalog, take
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
-from lakeckpt_tables.errors import SourceChangedError
+from lakeckpt_tables.errors import ResumePathError, SourceChangedError
 from lakeckpt_tables.ledger import DeltaLedger
 from lakeckpt_tables.reader import encode_state, merge_states, states_from_loader
 
@@ -411,6 +411,14 @@ def test_a_resumed_follower_after_until_version_yields_nothing_more(tiny: Writte
         resumed = _follow(tiny, until_version=60)
         resumed.load_state_dict(saved)
         assert _bounded(lambda r=resumed, w=workers: take(loader_for(r, w))) == []
+        # torchdata's own resume would start the finished pass afresh in new workers
+        again = loader_for(_follow(tiny, until_version=60), workers)
+        again.load_state_dict(saved)
+        if workers:
+            with pytest.raises(ResumePathError, match="at the end of its pass"):
+                take(again)
+        else:
+            assert _bounded(lambda a=again: take(a)) == []
 
 
 def _short_segments_table(tmp_path: Path) -> Written:
@@ -645,6 +653,27 @@ def test_a_delete_or_overwrite_is_skipped_on_request_and_the_ledger_records_it(
     assert written.other[3] in skipped[0]["reason"]
     assert_segment_events(root, [(0, 1, 10), (1, 2, 10), (2, 4, 10), (4, 5, 10)])
     assert realpaths(ledger_units(root)) == realpaths(delta_units(written, 0, [1, 2, 4, 5]))
+
+
+def test_a_run_stopped_by_on_change_fail_resumes_with_skip_and_the_ledger_records_the_change(
+        tmp_path: Path) -> None:
+    """Issue 8 item 7: options that do not define the rows may change on resume; the ledger
+    names the change, every round once, and the rows still add up exactly once."""
+    written = _changed_table(tmp_path, "delete")
+    root = tmp_path / "ckpt"
+    with pytest.raises(SourceChangedError, match="version 3"):
+        _bounded(lambda: _follow_with_checkpoints(_changed_follower(written, "fail"), root,
+                                                  every=2))
+    _bounded(lambda: _follow_with_checkpoints(_changed_follower(written, "skip"), root,
+                                              every=2))
+    assert ledger_events(root, "policy_change") == [
+        {"option": "on_change", "old": "fail", "new": "skip"}]
+    assert realpaths(ledger_units(root)) == realpaths(delta_units(written, 0, [1, 2, 4, 5]))
+    rounds = ledger_events(root, "round")
+    assert [(r["round"], r["segment"], r["base_version"], r["version"], r["rows"],
+             r["delivered"]) for r in rounds] == [
+        (0, 0, None, 0, 20, 20), (1, 1, 0, 1, 10, 10), (2, 2, 1, 2, 10, 10),
+        (3, 3, 2, 4, 10, 10), (4, 4, 4, 5, 10, 10)]
 
 
 # ------------------------------------------------------------------------- 5. Iceberg

@@ -294,7 +294,7 @@ def _state(world: int, workers: int, positions: list[tuple[int, int]],
     identity = TableIdentity("delta", "s3://bucket/warehouse/tokens", "9f1c" * 8)
     config = {"seed": 1234, "shuffle": True, "shuffle_window": 4, "drop_last": False,
               "epochs": 3, "columns": ["id", "tokens", "label"]}
-    return ReaderState(identity, 1042, 0, config, (world, workers, 8192), layouts,
+    return ReaderState(identity, 1042, config, (world, workers, 8192), layouts,
                        tuple(positions))
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import (
     Table,
+    flat,
     loader_for,
     rows_table,
     sql_catalog,
@@ -156,14 +157,30 @@ def test_a_state_of_another_table_is_refused_naming_both_tables(
     assert "this reader reads iceberg table" in message
 
 
-def test_a_state_of_another_version_is_refused_naming_the_version_to_pass(
+def test_a_state_of_another_version_than_an_explicit_version_is_refused_naming_it(
     other_delta: Table,
 ) -> None:
     state = state_after(other_delta, version=0)
-    message = refused(other_delta, state)  # the latest: version 1
+    message = refused(other_delta, state, version=1)
     assert "version: state pinned 0, this reader pinned 1 (pass version=0)" in message
     dataset = other_delta.dataset(**ARGS, version=0)
     dataset.load_state_dict(state)  # as the message says
+
+
+def test_a_reader_built_without_a_version_pins_the_version_its_state_pinned(
+    other_delta: Table,
+) -> None:
+    """Issue 8 item 6: the loaded state decides; the latest version only without a state."""
+    full = take(loader_for(other_delta.dataset(**ARGS, version=0), 0))
+    loader = loader_for(other_delta.dataset(**ARGS, version=0), 0)
+    head = take(loader, 3)
+    dataset = other_delta.dataset(**ARGS)  # the latest: version 1
+    assert dataset.snapshot.version == 1
+    dataset.load_state_dict(loader.state_dict())
+    assert dataset.snapshot.version == 0
+    rest = take(loader_for(dataset, 0))
+    assert head + rest == full
+    assert sorted(flat(head + rest)) == list(range(200))
 
 
 @pytest.mark.parametrize(("change", "named"), [
@@ -216,7 +233,8 @@ def corrupt(table: Table, path: tuple[Any, ...], value: Any) -> dict[str, Any]:
     (("slices",), [[0, 0], [0, 0]], "2 slices for 1 ranks x 1 workers"),
     (("plan", "world_size"), 0, "positive int"),
     (("plan", "batch_size"), -4, "non-negative int"),
-    (("segment",), -1, "non-negative int"),
+    (("format",), "lakeckpt.reader/1", "written by an older lakeckpt-tables"),
+    (("policy",), [1], "corrupt"),
     (("layouts",), {"0": [[[[5, 3]], None, 0, 0]]}, "malformed piece"),
     (("layouts",), {"0": [[[[0, 4]], None, 0, 9]]}, "malformed piece"),
     (("slices",), KeyError, "missing keys ['slices']"),

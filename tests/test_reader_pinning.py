@@ -165,3 +165,31 @@ def write_iceberg_append(catalog: Any, identifier: str) -> None:
     from conftest import rows_table
 
     catalog.load_table(identifier).append(rows_table(20_000, 20_040))
+
+
+def test_a_quickstart_restart_after_appends_resumes_on_the_version_of_its_state(
+    delta_uri: str, tmp_path: Path,
+) -> None:
+    """Issue 8 item 6: the README's quickstart has no ``version=``; the table gained versions
+    between the crash and the restart, and the restart reads on the state's version."""
+    from lakeckpt_tables.checkpoint import CheckpointManager
+
+    def loader() -> Any:
+        return loader_for(LakeDataset(DeltaSource(delta_uri), **ARGS), 2)
+
+    reference = take(loader())
+    pinned = DeltaTable(delta_uri).version()
+    manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="quickstart")
+    first = loader()
+    assert manager.restore(dataloader=first) is None
+    head = take(first, 6)
+    manager.save(6, dataloader=first)
+    del first
+    write_delta(delta_uri, [(10_000, 10_050)])  # the table moves on
+    assert DeltaTable(delta_uri).version() == pinned + 1
+
+    again = loader()
+    restarted = CheckpointManager(str(tmp_path / "ckpt"), run_id="quickstart")
+    assert restarted.restore(dataloader=again) == 6
+    assert again.dataset.snapshot.version == pinned
+    assert head + take(again) == reference

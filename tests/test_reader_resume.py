@@ -25,6 +25,7 @@ from conftest import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lakeckpt_tables.errors import ResumePathError
 from lakeckpt_tables.plan import EpochPlan
 from lakeckpt_tables.reader import decode_state, encode_state, merge_states, states_from_loader
 
@@ -128,11 +129,26 @@ def check_resume(table: Table, cfg: ReadConfig, fraction: float) -> None:
 
         # (a) the loader resumes itself. torchdata treats a state taken after the loader saw
         # the end of the pass as a finished epoch and starts a fresh one in new workers
-        # (DESIGN.md, torchdata trap); only (b) resumes a finished pass as finished.
-        if step < len(full) or cfg.workers == 0:
-            resumed = loader_for(table.dataset(**cfg.reader_args(rank)), cfg.workers)
-            resumed.load_state_dict(saved)
+        # (NOTE [ torchdata's end-of-pass trap ]): a worker restored at the end of its pass
+        # refuses by name rather than let the pass be delivered twice.
+        resumed = loader_for(table.dataset(**cfg.reader_args(rank)), cfg.workers)
+        resumed.load_state_dict(saved)
+        if cfg.workers and any_worker_done(table, cfg, rank, saved):
+            with pytest.raises(ResumePathError, match=r"dataset\.load_state_dict\(saved\)"):
+                take(resumed)
+        else:
             assert head + take(resumed) == full
+
+
+def any_worker_done(table: Table, cfg: ReadConfig, rank: int, saved: dict[str, Any]) -> bool:
+    """Whether some worker of ``rank`` has delivered its whole pass in the loader state."""
+    last = plan_for(table, batch_size=cfg.batch_size, world_size=cfg.world_size,
+                    workers=cfg.workers, shuffle=cfg.shuffle, seed=cfg.seed,
+                    shuffle_window=cfg.shuffle_window, epoch=cfg.epochs - 1)
+    state = merge_states(states_from_loader(saved))
+    return any(state.slices[g] is not None and state.slices[g][0] == cfg.epochs - 1
+               and state.slices[g][1] >= last.delivered_rows(g)
+               for g in range(rank * cfg.workers, (rank + 1) * cfg.workers))
 
 
 @settings(deadline=None, max_examples=25)
@@ -150,6 +166,39 @@ def test_resuming_with_dataloader_workers_continues_the_uninterrupted_sequence(
     source: Table, cfg: ReadConfig, fraction: float
 ) -> None:
     check_resume(source, cfg, fraction)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("fraction", [0.0, 0.4, 1.0, 1.5])
+def test_both_resume_paths_are_exact_or_refused_by_name_for_0_and_2_workers_1_and_3_ranks(
+    delta_table: Table, workers: int, world_size: int, fraction: float
+) -> None:
+    """Issue 8 item 1: interrupted anywhere, the end of the pass included, each path either
+    continues the uninterrupted sequence row for row or names the path that can."""
+    cfg = ReadConfig(seed=2, batch_size=23, world_size=world_size, workers=workers,
+                     shuffle_window=2, shuffle=True, epochs=2)
+    check_resume(delta_table, cfg, fraction)
+
+
+def test_the_loader_restoring_a_finished_pass_with_workers_refuses_instead_of_repeating_it(
+    delta_table: Table,
+) -> None:
+    """The reported bug: 2 workers, one epoch, state after the last batch: torchdata's own
+    resume delivered the whole pass a second time."""
+    args = {"batch_size": 64, "seed": 1}
+    loader = loader_for(delta_table.dataset(**args), 2)
+    assert sorted(flat(take(loader))) == delta_table.ids.tolist()
+    saved = loader.state_dict()
+    assert saved["_iterator_finished"] is True
+    again = loader_for(delta_table.dataset(**args), 2)
+    again.load_state_dict(saved)
+    with pytest.raises(ResumePathError, match=r"worker \d of rank 0 was restored"):
+        take(again)
+    dataset = delta_table.dataset(**args)
+    dataset.load_state_dict(saved)  # the path the error names
+    assert take(loader_for(dataset, 2)) == []
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")

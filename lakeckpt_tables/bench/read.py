@@ -45,6 +45,13 @@ from lakeckpt_tables.bench.data import (
     ensure_synthetic_table,
     warm_page_cache,
 )
+from lakeckpt_tables.bench.shuffle import (
+    OVERLAP_TOLERANCE,
+    RHO_TARGET,
+    ShuffleResult,
+    measure_shuffle,
+)
+from lakeckpt_tables.bench.shuffle import THROUGHPUT_TARGET as SHUFFLE_TARGET
 from lakeckpt_tables.plan import PlanPolicy, replan
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.reader.state import ReaderState, encode_state
@@ -379,7 +386,7 @@ class ResumeResult:
 def _state_at(dataset: LakeDataset, position: int) -> dict[str, Any]:
     """A one-slice reader state ``position`` rows into epoch 0, built from the state schema."""
     snap = dataset.snapshot
-    state = ReaderState(snap.identity, snap.version, 0, dataset.config,
+    state = ReaderState(snap.identity, snap.version, dataset.config,
                         (dataset.world_size, 1, dataset.batch_size), {}, ((0, position),))
     return state.to_dict()
 
@@ -493,7 +500,7 @@ def simulated_state(
                              str(uuid.UUID(int=int(rng.integers(0, 2**62)))))
     config = {"seed": 1234, "shuffle": True, "shuffle_window": 4, "drop_last": False,
               "epochs": 1, "columns": list(columns)}
-    state = ReaderState(identity, 4821, 0, config, (ranks, workers, batch_size), {}, positions)
+    state = ReaderState(identity, 4821, config, (ranks, workers, batch_size), {}, positions)
     return state, per_slice
 
 
@@ -547,6 +554,7 @@ class ReadBenchReport:
     throughput: ThroughputResult
     resume: list[ResumeResult]
     state: list[StateSizeResult]
+    shuffle: ShuffleResult | None = None
     figures: list[Figure] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -559,6 +567,8 @@ class ReadBenchReport:
             "resume": [{**asdict(r), "ratio": r.ratio, "first_batch_ratio": r.first_batch_ratio}
                        for r in self.resume],
             "state_size": [asdict(s) for s in self.state],
+            "shuffle": None if self.shuffle is None else {**asdict(self.shuffle),
+                                                          "ratio": self.shuffle.ratio},
             "figures": [f.to_json() for f in self.figures],
             "passed": all(f.passed is not False for f in self.figures),
         }))
@@ -642,9 +652,25 @@ def _run(rows: int, root: str | Path, rounds: int, min_seconds: float, resume_ro
     resume = [measure_resume(table.uri, shuffle=s, batch_size=batch_size, rounds=resume_rounds,
                              progress=progress) for s in (False, True)]
     states = [measure_state_size(), measure_state_size(elastic_ranks=64)]
-    report = ReadBenchReport(table, throughput, resume, states)
-    report.figures = _figures(throughput, resume, states)
+    progress("shuffle quality on a one-row-group table, 2 ranks")
+    shuffle = measure_shuffle(root, rows=min(rows, 500_000), batch_size=batch_size)
+    report = ReadBenchReport(table, throughput, resume, states, shuffle)
+    report.figures = _figures(throughput, resume, states) + _shuffle_figures(shuffle)
     return report
+
+
+def _shuffle_figures(r: ShuffleResult) -> list[Figure]:
+    """Issue 8 item 9: does shuffle mix a single large row group across ranks and epochs?"""
+    share = 1 / r.world_size
+    where = f"one row group of {r.rows:,} rows, {r.world_size} ranks"
+    return [
+        Figure("rank's rows seen again next epoch", r.overlap, "", f"{share:g} +- 0.05",
+               abs(r.overlap - share) <= OVERLAP_TOLERANCE, where),
+        Figure("|rank corr.| row id vs delivery position", r.rho, "", f"<= {RHO_TARGET}",
+               r.rho <= RHO_TARGET, where),
+        Figure("shuffle on / raw read, one row group", r.ratio, "x", f">= {SHUFFLE_TARGET}x",
+               r.ratio >= SHUFFLE_TARGET, f"CPU time; {where}"),
+    ]
 
 
 def format_report(report: ReadBenchReport) -> str:

@@ -18,7 +18,6 @@ from lakeckpt_tables.plan import EpochPlan, Piece, _cut_spans, permutation
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.reader.rounds import RoundUnits
 from lakeckpt_tables.reader.state import ReaderState
-from lakeckpt_tables.types import Unit
 
 __all__ = ["consumed_between", "segment_events"]
 
@@ -47,27 +46,33 @@ def consumed_between(dataset: LakeDataset, before: ReaderState | None,
             plan, units = plans[index]
             lo = start[1] if index == start[0] else 0
             hi = end[1] if index == end[0] else plan.delivered_rows(g)
-            out.extend(_slice_records(plan, units.units, g, lo, hi))
+            out.extend(_slice_records(plan, units, g, lo, hi))
     return _coalesce(out)
 
 
 def segment_events(dataset: LakeDataset, before: ReaderState | None,
                    after: ReaderState) -> list[tuple[str, dict[str, Any]]]:
-    """Events of the rounds first reached between two states: follow segments formed, the
-    commits they skipped, and rows the plan does not deliver (``undelivered``)."""
+    """Events between two states: options changed on resume (``policy_change``), and for the
+    rounds first reached, the ``round`` itself, follow segments formed, the commits they
+    skipped, and rows the plan does not deliver (``undelivered``)."""
+    events = _policy_changes(before, after)
     if after.plan is None:
-        return []
+        return events
     reached = max((s[0] for s in after.slices if s is not None), default=0)
     since = -1 if before is None else max((s[0] for s in before.slices if s is not None),
                                           default=0)
     known = {**(before.rounds if before is not None else {}), **after.rounds}
-    events: list[tuple[str, dict[str, Any]]] = []
     for index in range(since + 1, reached + 1):
         rnd = dataset.rounds.get(index, known, wait=False)
         if rnd is None:
             break
         known[index] = rnd
         units = dataset.rounds.units(rnd)
+        plan, _ = dataset.round_plan(index, after.plan, dict(after.layouts), known)
+        events.append(("round", {
+            "round": index, "segment": rnd.segment, "epoch": rnd.epoch, "version": rnd.to,
+            "base_version": rnd.base, "rows": int(units.rows.sum()),
+            "delivered": sum(plan.delivered_rows(g) for g in range(plan.policy.slices))}))
         if dataset.follow is not None and index > 0:
             events.append(("segment", {"segment": rnd.segment, "from_version": rnd.base,
                                        "to_version": rnd.to, "rows": int(units.rows.sum()),
@@ -75,12 +80,23 @@ def segment_events(dataset: LakeDataset, before: ReaderState | None,
             events.extend(("skipped_commit", {"segment": rnd.segment, "version": version,
                                               "reason": reason})
                           for version, reason in rnd.skipped)
-        plan, _ = dataset.round_plan(index, after.plan, dict(after.layouts), known)
-        events.extend(_undelivered(plan, units.units))
+        events.extend(_undelivered(plan, units))
     return events
 
 
-def _undelivered(plan: EpochPlan, units: tuple[Unit, ...]) -> list[tuple[str, dict[str, Any]]]:
+def _policy_changes(before: ReaderState | None,
+                    after: ReaderState) -> list[tuple[str, dict[str, Any]]]:
+    """Options that may change on resume (``ReaderState.policy``), each change named once:
+    with the first checkpoint after the resume that changed it."""
+    if before is None:
+        return []
+    return [("policy_change", {"option": key, "old": before.policy.get(key),
+                               "new": after.policy.get(key)})
+            for key in sorted(set(before.policy) | set(after.policy))
+            if before.policy.get(key) != after.policy.get(key)]
+
+
+def _undelivered(plan: EpochPlan, units: RoundUnits) -> list[tuple[str, dict[str, Any]]]:
     """NOTE [ lockstep ] in lakeckpt_tables.plan: a remainder no slice can take in lockstep,
     and with drop_last each slice's partial last batch, are not delivered: name their rows."""
     reasons = [("lockstep remainder", plan.tail())]
@@ -94,13 +110,14 @@ def _undelivered(plan: EpochPlan, units: tuple[Unit, ...]) -> list[tuple[str, di
             continue
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1
         spans = [(int(run[0]), int(run[-1]) + 1) for run in np.split(rows, breaks)]
-        ranges = [[units[u].path, units[u].row_group, r0, r1] for u, r0, r1 in plan.locate(spans)]
+        ranges = [[unit.path, unit.row_group, first, end]
+                  for unit, first, end in (units.at(*c) for c in plan.locate(spans))]
         events.append(("undelivered", {"segment": plan.segment, "epoch": plan.epoch,
                                        "reason": reason, "rows": len(rows), "ranges": ranges}))
     return events
 
 
-def _slice_records(plan: EpochPlan, units: tuple[Unit, ...], g: int, lo: int,
+def _slice_records(plan: EpochPlan, units: RoundUnits, g: int, lo: int,
                    hi: int) -> list[ConsumptionRecord]:
     rank, worker = divmod(g, plan.policy.workers)
     out: list[ConsumptionRecord] = []
@@ -111,9 +128,9 @@ def _slice_records(plan: EpochPlan, units: tuple[Unit, ...], g: int, lo: int,
         if a >= b:
             continue
         for u, r0, r1, n in _window_part(plan, window, a, b):
-            unit = units[u]
+            unit, first, end = units.at(u, r0, r1)
             out.append(ConsumptionRecord(rank, worker, plan.segment, plan.epoch, unit.path,
-                                unit.row_group, r0, r1, n))
+                                         unit.row_group, first, end, n))
         if offset >= hi:
             break
     return out

@@ -50,7 +50,7 @@ from lakeckpt_tables.checkpoint._failures import (
 from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
-from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError, StateMismatchError
+from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import (
     CheckpointRecord,
@@ -60,13 +60,12 @@ from lakeckpt_tables.ledger import (
     open_ledger,
 )
 from lakeckpt_tables.ledger.base import EVENT_RETIRED, RunScan
-from lakeckpt_tables.reader.dataset import LakeDataset
+from lakeckpt_tables.reader._torchdata import dataset_of, reader_state_of, restore_reader
 from lakeckpt_tables.reader.state import (
     ReaderState,
     decode_state,
     encode_state,
     merge_states,
-    states_from_loader,
 )
 
 __all__ = ["CheckpointManager"]
@@ -273,8 +272,8 @@ class CheckpointManager:
             dict[str, Any] | None, list[ConsumptionRecord], list[LedgerEvent]]:
         if dataloader is None:
             return None, [], []
-        dataset = _lake_dataset(dataloader)
-        state = merge_states(states_from_loader(dataloader.state_dict()))
+        dataset = dataset_of(dataloader)
+        state = reader_state_of(dataloader)
         if state.plan is None:  # nothing iterated yet
             return state.to_dict(), [], []
         consumed = consumed_between(dataset, self._baseline, state)
@@ -467,7 +466,7 @@ class CheckpointManager:
         self._load_files(record, model, optimizer, lr_scheduler, extra)
         if dataloader is not None and record.reader_state:
             state = ReaderState.from_dict(decode_state(record.reader_state))
-            _lake_dataset(dataloader).load_state_dict(state.to_dict())
+            restore_reader(dataloader, state)
             self._baseline = state
         self._head = record
         return record.step
@@ -697,17 +696,6 @@ def _check_optimizer(model: torch.nn.Module | None, optimizer: torch.optim.Optim
             "updates (e.g. an nn.ModuleDict of all trained modules), or one optimizer per model")
 
 
-def _lake_dataset(dataloader: Any) -> LakeDataset:
-    dataset = getattr(dataloader, "dataset", None)
-    if not isinstance(dataset, LakeDataset):
-        raise StateMismatchError(
-            f"dataloader must be a StatefulDataLoader over a LakeDataset, got {dataloader!r}")
-    if getattr(dataloader, "batch_size", None) is not None:
-        raise CheckpointError("create the StatefulDataLoader with batch_size=None: "
-                              "LakeDataset yields whole batches")
-    return dataset
-
-
 def _config_hash(config: Mapping[str, Any]) -> str:
     text = json.dumps(config, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -722,4 +710,3 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-

@@ -144,7 +144,9 @@ class Piece:
         piece = cls(tuple((int(a), int(b)) for a, b in spans),
                     None if seed is None else int(seed), int(lo), int(hi))
         total = sum(b - a for a, b in piece.spans)
-        if not 0 <= piece.lo <= piece.hi <= total or any(b < a for a, b in piece.spans):
+        if (not 0 <= piece.lo <= piece.hi <= total
+                or any(not 0 <= a <= b for a, b in piece.spans)
+                or (piece.seed is not None and not 0 <= piece.seed < 2**63)):
             raise ValueError(f"malformed piece {value!r}")
         return piece
 
@@ -195,6 +197,19 @@ def coalesce(pieces: Iterable[Piece]) -> tuple[Piece, ...]:
     return tuple(out)
 
 
+def _grouped_permutation(groups: np.ndarray[Any, np.dtype[np.int64]], seed: int, segment: int,
+                         epoch: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Groups in a seeded order, the units of each group in a seeded order within it
+    (groups numbered ``0..G-1``). With one unit per group this is :func:`permutation`."""
+    if not len(groups):
+        return np.zeros(0, dtype=np.int64)
+    count = int(groups.max()) + 1
+    rank = np.empty(count, dtype=np.int64)
+    rank[permutation(count, derive_seed(seed, segment, epoch, "units"))] = np.arange(count)
+    within = permutation(len(groups), derive_seed(seed, segment, epoch, "parts"))
+    return np.lexsort((within, rank[groups])).astype(np.int64)
+
+
 class EpochPlan:
     """The plan of one epoch of one segment.
 
@@ -204,6 +219,8 @@ class EpochPlan:
         segment: segment index (0 for a pinned snapshot).
         epoch: epoch index.
         layout: the epoch's layout; the whole base space when None.
+        groups: for each unit, the group (row group) it was cut from; units of a group stay
+            together when shuffled: groups are permuted, then units within each group.
     """
 
     def __init__(
@@ -214,15 +231,19 @@ class EpochPlan:
         segment: int = 0,
         epoch: int = 0,
         layout: Sequence[Piece] | None = None,
+        groups: Sequence[int] | np.ndarray[Any, Any] | None = None,
     ) -> None:
         self.policy = policy
         self.segment = segment
         self.epoch = epoch
         rows = np.asarray(unit_rows, dtype=np.int64)
-        if policy.shuffle:
+        if not policy.shuffle:
+            self.order = np.arange(len(rows), dtype=np.int64)
+        elif groups is None:
             self.order = permutation(len(rows), derive_seed(policy.seed, segment, epoch, "units"))
         else:
-            self.order = np.arange(len(rows), dtype=np.int64)
+            self.order = _grouped_permutation(np.asarray(groups, dtype=np.int64),
+                                              policy.seed, segment, epoch)
         self.offsets = np.concatenate([[0], np.cumsum(rows[self.order])]).astype(np.int64)
         total = int(self.offsets[-1])
         self.layout = coalesce(layout) if layout is not None else (Piece.plain([(0, total)]),)

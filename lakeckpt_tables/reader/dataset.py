@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -15,6 +16,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import (
     EmptySourceError,
+    ProcessGroupError,
+    ResumePathError,
+    SourceNotFoundError,
     StateMismatchError,
     UnknownColumnError,
     UnsupportedTableError,
@@ -27,18 +31,31 @@ from lakeckpt_tables.plan import (
     permutation,
     replan_rounds,
 )
+from lakeckpt_tables.plan.validate import layout_problem, position_problem
+from lakeckpt_tables.reader._cache import RowGroupCache
+from lakeckpt_tables.reader._torchdata import (
+    is_loader_state,
+    next_worker_in_turn,
+    states_from_loader,
+)
 from lakeckpt_tables.reader.convert import check_convertible, convert
-from lakeckpt_tables.reader.rounds import FollowPolicy, Round, RoundSequence, RoundUnits
+from lakeckpt_tables.reader.rounds import (
+    DEFAULT_UNIT_ROWS,
+    FollowPolicy,
+    Round,
+    RoundSequence,
+    RoundUnits,
+)
 from lakeckpt_tables.reader.state import (
     STATE_FORMAT,
     PlanShape,
     ReaderState,
     merge_states,
-    states_from_loader,
 )
 from lakeckpt_tables.sources.base import Snapshot, Source
 from lakeckpt_tables.sources.filters import filtered
 from lakeckpt_tables.sources.nulls import check_nulls
+from lakeckpt_tables.types import Unit
 
 __all__ = ["LakeDataset"]
 
@@ -93,7 +110,8 @@ class LakeDataset(IterableDataset[Batch]):
         rank: this process's rank; from torch.distributed when initialized, else 0.
         world_size: number of ranks; from torch.distributed when initialized, else 1.
         drop_last: deliver full batches only (per worker); the rest is reported undelivered.
-        shuffle_window: units read and shuffled together; memory is about this many row groups.
+        shuffle_window: plan units read and shuffled together (NOTE [ bounded units ] in
+            ``reader/rounds.py``).
         transform: called on every batch dict in the worker, before it is yielded.
         follow: after the pinned snapshot, go on with the rows appended to the table, segment
             by segment, without epochs (see ``lakeckpt_tables.reader.rounds``).
@@ -115,6 +133,8 @@ class LakeDataset(IterableDataset[Batch]):
             keeps are read; decided at construction (NOTE [ row filters ] in
             :mod:`lakeckpt_tables.sources.filters`) and part of the run configuration.
         decimals: torch output: ``"refuse"`` decimal columns or give ``"float64"`` tensors.
+        unit_rows: rows of a plan unit at most: row groups are planned as row ranges of this
+            size, so shuffle mixes and work divides at any row-group size.
 
     Raises:
         SourceNotFoundError, UnsupportedTableError, EmptySourceError, UnknownColumnError,
@@ -148,11 +168,15 @@ class LakeDataset(IterableDataset[Batch]):
         nulls: Literal["refuse", "fill", "mask"] = "refuse",
         decimals: Literal["refuse", "float64"] = "refuse",
         filter: Any = None,
+        unit_rows: int = DEFAULT_UNIT_ROWS,
     ) -> None:
         super().__init__()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"epochs must be a positive int, got {epochs!r}")
         PlanPolicy(batch_size=batch_size, shuffle_window=shuffle_window)  # validates both
+        if not isinstance(unit_rows, int) or isinstance(unit_rows, bool) or unit_rows < 1:
+            raise ValueError(f"unit_rows must be a positive int, got {unit_rows!r}")
+        self.unit_rows = unit_rows
         self.source = source
         self._requested_version = version
         self._requested_min_segment_rows = min_segment_rows
@@ -189,35 +213,45 @@ class LakeDataset(IterableDataset[Batch]):
                              "before each); it takes neither follow=True nor epochs")
         self.refresh = refresh
         self.rounds = RoundSequence(source, self.snapshot, self.columns, epochs=epochs,
-                                    follow=self.follow, refresh=refresh is not None)
+                                    follow=self.follow, refresh=refresh is not None,
+                                    unit_rows=unit_rows)
         self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None
         self._resume_own = False  # the state was handed to this DataLoader worker by torchdata
         self._cursor: _Cursor | None = None
         self._row_reader = self.snapshot.row_reader()
+        self._cache = RowGroupCache(self._read_row_group)
 
     # ----------------------------------------------------------------------------- state
 
     @property
     def config(self) -> dict[str, Any]:
-        """The run configuration a state must match to be loaded."""
+        """What defines the rows: a state loads only into a reader with the same."""
         config: dict[str, Any] = {
             "seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window,
-            "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns)}
+            "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns),
+            "unit_rows": self.unit_rows}
         if self.refresh is not None:
             config["refresh"] = self.refresh
         if self.filter is not None:
             config["filter"] = str(self.filter)
         if self.follow is not None:
-            config["follow"] = {"min_segment_rows": self.follow.min_segment_rows,
-                                "on_change": self.follow.on_change,
-                                "until_version": self.follow.until_version}
+            config["follow"] = {"min_segment_rows": self.follow.min_segment_rows}
         return config
+
+    @property
+    def policy(self) -> dict[str, Any]:
+        """Options that do not define the rows: they may change on resume (recorded in the
+        ledger as ``policy_change`` events)."""
+        if self.follow is None:
+            return {}
+        return {"on_change": self.follow.on_change, "until_version": self.follow.until_version,
+                "max_idle": self.follow.max_idle, "poll_interval": self.follow.poll_interval}
 
     def _empty_state(self, shape: PlanShape | None) -> ReaderState:
         slices = () if shape is None else (None,) * (shape[0] * shape[1])
-        return ReaderState(self.snapshot.identity, self.snapshot.version, 0, self.config,
-                           shape, {}, slices)
+        return ReaderState(self.snapshot.identity, self.snapshot.version, self.config,
+                           shape, {}, slices, policy=self.policy)
 
     def state_dict(self) -> dict[str, Any]:
         """This reader's position (torchdata ``Stateful``): JSON-clean, small, never pickled.
@@ -230,9 +264,10 @@ class LakeDataset(IterableDataset[Batch]):
         cursor = self._cursor
         if cursor is None:
             return (self._resume or self._empty_state(None)).to_dict()
-        state = ReaderState(self.snapshot.identity, self.snapshot.version, 0, self.config,
+        state = ReaderState(self.snapshot.identity, self.snapshot.version, self.config,
                             cursor.shape, cursor.layouts,
-                            (None,) * (cursor.shape[0] * cursor.shape[1]), cursor.rounds)
+                            (None,) * (cursor.shape[0] * cursor.shape[1]), cursor.rounds,
+                            self.policy)
         return state.with_slice(cursor.slice_index, (cursor.epoch, cursor.position)).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -242,15 +277,80 @@ class LakeDataset(IterableDataset[Batch]):
             StateMismatchError: the state is of another table, version, run configuration or
                 format version, or corrupt; the message says what differs.
         """
-        if isinstance(state_dict, dict) and state_dict.get("format") != STATE_FORMAT and (
-                "_snapshot" in state_dict or "dataset_state" in state_dict):
-            parsed = merge_states(states_from_loader(state_dict))
-        else:
-            parsed = ReaderState.from_dict(state_dict)
-        self._check_compatible(parsed)
+        try:
+            if is_loader_state(state_dict) and state_dict.get("format") != STATE_FORMAT:
+                parsed = merge_states(states_from_loader(state_dict))
+            else:
+                parsed = ReaderState.from_dict(state_dict)
+            self._check_compatible(parsed)
+            self._check_against_plan(parsed)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError,
+                OverflowError) as exc:  # whatever shape a damaged state takes: named
+            raise StateMismatchError(f"{self.snapshot.describe()}: reader state is corrupt: "
+                                     f"{exc!r}") from exc
         self._resume = parsed if parsed.plan is not None else None
         self._resume_own = get_worker_info() is not None
         self._cursor = None
+        if self._resume_own and self._resume is not None:
+            self._refuse_a_finished_pass_restored_by_the_loader()
+
+    def _check_against_plan(self, state: ReaderState) -> None:
+        """Refuse a state that cannot be a position of the plan it claims
+        (``lakeckpt_tables.plan.validate`` says what can and cannot be told)."""
+        if state.plan is None:
+            return
+        policy = self._policy(state.plan)
+        known = dict(state.rounds)
+        problems = [f"round descriptor {key} names round {rnd.index}"
+                    for key, rnd in known.items() if rnd.index != key]
+        indices = {s[0] for s in state.slices if s is not None} | set(state.layouts)
+        for index in sorted(indices):
+            if self.follow is None and self.refresh is None and index >= self.epochs:
+                problems.append(f"it stands in epoch {index} of a {self.epochs}-epoch pass")
+                continue
+            if self.refresh is not None and index not in known:
+                continue  # a re-pinned epoch not begun: pinned by set_epoch later
+            rnd = self._known_round(index, known)
+            known[index] = rnd
+            units = self.rounds.units(rnd)
+            layout = state.layouts.get(index)
+            if layout is not None:
+                problem = layout_problem(layout, int(units.rows.sum()))
+                if problem is not None:
+                    problems.append(f"round {index}: {problem}")
+                    continue
+            plan = self._round_plan(policy, rnd, layout)
+            problems.extend(p for g, s in enumerate(state.slices)
+                            if s is not None and s[0] == index
+                            and (p := position_problem(plan, g, s[1])) is not None)
+        if problems:
+            raise StateMismatchError(
+                f"{self.snapshot.describe()}: reader state cannot be a position of its plan "
+                f"{state.plan} (world_size, workers, batch_size): " + "; ".join(problems))
+
+    def _refuse_a_finished_pass_restored_by_the_loader(self) -> None:
+        """NOTE [ torchdata's end-of-pass trap ] (``reader/_torchdata.py``): this worker was
+        handed its state by ``loader.load_state_dict``; if its slice has delivered its whole
+        pass, torchdata may be about to start the pass again in fresh workers."""
+        cursor = self._start_cursor()
+        rnd = self.rounds.get(cursor.epoch, cursor.rounds, wait=False)
+        if rnd is not None:
+            plan = self._round_plan(self._policy(cursor.shape), rnd,
+                                    cursor.layouts.get(cursor.epoch))
+            if cursor.position < plan.delivered_rows(cursor.slice_index):
+                return  # mid-round: torchdata resumes this exactly
+            if self.follow is None and self.refresh is None and cursor.epoch < self.epochs - 1:
+                return  # epochs remain in this pass
+            if (self.follow is not None and self.follow.max_idle is None
+                    and not self.rounds.at_end(rnd.to)):
+                return  # a follower's pass ends only at until_version or idle
+        raise ResumePathError(
+            f"{self.snapshot.describe()}: DataLoader worker {cursor.slice_index % cursor.shape[1]}"
+            f" of rank {self.rank} was restored by StatefulDataLoader.load_state_dict at the end "
+            "of its pass; torchdata (0.11) cannot tell a finished pass from one it restarts "
+            "afresh in new workers, so the pass could be delivered twice. Resume through the "
+            "dataset instead: dataset.load_state_dict(saved) before iterating the loader "
+            "(CheckpointManager.restore does this)")
 
     def _check_compatible(self, state: ReaderState) -> None:
         ours = self._empty_state(None)
@@ -261,13 +361,20 @@ class LakeDataset(IterableDataset[Batch]):
             diffs.append(f"table: state is of {state.table.describe()}, "
                          f"this reader reads {ours.table.describe()}")
         if same_table and state.version != ours.version and self._adopts_versions():
-            self._repin(state.version)
+            try:
+                self._repin(state.version)
+            except SourceNotFoundError as exc:
+                raise StateMismatchError(f"reader state pinned version {state.version}, which "
+                                         f"the table does not list: {exc}") from exc
             ours = self._empty_state(None)
         if self._adopt_min_segment_rows(state):
             ours = self._empty_state(None)
         if state.version != ours.version:
+            how = (f"pass version={state.version}" if self._requested_version is not None
+                   else "resume through dataset.load_state_dict(saved) in the main process, "
+                   f"which pins it, or pass version={state.version}")
             diffs.append(f"version: state pinned {state.version}, this reader pinned "
-                         f"{ours.version} (pass version={state.version})")
+                         f"{ours.version} ({how})")
         for key in sorted(set(state.config) | set(ours.config)):
             if state.config.get(key) != ours.config.get(key):
                 diffs.append(f"{key}: state has {state.config.get(key)!r}, this reader "
@@ -277,10 +384,9 @@ class LakeDataset(IterableDataset[Batch]):
                                      + "; ".join(diffs))
 
     def _adopts_versions(self) -> bool:
-        """Follow and refresh readers built for the latest version resume where the state
-        began instead (in the main process: resolving a snapshot there is fork-safe)."""
-        return ((self.follow is not None or self.refresh is not None)
-                and self._requested_version is None and get_worker_info() is None)
+        """A reader built without ``version=`` pins the version its loaded state pinned: the
+        state decides (in the main process only: resolving a snapshot there is fork-safe)."""
+        return self._requested_version is None and get_worker_info() is None
 
     def _adopt_min_segment_rows(self, state: ReaderState) -> bool:
         """A follower left to the default ``min_segment_rows`` (ranks x batch size) resumes
@@ -295,7 +401,8 @@ class LakeDataset(IterableDataset[Batch]):
         # rounds formed under the old value are dropped (no snapshot is resolved: fork-safe)
         self.rounds = RoundSequence(self.source, self.snapshot, self.columns,
                                     epochs=self.epochs, follow=self.follow,
-                                    refresh=self.refresh is not None)
+                                    refresh=self.refresh is not None,
+                                    unit_rows=self.unit_rows)
         return True
 
     def _check_output(self) -> None:
@@ -305,13 +412,17 @@ class LakeDataset(IterableDataset[Batch]):
         check_nulls(self.snapshot, self.columns, self.nulls if self.output == "torch" else "fill")
 
     def _repin(self, version: int) -> None:
-        self.snapshot = self.source.snapshot(version)
+        snapshot = self.source.snapshot(version)
+        # the filter is part of what defines the rows: the re-pinned snapshot gets it too
+        self.snapshot = snapshot if self.filter is None else filtered(snapshot, self.filter)
         self._row_reader = self.snapshot.row_reader()
+        self._cache = RowGroupCache(self._read_row_group)
         self.columns = _check_columns(self.snapshot, self.columns)
         self._check_output()
         self.rounds = RoundSequence(self.source, self.snapshot, self.columns,
                                     epochs=self.epochs, follow=self.follow,
-                                    refresh=self.refresh is not None)
+                                    refresh=self.refresh is not None,
+                                    unit_rows=self.unit_rows)
 
     # ------------------------------------------------------------------- re-pinned epochs
 
@@ -412,8 +523,8 @@ class LakeDataset(IterableDataset[Batch]):
         first, layouts = replan_rounds(plan_for, dict(state.layouts), state.positions())
         rounds = {r: d for r, d in known.items()
                   if r >= first and self.rounds.needs_descriptor(d)}
-        return ReaderState(state.table, state.version, state.segment, state.config, shape,
-                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds)
+        return ReaderState(state.table, state.version, state.config, shape,
+                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy)
 
     def round_plan(self, index: int, shape: PlanShape, layouts: dict[int, tuple[Piece, ...]],
                    known: dict[int, Round]) -> tuple[EpochPlan, RoundUnits]:
@@ -432,8 +543,9 @@ class LakeDataset(IterableDataset[Batch]):
 
     def _round_plan(self, policy: PlanPolicy, rnd: Round,
                     layout: Sequence[Piece] | None) -> EpochPlan:
-        return EpochPlan(self.rounds.units(rnd).rows, policy, segment=rnd.segment,
-                         epoch=rnd.epoch, layout=layout)
+        units = self.rounds.units(rnd)
+        return EpochPlan(units.rows, policy, segment=rnd.segment, epoch=rnd.epoch,
+                         layout=layout, groups=units.source)
 
     def _resumed_slice(self, resume: ReaderState, shape: PlanShape, worker: int) -> int:
         """The slice DataLoader worker ``worker`` continues when resuming at the same shape.
@@ -488,15 +600,7 @@ class LakeDataset(IterableDataset[Batch]):
                     d += int(np.searchsorted(plan.batch_ends(g), position, side="right"))
             done.append(d)
             due.append(n if self.follow is None else n + 1)  # a follower never runs dry
-        # Round j polls, in worker order, every worker with more than j batches: the workers
-        # that yielded the most form a prefix of the current round, the last of them went last.
-        most = max(done)
-        last = max(i for i, d in enumerate(done) if d == most) if most else -1
-        for step in range(1, workers + 1):
-            i = (last + step) % workers
-            if done[i] < due[i]:
-                return i
-        return 0
+        return next_worker_in_turn(done, due)
 
     def _own_round(self, rounds: dict[int, Round] | Any, index: int) -> dict[int, Round]:
         """The descriptor a state needs for round ``index`` (see ``needs_descriptor``)."""
@@ -508,8 +612,9 @@ class LakeDataset(IterableDataset[Batch]):
     def __iter__(self) -> Iterator[Batch]:
         cursor = self._start_cursor()
         self._cursor = cursor
-        if get_worker_info() is None:
-            self._resume = None  # a later pass in this process starts afresh
+        if get_worker_info() is None or self._resume_own:
+            # a later pass in this process starts afresh (persistent workers: in this worker)
+            self._resume = None
         policy = self._policy(cursor.shape)
         index = cursor.epoch
         while (rnd := self.rounds.get(index, cursor.rounds, wait=True)) is not None:
@@ -575,12 +680,14 @@ class LakeDataset(IterableDataset[Batch]):
 
     def _read_spans(self, plan: EpochPlan, units: RoundUnits,
                     spans: Sequence[tuple[int, int]]) -> pa.Table:
-        parts = [self._read_unit(units, u).slice(r0, r1 - r0)
-                 for u, r0, r1 in plan.locate(spans)]
+        parts = []
+        for u, r0, r1 in plan.locate(spans):
+            unit, first, end = units.at(u, r0, r1)
+            parts.append(self._cache.get(unit).slice(first, end - first))
         return _concat(parts)
 
-    def _read_unit(self, units: RoundUnits, u: int) -> pa.Table:
-        return self._row_reader.read(units.units[u], self.columns)
+    def _read_row_group(self, unit: Unit) -> pa.Table:
+        return self._row_reader.read(unit, self.columns)
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
@@ -616,6 +723,15 @@ def _check_columns(snapshot: Snapshot, columns: Sequence[str] | None) -> list[st
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     dist = torch.distributed
     initialized = dist.is_available() and dist.is_initialized()
+    launched = os.environ.get("WORLD_SIZE", "1").strip()
+    if not initialized and world_size is None and launched.isdigit() and int(launched) > 1:
+        # torchrun set the environment but nobody joined the ranks: every rank would believe
+        # it is alone and read the whole table (duplicates until the ledger refuses a commit)
+        raise ProcessGroupError(
+            f"WORLD_SIZE={launched} (RANK={os.environ.get('RANK', '?')}) is set, as torchrun "
+            "does, but torch.distributed has no process group. Call "
+            "torch.distributed.init_process_group() (backend 'gloo' on CPU, 'nccl' on GPU) "
+            "before building the LakeDataset, or pass rank= and world_size= explicitly")
     if world_size is None:
         world_size = dist.get_world_size() if initialized else 1
     if rank is None:

@@ -31,7 +31,7 @@ from lakeckpt_tables.sources.base import Snapshot, units_from_files
 from lakeckpt_tables.sources.commits import Commit
 from lakeckpt_tables.types import Unit
 
-__all__ = ["FollowPolicy", "Round", "RoundSequence", "RoundUnits"]
+__all__ = ["DEFAULT_UNIT_ROWS", "FollowPolicy", "Round", "RoundSequence", "RoundUnits"]
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +61,47 @@ class Round:
                    int(to), tuple((int(v), str(r)) for v, r in skipped))
 
 
+DEFAULT_UNIT_ROWS = 4096
+"""Rows of a plan unit at most: row groups are planned as row ranges of this size, so that
+shuffle mixes and work divides at any row-group size (issue 8 item 9)."""
+
+
 @dataclass(frozen=True)
 class RoundUnits:
-    """A round's units (canonical order) and their row counts."""
+    """A round's row groups (canonical order) and the bounded plan units cut from them.
+
+    NOTE [ bounded units ]
+    Sources read whole row groups; the plan works on *plan units*: row group ``source[u]``'s
+    live rows ``[first[u], first[u] + rows[u])``, at most ``unit_rows`` each. The plan keeps
+    the parts of one row group together (groups are permuted, then parts within a group), so
+    a slice's range, and so its shuffle windows, touch few row groups, and the reader keeps
+    those few decoded (``reader/_cache.py``) instead of decoding a row group per part.
+    """
 
     units: tuple[Unit, ...]
     rows: np.ndarray[Any, np.dtype[np.int64]]
+    source: np.ndarray[Any, np.dtype[np.int64]]
+    first: np.ndarray[Any, np.dtype[np.int64]]
 
     @classmethod
-    def of(cls, units: Sequence[Unit]) -> RoundUnits:
-        return cls(tuple(units), np.array([u.rows for u in units], dtype=np.int64))
+    def of(cls, units: Sequence[Unit], unit_rows: int = DEFAULT_UNIT_ROWS) -> RoundUnits:
+        sizes = np.array([u.rows for u in units], dtype=np.int64)
+        if not len(sizes):
+            empty = np.zeros(0, dtype=np.int64)
+            return cls((), empty, empty, empty)
+        parts = np.maximum(-(-sizes // unit_rows), 1)
+        source = np.repeat(np.arange(len(units), dtype=np.int64), parts)
+        start = np.concatenate([[0], np.cumsum(parts)[:-1]]).astype(np.int64)
+        k = np.arange(len(source), dtype=np.int64) - np.repeat(start, parts)
+        # parts of equal size (+-1 row) rather than a small remainder at the end
+        first = (k * sizes[source]) // parts[source]
+        end = ((k + 1) * sizes[source]) // parts[source]
+        return cls(tuple(units), (end - first).astype(np.int64), source, first)
+
+    def at(self, u: int, r0: int, r1: int) -> tuple[Unit, int, int]:
+        """Plan unit ``u``'s rows ``[r0, r1)`` as (row group, first row, end row) of it."""
+        first = int(self.first[u])
+        return self.units[int(self.source[u])], first + r0, first + r1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,14 +143,16 @@ class RoundSequence:
     """The rounds of one reader: the same in every process that asks."""
 
     def __init__(self, source: Any, snapshot: Snapshot, columns: Sequence[str], *,
-                 epochs: int, follow: FollowPolicy | None, refresh: bool = False) -> None:
+                 epochs: int, follow: FollowPolicy | None, refresh: bool = False,
+                 unit_rows: int = DEFAULT_UNIT_ROWS) -> None:
+        self.unit_rows = unit_rows
         self.source = source
         self.snapshot = snapshot
         self.columns = list(columns)
         self.epochs = epochs
         self.follow = follow
         self.refresh = refresh
-        self._units: dict[int, RoundUnits] = {0: RoundUnits.of(snapshot.units)}
+        self._units: dict[int, RoundUnits] = {0: RoundUnits.of(snapshot.units, unit_rows)}
         self._formed: dict[int, Round] = {}
         self._pinned: dict[int, Round] = {}  # refresh="epoch": epochs pinned by set_epoch
         self._versions: dict[int, RoundUnits] = {snapshot.version: self._units[0]}
@@ -135,7 +168,7 @@ class RoundSequence:
         in the main process, since resolving a Delta snapshot is not fork-safe)."""
         rnd = Round(index, index, index, None, snapshot.version)
         self._pinned[index] = rnd
-        self._versions[snapshot.version] = RoundUnits.of(snapshot.units)
+        self._versions[snapshot.version] = RoundUnits.of(snapshot.units, self.unit_rows)
         return rnd
 
     def needs_descriptor(self, rnd: Round) -> bool:
@@ -171,16 +204,18 @@ class RoundSequence:
         """The units a round reads (listed from the commit log for follow segments)."""
         if rnd.base is None:
             if rnd.to not in self._versions:  # a re-pinned epoch named by a reader state
-                self._versions[rnd.to] = RoundUnits.of(self.source.snapshot(rnd.to).units)
+                self._versions[rnd.to] = RoundUnits.of(self.source.snapshot(rnd.to).units,
+                                                            self.unit_rows)
             return self._versions[rnd.to]
         key = rnd.index
         if key not in self._units:
-            self._units[key] = RoundUnits.of(self._segment_units(rnd))
+            self._units[key] = RoundUnits.of(self._segment_units(rnd), self.unit_rows)
         return self._units[key]
 
     # ------------------------------------------------------------------------ follow
 
-    def _at_end(self, version: int) -> bool:
+    def at_end(self, version: int) -> bool:
+        """Follow mode: whether ``version`` is at or past ``until_version`` (the pass ends)."""
         assert self.follow is not None
         until = self.follow.until_version
         return until is not None and (version == until or self.source.is_after(version, until))
@@ -210,7 +245,7 @@ class RoundSequence:
         version, rows = prev.to, 0
         units: list[Unit] = []
         skipped: list[tuple[int, str]] = []
-        while not self._at_end(version):
+        while not self.at_end(version):
             commit = self._next_commit(version, wait)
             if commit is None:
                 if wait and rows:
@@ -233,7 +268,7 @@ class RoundSequence:
         if version == prev.to:
             return None  # at the end version already
         formed = Round(prev.index + 1, prev.segment + 1, 0, prev.to, version, tuple(skipped))
-        self._units[formed.index] = RoundUnits.of(sorted(units))
+        self._units[formed.index] = RoundUnits.of(sorted(units), self.unit_rows)
         return formed
 
     def _skip_reason(self, commit: Commit) -> str:

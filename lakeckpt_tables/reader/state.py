@@ -6,17 +6,23 @@ A reader state is JSON-clean and never pickled. Its size grows with ranks x work
 Schema (``format`` = :data:`STATE_FORMAT`)::
 
     {
-      "format":  "lakeckpt.reader/1",
+      "format":  "lakeckpt.reader/2",
       "table":   {"format": "delta", "location": "...", "table_id": "..."},
       "version": 12,                      # pinned table version / snapshot id
-      "segment": 0,                       # segment index (0: the pinned snapshot)
       "config":  {"seed": 0, "shuffle": true, "shuffle_window": 4, "drop_last": false,
-                  "epochs": 1, "columns": ["id", "x"]},
+                  "epochs": 1, "columns": ["id", "x"]},   # what defines the rows: identity
+      "policy":  {"on_change": "fail", "until_version": null, ...},  # may change on resume
       "plan":    {"world_size": 2, "workers": 2, "batch_size": 64} | null,
       "layouts": {"<epoch>": [piece, ...]},  # only epochs re-planned by an elastic resume
       "rounds":  {"<round>": [index, segment, epoch, base, to, skipped]},  # follow mode only
       "slices":  [[epoch, rows delivered] | null, ...]   # one per (rank, worker)
     }
+
+``config`` is what defines the rows (table options, seed, epochs, shuffle...): a state loads
+only into a reader with the same. ``policy`` holds the options that do not define rows (follow
+mode's ``on_change``, ``until_version``, ``max_idle``, ``poll_interval``): they may change on
+resume, and the change is recorded in the ledger as a ``policy_change`` event. Format 1 (with a
+``segment`` field that was always 0) is refused by name.
 
 A state captured in one DataLoader worker knows only its own slice (others are null); states
 are merged with :func:`merge_states`. ``plan`` may differ on load (another world size, worker
@@ -31,10 +37,11 @@ import json
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import Piece
+from lakeckpt_tables.reader._torchdata import states_from_loader
 from lakeckpt_tables.reader.rounds import Round
 from lakeckpt_tables.types import TableIdentity
 
@@ -47,20 +54,20 @@ __all__ = [
     "states_from_loader",
 ]
 
-STATE_FORMAT = "lakeckpt.reader/1"
+STATE_FORMAT = "lakeckpt.reader/2"
+_OLD_FORMATS = ("lakeckpt.reader/1",)
 _ENCODED_PREFIX = "lkr1:"
 
 KEY_FORMAT = "format"
 KEY_TABLE = "table"
 KEY_VERSION = "version"
-KEY_SEGMENT = "segment"
 KEY_CONFIG = "config"
 KEY_PLAN = "plan"
 KEY_LAYOUTS = "layouts"
 KEY_ROUNDS = "rounds"  # optional: descriptors of the follow segments slices stand in
+KEY_POLICY = "policy"  # optional: options that may change on resume
 KEY_SLICES = "slices"
-_KEYS = (KEY_FORMAT, KEY_TABLE, KEY_VERSION, KEY_SEGMENT, KEY_CONFIG, KEY_PLAN, KEY_LAYOUTS,
-         KEY_SLICES)
+_KEYS = (KEY_FORMAT, KEY_TABLE, KEY_VERSION, KEY_CONFIG, KEY_PLAN, KEY_LAYOUTS, KEY_SLICES)
 
 PlanShape = tuple[int, int, int]  # (world_size, workers, batch_size)
 SlicePos = tuple[int, int]
@@ -72,12 +79,12 @@ class ReaderState:
 
     table: TableIdentity
     version: int
-    segment: int
     config: Mapping[str, Any]
     plan: PlanShape | None
     layouts: Mapping[int, tuple[Piece, ...]]
     slices: tuple[SlicePos | None, ...]
     rounds: Mapping[int, Round] = field(default_factory=dict)
+    policy: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -97,8 +104,8 @@ class ReaderState:
             KEY_FORMAT: STATE_FORMAT,
             KEY_TABLE: self.table.to_json(),
             KEY_VERSION: self.version,
-            KEY_SEGMENT: self.segment,
             KEY_CONFIG: dict(self.config),
+            KEY_POLICY: dict(self.policy),
             KEY_PLAN: None if self.plan is None else dict(
                 zip(("world_size", "workers", "batch_size"), self.plan, strict=True)),
             KEY_LAYOUTS: {str(e): [p.to_json() for p in ps] for e, ps in self.layouts.items()},
@@ -117,6 +124,11 @@ class ReaderState:
         if not isinstance(state, Mapping):
             raise StateMismatchError(f"reader state must be a dict, got {type(state).__name__}")
         found = state.get(KEY_FORMAT)
+        if found in _OLD_FORMATS:
+            raise StateMismatchError(
+                f"reader state format {found!r} was written by an older lakeckpt-tables; this "
+                f"one reads {STATE_FORMAT!r} only. Finish the run with the version that "
+                "started it, or start a new run")
         if found != STATE_FORMAT:
             raise StateMismatchError(
                 f"reader state format is {found!r}, this lakeckpt-tables reads {STATE_FORMAT!r}"
@@ -124,35 +136,73 @@ class ReaderState:
         missing = [k for k in _KEYS if k not in state]
         if missing:
             raise StateMismatchError(f"reader state is corrupt: missing keys {missing}")
+        unknown = sorted(map(str, set(state) - {*_KEYS, KEY_ROUNDS, KEY_POLICY}))
+        if unknown:
+            raise StateMismatchError(f"reader state is corrupt: unknown keys {unknown}")
         try:
             return cls._parse(state)
-        except (TypeError, ValueError, KeyError) as exc:
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError,
+                OverflowError) as exc:
             raise StateMismatchError(f"reader state is corrupt: {exc!r}") from exc
 
     @classmethod
     def _parse(cls, state: Mapping[str, Any]) -> ReaderState:
         t = state[KEY_TABLE]
         plan = state[KEY_PLAN]
+        _exact_keys("table", t, ("format", "location", "table_id"))
+        if plan is not None:
+            _exact_keys("plan", plan, ("world_size", "workers", "batch_size"))
         shape = None if plan is None else (_positive(plan["world_size"]),
                                            _positive(plan["workers"]),
                                            _positive(plan["batch_size"]))
-        slices = tuple(None if s is None else (_natural(s[0]), _natural(s[1]))
-                       for s in state[KEY_SLICES])
+        slices = tuple(None if s is None else _slice_position(s) for s in state[KEY_SLICES])
         if shape is not None and len(slices) != shape[0] * shape[1]:
             raise ValueError(f"{len(slices)} slices for {shape[0]} ranks x {shape[1]} workers")
+        if shape is None and (slices or state[KEY_LAYOUTS] or state.get(KEY_ROUNDS)):
+            raise ValueError("a state without a plan (nothing read yet) holds no positions")
         layouts = {int(e): tuple(Piece.from_json(p) for p in ps)
                    for e, ps in state[KEY_LAYOUTS].items()}
         rounds = {int(r): Round.from_json(d) for r, d in state.get(KEY_ROUNDS, {}).items()}
         return cls(
-            table=TableIdentity(t["format"], str(t["location"]), str(t["table_id"])),
-            version=int(state[KEY_VERSION]),
-            segment=_natural(state[KEY_SEGMENT]),
+            table=TableIdentity(_table_format(t["format"]), _text(t["location"]),
+                                _text(t["table_id"])),
+            version=_int(state[KEY_VERSION]),
             config=dict(state[KEY_CONFIG]),
+            policy=dict(state.get(KEY_POLICY) or {}),
             plan=shape,
             layouts=layouts,
             slices=slices,
             rounds=rounds,
         )
+
+
+def _slice_position(value: Any) -> SlicePos:
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ValueError(f"a slice position is [round, rows delivered], got {value!r}")
+    return _natural(value[0]), _natural(value[1])
+
+
+def _exact_keys(name: str, value: Any, keys: tuple[str, ...]) -> None:
+    if not isinstance(value, Mapping) or set(value) != set(keys):
+        raise ValueError(f"{name} must be a dict with keys {list(keys)}, got {value!r}")
+
+
+def _table_format(value: Any) -> Literal["delta", "iceberg"]:
+    if value == "delta" or value == "iceberg":
+        return "delta" if value == "delta" else "iceberg"
+    raise ValueError(f"table format must be 'delta' or 'iceberg', got {value!r}")
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"expected an int, got {value!r}")
+    return value
 
 
 def _natural(value: Any) -> int:
@@ -188,7 +238,7 @@ def _merge_two(a: ReaderState, b: ReaderState) -> ReaderState:
         return b
     if b.plan is None:
         return a
-    for name in ("table", "version", "segment", "config", "plan", "layouts"):
+    for name in ("table", "version", "config", "policy", "plan", "layouts"):
         if getattr(a, name) != getattr(b, name):
             raise StateMismatchError(
                 f"cannot merge reader states with different {name}: "
@@ -207,26 +257,6 @@ def _merge_two(a: ReaderState, b: ReaderState) -> ReaderState:
                                      f"{slices[g]} vs {pos}")
         slices[g] = pos
     return replace(a, slices=tuple(slices), rounds={**a.rounds, **b.rounds})
-
-
-def states_from_loader(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The dataset states inside a torchdata ``StatefulDataLoader.state_dict()``.
-
-    Works for ``num_workers=0`` (one state) and for worker processes (one per worker).
-    """
-    snapshot = loader_state.get("_snapshot")
-    if snapshot is not None:
-        workers = snapshot.get("_worker_snapshots", {})
-        found = [w.get("dataset_state") for _, w in sorted(workers.items())]
-    else:
-        found = [loader_state.get("dataset_state")]
-    states = [s for s in found if s is not None]
-    if not states:
-        raise StateMismatchError(
-            "the DataLoader state holds no LakeDataset state: was it taken from a "
-            "StatefulDataLoader over a LakeDataset?"
-        )
-    return states
 
 
 def encode_state(state: Mapping[str, Any] | ReaderState) -> str:

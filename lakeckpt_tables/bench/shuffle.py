@@ -1,0 +1,128 @@
+"""Shuffle quality and cost on a table of ONE large row group (issue 8 item 9).
+
+A plan over whole row groups gives each of 2 ranks a fixed half of a one-row-group table every
+epoch; bounded plan units (NOTE [ bounded units ] in ``reader/rounds.py``) must mix it:
+- overlap: the share of a rank's epoch-1 rows it sees again in epoch 2 (target 1/world +- 5%);
+- |rho|: Spearman rank correlation between row id and delivery position (target <= 0.05);
+- throughput: shuffle on against the raw pyarrow -> torch read of the same row group
+  (target >= 0.8x), CPU time of this process, best of ``rounds`` interleaved rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lakeckpt_tables import DeltaSource, LakeDataset
+from lakeckpt_tables.reader.rounds import DEFAULT_UNIT_ROWS
+
+__all__ = ["ShuffleResult", "measure_shuffle"]
+
+OVERLAP_TOLERANCE = 0.05
+RHO_TARGET = 0.05
+THROUGHPUT_TARGET = 0.8
+
+
+@dataclass(frozen=True)
+class ShuffleResult:
+    """What :func:`measure_shuffle` measured (see the module docstring)."""
+
+    rows: int
+    world_size: int
+    overlap: float
+    rho: float
+    raw_rows_per_s: float
+    shuffled_rows_per_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.shuffled_rows_per_s / self.raw_rows_per_s
+
+
+def one_row_group_table(root: str | Path, rows: int) -> str:
+    """A Delta table of ``rows`` rows (``id``, ``x``) in one Parquet row group (reused)."""
+    from deltalake import DeltaTable, WriterProperties, write_deltalake
+
+    uri = str(Path(root) / f"one-row-group-{rows}")
+    try:
+        if DeltaTable(uri).count() == rows:
+            return uri
+    except Exception:  # absent or half-written: build it
+        pass
+    ids = np.arange(rows, dtype=np.int64)
+    table = pa.table({"id": ids, "x": (ids % 1000).astype(np.float32)})
+    props = WriterProperties(max_row_group_size=rows, write_batch_size=rows)
+    write_deltalake(uri, table, mode="overwrite", writer_properties=props)
+    return uri
+
+
+def _spearman(ids: np.ndarray) -> float:
+    position = np.arange(len(ids), dtype=np.float64)
+    ranks = np.empty(len(ids), dtype=np.float64)
+    ranks[np.argsort(ids, kind="stable")] = position
+    return float(np.corrcoef(ranks, position)[0, 1])
+
+
+def _rank_epochs(uri: str, rank: int, world: int, batch_size: int,
+                 unit_rows: int) -> list[np.ndarray]:
+    dataset = LakeDataset(DeltaSource(uri), columns=["id"], batch_size=batch_size, seed=1,
+                          epochs=2, rank=rank, world_size=world, unit_rows=unit_rows)
+    batches = [b["id"].numpy() for b in dataset]
+    half = len(batches) // 2  # lockstep: the same batch count in both epochs
+    return [np.concatenate(batches[:half]), np.concatenate(batches[half:])]
+
+
+def _cpu_rate(fn: object, rounds: int) -> float:
+    best = 0.0
+    for _ in range(rounds):
+        t0 = time.process_time()
+        rows = fn()  # type: ignore[operator]
+        best = max(best, rows / max(time.process_time() - t0, 1e-9))
+    return best
+
+
+def measure_shuffle(root: str | Path, *, rows: int = 500_000, world_size: int = 2,
+                    batch_size: int = 8192, rounds: int = 3,
+                    unit_rows: int = DEFAULT_UNIT_ROWS) -> ShuffleResult:
+    """Measure overlap, rank correlation and throughput on a one-row-group table.
+
+    Args:
+        root: directory that keeps the table for later runs.
+        rows: rows of the table's single row group.
+        world_size: simulated ranks.
+        batch_size: rows per batch.
+        rounds: throughput rounds (best kept).
+        unit_rows: the reader's plan unit size.
+    """
+    uri = one_row_group_table(root, rows)
+    overlaps, rhos = [], []
+    for rank in range(world_size):
+        first, second = _rank_epochs(uri, rank, world_size, batch_size, unit_rows)
+        overlaps.append(len(np.intersect1d(first, second)) / len(first))
+        rhos.append(abs(_spearman(first)))
+    path = DeltaSource(uri).snapshot().units[0].path
+
+    def raw() -> int:
+        import torch
+
+        table = pq.ParquetFile(path).read_row_group(0, columns=["id", "x"])
+        delivered = 0
+        for start in range(0, table.num_rows, batch_size):
+            part = table.slice(start, batch_size)
+            delivered += torch.from_numpy(part.column("id").chunk(0).to_numpy()).shape[0]
+        return delivered
+
+    def shuffled() -> int:
+        dataset = LakeDataset(DeltaSource(uri), columns=["id", "x"], batch_size=batch_size,
+                              seed=1, unit_rows=unit_rows)
+        return sum(b["id"].shape[0] for b in dataset)
+
+    raw_rate = _cpu_rate(raw, rounds)
+    shuffled_rate = _cpu_rate(shuffled, rounds)
+    return ShuffleResult(rows, world_size, float(np.mean(overlaps)), float(max(rhos)),
+                         raw_rate, shuffled_rate)

@@ -239,6 +239,8 @@ class Storage:
         except (OSError, ValueError) as exc:
             if _not_found(exc):
                 raise FileNotFoundError(2, "no such file", self.url(key)) from exc
+            if self.is_local and isinstance(exc, OSError):
+                raise  # a local file's own error (permissions, a directory): callers name it
             raise StorageError(
                 f"could not {action} {self.url(key)}: {self.redact(str(exc))}. Check that the "
                 "store is reachable and the storage options (endpoint, credentials) are "

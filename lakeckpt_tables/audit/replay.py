@@ -181,8 +181,10 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
     follow = config.get("follow")
     kwargs: dict[str, Any] = {}
     if isinstance(follow, dict):
+        # policy options (on_change, until_version...) do not define the rows: a replay
+        # forms the same segments without them (older states carried them in the config)
         kwargs = {"follow": True, "min_segment_rows": follow["min_segment_rows"],
-                  "on_change": follow["on_change"], "until_version": follow["until_version"]}
+                  "on_change": "skip"}
     elif config.get("refresh") is not None:
         kwargs = {"refresh": config["refresh"]}
     else:

@@ -22,6 +22,8 @@ _COMMANDS = {
     "bench": ("lakeckpt_tables.cli.bench", "measure reader, checkpoint and state figures"),
     "checkpoints": ("lakeckpt_tables.cli.checkpoints",
                     "list the committed checkpoints under a root"),
+    "chaos": ("lakeckpt_tables.cli.chaos",
+              "attack a scratch run (kills, bit flips, concurrent jobs) and count what breaks"),
 }
 
 

@@ -492,6 +492,9 @@ class CheckpointManager:
                      default=None)
         if not records:
             if step is None and tag is None and not scan.damaged:
+                # a fresh start still takes the run over: a job whose checkpoints are all
+                # gone (repaired away) may have left its claim behind
+                self.ledger.claim(self.run_id, self.owner, head=None)
                 return None
             if step is None and tag is None:
                 return "error", self._none_restorable([], [], scan)

@@ -200,6 +200,9 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        # run -> the checkpoint this object last committed or claimed for it as its owner:
+        # an owned commit building on it needs no data read (see _settle)
+        self._heads: dict[str, str | None] = {}
 
     @abc.abstractmethod
     def describe(self) -> str:
@@ -286,6 +289,8 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
             self._refresh()
             stored = self._settle(checkpoint, owner)
             if stored is not None:
+                if owner is not None:
+                    self._heads[stored.run_id] = stored.checkpoint_id
                 return stored
             record = replace(checkpoint, committed_at=now_utc())
             prepared = self._prepare(commit_rows(record, consumption, events, owner=owner))
@@ -296,7 +301,9 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 raise
             if stored is not None:
                 self._discard(prepared)
-                return stored
+                record = stored
+            if owner is not None:
+                self._heads[record.run_id] = record.checkpoint_id
             return record
 
     def claim(
@@ -325,6 +332,7 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
             CommitStateUnknownError: the claim may or may not have landed.
         """
         retiring = {e.detail["checkpoint_id"] for e in events if e.event == EVENT_RETIRED}
+        events = list(events) or [LedgerEvent("claim", {"owner": owner, "head": head})]
         with self._lock:
             prepared = self._prepare(event_rows(run_id, events, now_utc(), owner=owner))
             for _ in range(COMMIT_ATTEMPTS):
@@ -340,6 +348,7 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                         "restore again"
                     )
                 if self._publish(prepared, run_id=run_id, checkpoint=None, owner=owner):
+                    self._heads[run_id] = head
                     return
             self._discard(prepared)
             raise CommitConflictError(
@@ -444,8 +453,9 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         """Step 1 against the handle's snapshot: see :func:`settle` and NOTE [ one writer per
         run ].
 
-        A step after the run's last one, of the run's owner, the common case, needs no data
-        read: only the owner commits, so its parent is the newest.
+        A step after the run's last one, by the run's owner, building on what this object last
+        committed or claimed for it, the common case, needs no data read: only the owner
+        commits, so that parent is the newest.
         """
         run_id = checkpoint.run_id
         if owner is not None:
@@ -457,7 +467,8 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                     "was not committed. Stop this job: two jobs writing one run would train "
                     "rows twice"
                 )
-            fast = current == owner
+            fast = (current == owner and run_id in self._heads
+                    and self._heads[run_id] == checkpoint.parent_id)
         else:
             fast = True
         last_step = self._last_step(run_id)

@@ -193,6 +193,9 @@ class CheckpointManager:
     ) -> CheckpointRecord | None:
         """Checkpoint ``step`` on every rank; committed now, or at the next save when async.
 
+        A second save at the step this job committed last, with the same content, returns that
+        checkpoint (the "final save after the loop").
+
         Args:
             step: training step; strictly increasing within the run.
             model, optimizer, lr_scheduler: saved through torch.distributed.checkpoint.
@@ -204,8 +207,15 @@ class CheckpointManager:
             The committed record, or None when ``async_save`` defers the commit.
 
         Raises:
-            CheckpointError: some rank failed to prepare; nothing became visible.
-            CommitConflictError: another job committed to this run first.
+            CheckpointWriteError: writing the files failed (the cause named: ENOSPC...);
+                nothing became visible.
+            CheckpointError: some rank failed to prepare otherwise (e.g. an optimizer over
+                parameters the model does not hold); nothing became visible.
+            RunFencedError: another job restored the run since: this job must stop.
+            CommitConflictError: the step is committed with other content, or the run moved
+                on without this job.
+            CommitStateUnknownError: the ledger never said whether the commit landed; the
+                files stay, and the next restore or save finds out.
         """
         self.wait()
         checkpoint_id = self.world.broadcast(uuid.uuid4().hex)
@@ -425,9 +435,11 @@ class CheckpointManager:
     ) -> int | None:
         """Load the run's latest committed checkpoint that verifies (or the one asked for).
 
-        A checkpoint whose files fail verification is skipped for the newest earlier one that
-        verifies; the fallback is logged and recorded in the ledger. Call before iterating the
-        dataloader. ``extra``, if given, is filled in place.
+        A checkpoint whose files fail verification (or whose ledger record fails its checksum)
+        is skipped for the newest earlier one that verifies, and retired, so its step can be
+        saved again. One ledger commit records the retirements, the ``restore`` event and makes
+        this job the run's one writer: a job still writing the run is fenced. Call before
+        iterating the dataloader. ``extra``, if given, is filled in place.
 
         Returns:
             The restored step, or None for a fresh run.
@@ -435,6 +447,8 @@ class CheckpointManager:
         Raises:
             CheckpointError: ``step``/``tag`` names no committed checkpoint, or none verifies.
             StateMismatchError: the checkpoint's reader state is of another table or config.
+            LedgerCorruptError: a ledger file is unreadable (the error names it and the way
+                out).
         """
         self.wait()
         choice: Any = None

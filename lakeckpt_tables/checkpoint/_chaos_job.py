@@ -3,8 +3,9 @@
 Each rank appends ``<step> <id,id,...>`` per trained batch to ``<out>/rank<r>.log`` and, on
 restore, drops the lines after the restored step (their training died with the crash), so the
 logs hold exactly what trained the final model. Each rank writes how it ended to
-``<out>/outcome<r>.txt``: ``done <step>``, ``named <ErrorClass> <message>`` (a lakeckpt error)
-or ``unnamed <ExceptionClass> <message>`` (anything else: what the campaign counts as a defect).
+``<out>/outcome<r>.txt``: ``done <step>``, ``named <ErrorClass> <message>`` (a lakeckpt error),
+``peer <message>`` (the job's own collective lost a killed peer) or
+``unnamed <ExceptionClass> <message>`` (anything else: what the campaign counts as a defect).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 __all__ = ["main"]
 
@@ -24,6 +26,17 @@ def _truncate(path: str, step: int) -> None:
                 and int(line.split(" ", 1)[0]) <= step]
     with open(path, "w") as f:
         f.writelines(kept)
+
+
+class PeerLost(Exception):
+    """The job's own collective failed: a peer rank died (expected when the campaign kills)."""
+
+
+def _collective(op: Any, *args: Any) -> None:
+    try:
+        op(*args)
+    except RuntimeError as exc:  # gloo says "Connection reset by peer"
+        raise PeerLost(" ".join(str(exc).split())[:200]) from exc
 
 
 def _train(a: argparse.Namespace, rank: int, world: int) -> int:
@@ -49,7 +62,7 @@ def _train(a: argparse.Namespace, rank: int, world: int) -> int:
             if name.startswith("rank") and int(name[4:].split(".")[0]) >= world:
                 _truncate(os.path.join(a.out, name), step)
     if dist.is_initialized():
-        dist.barrier()
+        _collective(dist.barrier)
     saved = step
     with open(log_path, "a") as log:
         for batch in loader:
@@ -59,7 +72,7 @@ def _train(a: argparse.Namespace, rank: int, world: int) -> int:
             if dist.is_initialized():
                 for p in model.parameters():
                     assert p.grad is not None
-                    dist.all_reduce(p.grad)
+                    _collective(dist.all_reduce, p.grad)
             optimizer.step()
             log.write(f"{step} {','.join(map(str, batch['id'].tolist()))}\n")
             log.flush()
@@ -96,6 +109,8 @@ def main() -> int:
         text, code = f"done {step}", 0
     except LakeckptError as exc:
         text, code = f"named {type(exc).__name__} {' '.join(str(exc).split())}", 3
+    except PeerLost as exc:
+        text, code = f"peer {exc}", 5
     except BaseException as exc:  # the campaign counts these: every error should be named
         text, code = f"unnamed {type(exc).__name__} {' '.join(str(exc).split())}", 4
     with open(outcome, "w") as f:

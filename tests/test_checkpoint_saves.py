@@ -259,3 +259,16 @@ def test_a_lost_response_after_a_landed_commit_is_settled_from_the_log_and_nothi
     assert manager.gc() == []
     assert (tmp_path / record.model_location).is_dir()
     assert CheckpointManager(tmp_path, "r").restore(model=torch.nn.Linear(2, 1)) == 2
+
+
+def test_gc_in_a_job_that_no_longer_owns_the_run_removes_nothing(tmp_path: Path) -> None:
+    old = CheckpointManager(tmp_path, "r")
+    old.save(1, model=torch.nn.Linear(2, 1))
+    new = CheckpointManager(tmp_path, "r")
+    assert new.restore(model=torch.nn.Linear(2, 1)) == 1
+    in_flight = tmp_path / "r" / "step-000000002-0123abcd"
+    in_flight.mkdir()
+    with pytest.raises(RunFencedError, match=r"gc removes nothing"):
+        old.gc()
+    assert in_flight.is_dir()
+    assert new.gc() == ["r/step-000000002-0123abcd"]

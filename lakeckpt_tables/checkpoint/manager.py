@@ -650,13 +650,30 @@ class CheckpointManager:
         """Remove model files no retained committed checkpoint needs (collective).
 
         Removes directories of aborted attempts (never committed) and of checkpoints beyond
-        ``keep_last`` that carry no tag. Never touches a directory a retained checkpoint names.
+        ``keep_last`` that carry no tag. Never touches a directory a retained checkpoint names,
+        and runs only in the job that owns the run: another owner's attempt in flight is not
+        provably unreferenced.
 
         Returns:
             The directories removed (on rank 0; empty elsewhere).
+
+        Raises:
+            RunFencedError: another job owns the run now; nothing was removed.
         """
         self.wait()
         removed: list[str] = []
+        fenced: errors.RunFencedError | None = None
+        if self.world.rank == 0:
+            assert self.ledger is not None
+            owner = self.ledger.owner(self.run_id)
+            if owner is not None and owner != self.owner:
+                fenced = errors.RunFencedError(
+                    f"run {self.run_id} under {self.root} is owned by job {owner}, not this job "
+                    f"{self.owner}: gc removes nothing (an attempt of the owner may be in "
+                    "flight); run it from the owning job, or restore first")
+        fenced = self.world.broadcast(fenced)
+        if fenced is not None:
+            raise fenced
         if self.world.rank == 0:
             assert self.ledger is not None
             self._run_cache = None  # gc is explicit: read the ledger afresh

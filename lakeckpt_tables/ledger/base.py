@@ -157,6 +157,10 @@ class Ledger(Protocol):
         """The run's committed, retired and damaged checkpoints, from the newest snapshot."""
         ...
 
+    def owner(self, run_id: str) -> str | None:
+        """The job that owns the run, or None if no job claimed it."""
+        ...
+
     def checkpoints(self, run_id: str | None = None) -> list[CheckpointRecord]:
         """Committed (intact, not retired) checkpoints of one run or of all runs, ordered by
         (run, step)."""
@@ -376,6 +380,12 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 f"ledger {self.describe()}: events of run {run_id!r} were not recorded: the "
                 f"commit lost {COMMIT_ATTEMPTS} races to concurrent commits; record them again"
             )
+
+    def owner(self, run_id: str) -> str | None:
+        """The job that owns the run (NOTE [ one writer per run ]), None if none claimed it."""
+        with self._lock:
+            self._refresh()
+            return self._owner(run_id)
 
     def scan(self, run_id: str) -> RunScan:
         """The run's committed, retired and damaged checkpoints, from the newest snapshot.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 __all__ = ["main"]
@@ -74,6 +75,7 @@ def _train(a: argparse.Namespace, rank: int, world: int) -> int:
                     assert p.grad is not None
                     _collective(dist.all_reduce, p.grad)
             optimizer.step()
+            time.sleep(a.pause)
             log.write(f"{step} {','.join(map(str, batch['id'].tolist()))}\n")
             log.flush()
             if step % a.every == 0:
@@ -93,6 +95,7 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--every", type=int, default=3)
+    p.add_argument("--pause", type=float, default=0.0, help="seconds of 'training' per step")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     import torch.distributed as dist

@@ -80,14 +80,14 @@ class _Job:
     def __init__(self, table: Path, root: Path, out: Path, timeout: float) -> None:
         self.table, self.root, self.out, self.timeout = table, root, out, timeout
 
-    def start(self, *, nproc: int = 1, crash: str | None = None,
-              out: Path | None = None) -> subprocess.Popen[bytes]:
+    def start(self, *, nproc: int = 1, crash: str | None = None, out: Path | None = None,
+              pause: float = 0.0) -> subprocess.Popen[bytes]:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         env.pop("LAKECKPT_CRASH_AT", None)
         if crash:
             env["LAKECKPT_CRASH_AT"] = crash
         args = ["--table", str(self.table), "--root", str(self.root),
-                "--out", str(out or self.out), "--batch", str(_BATCH)]
+                "--out", str(out or self.out), "--batch", str(_BATCH), "--pause", str(pause)]
         module = ["-m", "lakeckpt_tables.checkpoint._chaos_job"]
         if nproc == 1:
             cmd = [sys.executable, *module, *args]
@@ -186,9 +186,10 @@ def _trial(scenario: str, rng: random.Random, table: Path, work: Path,
         job.finish(trial, nproc=nproc)
     elif scenario == "concurrent":
         trial = Trial(scenario, "two jobs of one run")
-        first = job.start(out=out)
+        # each job "trains" 0.3 s a step (~5 s in all), so the second overlaps the first
+        first = job.start(out=out, pause=0.3)
         time.sleep(rng.uniform(0.0, 2.0))
-        second = job.start(out=work / "out2")
+        second = job.start(out=work / "out2", pause=0.3)
         job.wait(first, trial, crash=False, out=out)
         job.wait(second, trial, crash=False, out=work / "out2")
         job.finish(trial)

@@ -116,6 +116,7 @@ def reference(table: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     "prepare:before_write", "prepare:mid_write", "prepare:after_write",
     "commit:before", "commit:after",
 ])
+@pytest.mark.timeout(300)  # two or three jobs, each up to ~40 s on 2 busy cores
 def test_a_crash_at_any_protocol_point_leaves_the_previous_or_the_new_checkpoint(
         table: Path, reference: Path, tmp_path: Path, point: str) -> None:
     root, out = tmp_path / "ckpt", tmp_path / "out"

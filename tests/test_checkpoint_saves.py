@@ -227,3 +227,48 @@ def test_a_job_that_did_not_restore_cannot_write_into_a_run_another_job_owns(
     CheckpointManager(tmp_path, "r").save(1, model=model)
     with pytest.raises(RunFencedError, match="run 'r' is owned by job"):
         CheckpointManager(tmp_path, "r").save(2, model=model)
+
+
+def test_a_lost_response_after_a_landed_commit_is_settled_from_the_log_and_nothing_deleted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit lands, then the call fails (the response was lost): save() asks the ledger
+    again, which finds the checkpoint through the run's app transaction, and returns it."""
+    from typing import Any
+
+    from deltalake import DeltaTable
+
+    real = DeltaTable.create_write_transaction
+    calls: list[int] = []
+
+    def land_then_fail(self: DeltaTable, *args: Any, **kwargs: Any) -> Any:
+        out = real(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("injected: connection reset after the commit landed")
+        return out
+
+    manager = CheckpointManager(tmp_path, "r")
+    manager.save(1, model=torch.nn.Linear(2, 1))
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", land_then_fail)
+    record = manager.save(2, model=torch.nn.Linear(2, 1))
+    monkeypatch.undo()
+    assert record.step == 2 and len(calls) == 1  # the retry found it and committed nothing
+    ledger = DeltaLedger(str(tmp_path / "_ledger"))
+    assert [r.checkpoint_id for r in ledger.checkpoints("r")][1] == record.checkpoint_id
+    assert ledger.to_arrow().filter(pa.compute.field("record") == "checkpoint").num_rows == 2
+    assert manager.gc() == []
+    assert (tmp_path / record.model_location).is_dir()
+    assert CheckpointManager(tmp_path, "r").restore(model=torch.nn.Linear(2, 1)) == 2
+
+
+def test_gc_in_a_job_that_no_longer_owns_the_run_removes_nothing(tmp_path: Path) -> None:
+    old = CheckpointManager(tmp_path, "r")
+    old.save(1, model=torch.nn.Linear(2, 1))
+    new = CheckpointManager(tmp_path, "r")
+    assert new.restore(model=torch.nn.Linear(2, 1)) == 1
+    in_flight = tmp_path / "r" / "step-000000002-0123abcd"
+    in_flight.mkdir()
+    with pytest.raises(RunFencedError, match=r"gc removes nothing"):
+        old.gc()
+    assert in_flight.is_dir()
+    assert new.gc() == ["r/step-000000002-0123abcd"]

@@ -24,7 +24,12 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 
 import lakeckpt_tables.sources.iceberg as iceberg_sources
-from lakeckpt_tables.errors import CommitConflictError, CommitStateUnknownError, LedgerError
+from lakeckpt_tables.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    LedgerError,
+    RunFencedError,
+)
 from lakeckpt_tables.ledger import (
     LEDGER_FORMAT_VERSION,
     LEDGER_SCHEMA,
@@ -367,6 +372,54 @@ def test_a_commit_that_landed_but_reported_an_error_is_settled_by_retrying_it(
     retried = backend.open().commit(checkpoint(2), consumption())
     assert ledger.checkpoints() == [retried]
     assert ledger.consumption().num_rows == 8
+
+
+# -- one writer per run (owned commits, claims, retirement) ---------------------------------
+
+
+def owned(step: int, parent: str | None, checkpoint_id: str | None = None) -> CheckpointRecord:
+    return replace(checkpoint(step, checkpoint_id), parent_id=parent)
+
+
+def test_a_claim_fences_the_previous_owner_and_the_new_owner_builds_on_its_head(
+    ledger: Ledger,
+) -> None:
+    first = ledger.commit(owned(1, None), owner="111")
+    ledger.commit(owned(2, first.checkpoint_id), owner="111")
+    ledger.claim("run-a", "222", [LedgerEvent("restore", {"step": 2})],
+                 head="run-a-ckpt-2")
+    with pytest.raises(RunFencedError, match=r"run 'run-a' is owned by job 222 now"):
+        ledger.commit(owned(3, "run-a-ckpt-2"), owner="111")
+    third = ledger.commit(owned(3, "run-a-ckpt-2"), owner="222")
+    assert [c.step for c in ledger.checkpoints("run-a")] == [1, 2, 3]
+    assert third.parent_id == "run-a-ckpt-2"
+    with pytest.raises(CommitConflictError, match=r"builds on checkpoint 'run-a-ckpt-1', but "
+                       r"the run's newest checkpoint is 'run-a-ckpt-3' \(step 3\)"):
+        ledger.commit(owned(4, "run-a-ckpt-1"), owner="222")
+
+
+def test_a_claim_lands_only_while_its_checkpoint_is_the_runs_newest(ledger: Ledger) -> None:
+    ledger.commit(owned(1, None), owner="111")
+    ledger.commit(owned(2, "run-a-ckpt-1"), owner="111")
+    with pytest.raises(CommitConflictError, match=r"moved on while job 222 was restoring "
+                       r"checkpoint 'run-a-ckpt-1' \(its newest is now 'run-a-ckpt-2'\)"):
+        ledger.claim("run-a", "222", [], head="run-a-ckpt-1")
+    ledger.commit(owned(3, "run-a-ckpt-2"), owner="111")  # still the owner
+
+
+def test_a_retired_checkpoint_is_not_committed_and_its_step_can_be_committed_again(
+    ledger: Ledger,
+) -> None:
+    ledger.commit(owned(5, None), owner="111")
+    ledger.commit(owned(10, "run-a-ckpt-5"), owner="111")
+    retire = LedgerEvent("retired", {"checkpoint_id": "run-a-ckpt-10", "step": 10,
+                                     "reason": "model files fail verification"})
+    ledger.claim("run-a", "222", [retire], head="run-a-ckpt-5")
+    assert [c.step for c in ledger.checkpoints("run-a")] == [5]
+    again = ledger.commit(owned(10, "run-a-ckpt-5", "run-a-ckpt-10b"), owner="222")
+    assert [c.checkpoint_id for c in ledger.checkpoints("run-a")] == [
+        "run-a-ckpt-5", again.checkpoint_id]
+    assert ledger.scan("run-a").retired == frozenset({"run-a-ckpt-10"})
 
 
 # -- concurrency ------------------------------------------------------------------------------

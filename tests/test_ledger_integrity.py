@@ -109,3 +109,17 @@ def test_a_tampered_consumption_record_is_a_named_error(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist([consumption], schema=rows.schema), path)
     with pytest.raises(LedgerCorruptError, match=r"1 consumption record\(s\) fail their checksum"):
         ledger.consumption("r")
+
+
+def test_a_run_whose_only_checkpoint_was_repaired_away_starts_afresh_and_saves(
+        tmp_path: Path) -> None:
+    (only,) = _run(tmp_path, [3])
+    path = _file_of(tmp_path, only)
+    path.write_bytes(path.read_bytes()[:50])
+    with pytest.raises(LedgerCorruptError):
+        CheckpointManager(tmp_path, "r").restore(model=torch.nn.Linear(2, 1))
+    path.rename(tmp_path / "aside.parquet")
+    DeltaTable(str(tmp_path / "_ledger")).repair()
+    job = CheckpointManager(tmp_path, "r")
+    assert job.restore(model=torch.nn.Linear(2, 1)) is None
+    assert job.save(3, model=torch.nn.Linear(2, 1)).parent_id is None

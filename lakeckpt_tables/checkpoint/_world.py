@@ -7,9 +7,13 @@ training collectives.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch.distributed as dist
+
+from lakeckpt_tables.errors import CheckpointError
 
 __all__ = ["World"]
 
@@ -29,21 +33,49 @@ class World:
             self.rank, self.size, self.group = 0, 1, None
 
     def gather(self, value: T) -> list[T]:
-        """Every rank's ``value``, on every rank, in rank order."""
+        """Every rank's ``value``, on every rank, in rank order.
+
+        Raises:
+            CheckpointError: a peer rank died or cannot be reached.
+        """
         if not self.distributed:
             return [value]
         out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, value, group=self.group)
+        with self._named("gather"):
+            dist.all_gather_object(out, value, group=self.group)
         return out
 
     def broadcast(self, value: T) -> T:
-        """Rank 0's ``value`` on every rank."""
+        """Rank 0's ``value`` on every rank.
+
+        Raises:
+            CheckpointError: a peer rank died or cannot be reached.
+        """
         if not self.distributed:
             return value
         box = [value]
-        dist.broadcast_object_list(box, src=0, group=self.group)
+        with self._named("broadcast"):
+            dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
     def barrier(self) -> None:
+        """Wait for every rank.
+
+        Raises:
+            CheckpointError: a peer rank died or cannot be reached.
+        """
         if self.distributed:
-            dist.barrier(group=self.group)
+            with self._named("barrier"):
+                dist.barrier(group=self.group)
+
+    @contextmanager
+    def _named(self, op: str) -> Iterator[None]:
+        # gloo reports a dead peer as a bare RuntimeError ("Connection reset by peer")
+        try:
+            yield
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"rank {self.rank} of {self.size}: the checkpoint protocol's {op} failed, a "
+                f"peer rank died or cannot be reached ({' '.join(str(exc).split())[:300]}). "
+                "The checkpoint in progress counts only if the ledger committed it: restart "
+                "the job and restore") from exc

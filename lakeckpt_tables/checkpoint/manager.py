@@ -201,6 +201,9 @@ class CheckpointManager:
     ) -> CheckpointRecord | None:
         """Checkpoint ``step`` on every rank; committed now, or at the next save when async.
 
+        A second save at the step this job committed last, with the same content, returns that
+        checkpoint (the "final save after the loop").
+
         Args:
             step: training step; strictly increasing within the run.
             model, optimizer, lr_scheduler: saved through torch.distributed.checkpoint.
@@ -212,8 +215,15 @@ class CheckpointManager:
             The committed record, or None when ``async_save`` defers the commit.
 
         Raises:
-            CheckpointError: some rank failed to prepare; nothing became visible.
-            CommitConflictError: another job committed to this run first.
+            CheckpointWriteError: writing the files failed (the cause named: ENOSPC...);
+                nothing became visible.
+            CheckpointError: some rank failed to prepare otherwise (e.g. an optimizer over
+                parameters the model does not hold); nothing became visible.
+            RunFencedError: another job restored the run since: this job must stop.
+            CommitConflictError: the step is committed with other content, or the run moved
+                on without this job.
+            CommitStateUnknownError: the ledger never said whether the commit landed; the
+                files stay, and the next restore or save finds out.
         """
         self.wait()
         if not self._root_shared:
@@ -434,9 +444,11 @@ class CheckpointManager:
     ) -> int | None:
         """Load the run's latest committed checkpoint that verifies (or the one asked for).
 
-        A checkpoint whose files fail verification is skipped for the newest earlier one that
-        verifies; the fallback is logged and recorded in the ledger. Call before iterating the
-        dataloader. ``extra``, if given, is filled in place.
+        A checkpoint whose files fail verification (or whose ledger record fails its checksum)
+        is skipped for the newest earlier one that verifies, and retired, so its step can be
+        saved again. One ledger commit records the retirements, the ``restore`` event and makes
+        this job the run's one writer: a job still writing the run is fenced. Call before
+        iterating the dataloader. ``extra``, if given, is filled in place.
 
         Returns:
             The restored step, or None for a fresh run.
@@ -444,6 +456,8 @@ class CheckpointManager:
         Raises:
             CheckpointError: ``step``/``tag`` names no committed checkpoint, or none verifies.
             StateMismatchError: the checkpoint's reader state is of another table or config.
+            LedgerCorruptError: a ledger file is unreadable (the error names it and the way
+                out).
         """
         self.wait()
         choice: Any = None
@@ -503,6 +517,9 @@ class CheckpointManager:
                      default=None)
         if not records:
             if step is None and tag is None and not scan.damaged:
+                # a fresh start still takes the run over: a job whose checkpoints are all
+                # gone (repaired away) may have left its claim behind
+                self.ledger.claim(self.run_id, self.owner, head=None)
                 return None
             if step is None and tag is None:
                 return "error", self._none_restorable([], [], scan)
@@ -645,13 +662,30 @@ class CheckpointManager:
         """Remove model files no retained committed checkpoint needs (collective).
 
         Removes directories of aborted attempts (never committed) and of checkpoints beyond
-        ``keep_last`` that carry no tag. Never touches a directory a retained checkpoint names.
+        ``keep_last`` that carry no tag. Never touches a directory a retained checkpoint names,
+        and runs only in the job that owns the run: another owner's attempt in flight is not
+        provably unreferenced.
 
         Returns:
             The directories removed (on rank 0; empty elsewhere).
+
+        Raises:
+            RunFencedError: another job owns the run now; nothing was removed.
         """
         self.wait()
         removed: list[str] = []
+        fenced: errors.RunFencedError | None = None
+        if self.world.rank == 0:
+            assert self.ledger is not None
+            owner = self.ledger.owner(self.run_id)
+            if owner is not None and owner != self.owner:
+                fenced = errors.RunFencedError(
+                    f"run {self.run_id} under {self.root} is owned by job {owner}, not this job "
+                    f"{self.owner}: gc removes nothing (an attempt of the owner may be in "
+                    "flight); run it from the owning job, or restore first")
+        fenced = self.world.broadcast(fenced)
+        if fenced is not None:
+            raise fenced
         if self.world.rank == 0:
             assert self.ledger is not None
             self._run_cache = None  # gc is explicit: read the ledger afresh

@@ -35,6 +35,8 @@ _COMMANDS = {
     "maintain": ("lakeckpt_tables.cli.maintain", "compact the ledger"),
     "report": ("lakeckpt_tables.cli.report",
                "write a self-contained HTML report: progress plot, runs, checkpoints, events"),
+    "chaos": ("lakeckpt_tables.cli.chaos",
+              "attack a scratch run (kills, bit flips, concurrent jobs) and count what breaks"),
 }
 
 

@@ -157,6 +157,10 @@ class Ledger(Protocol):
         """The run's committed, retired and damaged checkpoints, from the newest snapshot."""
         ...
 
+    def owner(self, run_id: str) -> str | None:
+        """The job that owns the run, or None if no job claimed it."""
+        ...
+
     def checkpoints(self, run_id: str | None = None) -> list[CheckpointRecord]:
         """Committed (intact, not retired) checkpoints of one run or of all runs, ordered by
         (run, step)."""
@@ -200,6 +204,9 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        # run -> the checkpoint this object last committed or claimed for it as its owner:
+        # an owned commit building on it needs no data read (see _settle)
+        self._heads: dict[str, str | None] = {}
 
     @abc.abstractmethod
     def describe(self) -> str:
@@ -286,6 +293,8 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
             self._refresh()
             stored = self._settle(checkpoint, owner)
             if stored is not None:
+                if owner is not None:
+                    self._heads[stored.run_id] = stored.checkpoint_id
                 return stored
             record = replace(checkpoint, committed_at=now_utc())
             prepared = self._prepare(commit_rows(record, consumption, events, owner=owner))
@@ -296,7 +305,9 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 raise
             if stored is not None:
                 self._discard(prepared)
-                return stored
+                record = stored
+            if owner is not None:
+                self._heads[record.run_id] = record.checkpoint_id
             return record
 
     def claim(
@@ -325,6 +336,7 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
             CommitStateUnknownError: the claim may or may not have landed.
         """
         retiring = {e.detail["checkpoint_id"] for e in events if e.event == EVENT_RETIRED}
+        events = list(events) or [LedgerEvent("claim", {"owner": owner, "head": head})]
         with self._lock:
             prepared = self._prepare(event_rows(run_id, events, now_utc(), owner=owner))
             for _ in range(COMMIT_ATTEMPTS):
@@ -340,6 +352,7 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                         "restore again"
                     )
                 if self._publish(prepared, run_id=run_id, checkpoint=None, owner=owner):
+                    self._heads[run_id] = head
                     return
             self._discard(prepared)
             raise CommitConflictError(
@@ -367,6 +380,12 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 f"ledger {self.describe()}: events of run {run_id!r} were not recorded: the "
                 f"commit lost {COMMIT_ATTEMPTS} races to concurrent commits; record them again"
             )
+
+    def owner(self, run_id: str) -> str | None:
+        """The job that owns the run (NOTE [ one writer per run ]), None if none claimed it."""
+        with self._lock:
+            self._refresh()
+            return self._owner(run_id)
 
     def scan(self, run_id: str) -> RunScan:
         """The run's committed, retired and damaged checkpoints, from the newest snapshot.
@@ -444,8 +463,9 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         """Step 1 against the handle's snapshot: see :func:`settle` and NOTE [ one writer per
         run ].
 
-        A step after the run's last one, of the run's owner, the common case, needs no data
-        read: only the owner commits, so its parent is the newest.
+        A step after the run's last one, by the run's owner, building on what this object last
+        committed or claimed for it, the common case, needs no data read: only the owner
+        commits, so that parent is the newest.
         """
         run_id = checkpoint.run_id
         if owner is not None:
@@ -457,7 +477,8 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                     "was not committed. Stop this job: two jobs writing one run would train "
                     "rows twice"
                 )
-            fast = current == owner
+            fast = (current == owner and run_id in self._heads
+                    and self._heads[run_id] == checkpoint.parent_id)
         else:
             fast = True
         last_step = self._last_step(run_id)

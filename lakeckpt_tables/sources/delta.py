@@ -175,6 +175,23 @@ class DeltaRowGroupReader(RowGroupReader):
         self.schema = schema
         self.partitions = frozenset(partitions)
         self.physical = dict(physical) if physical else None
+        self._constants: dict[tuple[str, Any, int], pa.Array] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_constants"] = {}
+        return state
+
+    def _constant(self, column: str, value: Any, kind: pa.DataType, rows: int) -> pa.Array:
+        """A partition column's array, built once per (column, value, rows) and reused:
+        Arrow arrays are immutable, and row groups mostly share one size."""
+        key = (column, value, rows)
+        array = self._constants.get(key)
+        if array is None:
+            if len(self._constants) >= 256:
+                self._constants.clear()
+            array = self._constants[key] = constant(value, kind, rows)
+        return array
 
     def _names(self, column: str) -> tuple[str, PhysicalNames | None]:
         if self.physical is None:
@@ -196,7 +213,7 @@ class DeltaRowGroupReader(RowGroupReader):
             field = pa.field(column, self.schema.field(column).type)
             physical, nested = self._names(column)
             if column in self.partitions:
-                arrays.append(constant(values.get(column), field.type, rows))
+                arrays.append(self._constant(column, values.get(column), field.type, rows))
             elif read is not None and physical in read.column_names:
                 arrays.append(conform(read.column(physical), field, nested))
             else:

@@ -208,3 +208,20 @@ def test_an_iceberg_reader_crosses_into_workers_by_pickle(tmp_path: Path) -> Non
     reader = pickle.loads(pickle.dumps(snap.row_reader()))
     assert reader.read(snap.units[0], ["region", "id"]).to_pydict() == {
         "region": ["x"] * 5, "id": [0, 1, 2, 3, 4]}
+
+
+def test_a_follower_pinned_before_the_first_snapshot_reads_appends_by_field_id(
+        tmp_path: Path) -> None:
+    from pyiceberg.typedef import Record
+
+    catalog, table = _partitioned(tmp_path)
+    ds = LakeDataset(IcebergSource("ns.parted", catalog=catalog), columns=["id", "region"],
+                     output="arrow", batch_size=3, shuffle=False, follow=True, max_idle=2,
+                     poll_interval=0.05)
+    assert ds.snapshot.version == -1
+    path = tmp_path / "eu.parquet"
+    _write_data_file(path, {"id": (1, pa.array(range(6), pa.int64()))})  # no region column
+    _add_file(catalog.load_table("ns.parted"), path, 6, Record("eu"))
+    got = pa.Table.from_batches(list(ds))
+    assert sorted(zip(got["id"].to_pylist(), got["region"].to_pylist(), strict=True)) == [
+        (i, "eu") for i in range(6)]

@@ -138,7 +138,10 @@ class IcebergSource:
                 f"{identity.describe()} has no snapshot {version} (expired?); newest ids: {known}"
             )
         if snap_meta is None:  # a table created but never written (-1: a follower's pin): empty
-            return Snapshot(identity, -1, table.schema().as_arrow(), (), {})
+            reader = IcebergRowGroupReader(identity, -1, table.schema(),
+                                           table.metadata.name_mapping(),
+                                           int(table.metadata.format_version))
+            return Snapshot(identity, -1, table.schema().as_arrow(), (), {}, reader=reader)
         pinned = int(snap_meta.snapshot_id)
         reader = _reader(table, identity, pinned, snap_meta)
         files = self._data_files(table, identity, pinned, reader.schema)

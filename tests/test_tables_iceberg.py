@@ -214,7 +214,7 @@ def test_a_follower_pinned_before_the_first_snapshot_reads_appends_by_field_id(
         tmp_path: Path) -> None:
     from pyiceberg.typedef import Record
 
-    catalog, table = _partitioned(tmp_path)
+    catalog, _table = _partitioned(tmp_path)
     ds = LakeDataset(IcebergSource("ns.parted", catalog=catalog), columns=["id", "region"],
                      output="arrow", batch_size=3, shuffle=False, follow=True, max_idle=2,
                      poll_interval=0.05)

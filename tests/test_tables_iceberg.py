@@ -225,3 +225,24 @@ def test_a_follower_pinned_before_the_first_snapshot_reads_appends_by_field_id(
     got = pa.Table.from_batches(list(ds))
     assert sorted(zip(got["id"].to_pylist(), got["region"].to_pylist(), strict=True)) == [
         (i, "eu") for i in range(6)]
+
+
+def test_a_followed_append_with_equality_deletes_is_a_named_error(tmp_path: Path) -> None:
+    from pyiceberg.manifest import DataFileContent
+    from pyiceberg.typedef import Record
+
+    from lakeckpt_tables.errors import LakeckptError
+
+    catalog, _ = _partitioned(tmp_path)
+    data = tmp_path / "eu.parquet"
+    _write_data_file(data, {"id": (1, pa.array(range(8), pa.int64()))})
+    _add_file(catalog.load_table("ns.parted"), data, 8, Record("eu"))
+    ds = LakeDataset(IcebergSource("ns.parted", catalog=catalog), columns=["id"],
+                     batch_size=4, shuffle=False, follow=True, max_idle=2, poll_interval=0.05)
+    eq = tmp_path / "eq.parquet"
+    _write_data_file(eq, {"id": (1, pa.array([3], pa.int64()))})
+    _add_file(catalog.load_table("ns.parted"), eq, 1, Record("eu"),
+              DataFileContent.EQUALITY_DELETES, equality_ids=[1])
+    with pytest.raises(LakeckptError, match=r"equality|delete") as info:
+        list(ds)
+    assert "snapshot" in str(info.value)

@@ -172,8 +172,14 @@ class IcebergSource:
         scan = table.incremental_append_scan(
             from_snapshot_id_exclusive=None if version == -1 else version,
             to_snapshot_id_inclusive=sid)
+        try:
+            tasks = list(scan.plan_files())
+        except Exception as exc:
+            raise TableMetadataError(
+                f"{snapshot.identity.describe()} snapshot {sid} ({operation}): pyiceberg cannot "
+                f"plan its appended files: {type(exc).__name__}: {exc}") from exc
         files = []
-        for task in scan.plan_files():
+        for task in tasks:
             if task.delete_files:
                 return Commit(sid, "change", operation, detail="adds delete files")
             files.append(_data_file(table, task, None))

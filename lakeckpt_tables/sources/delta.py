@@ -282,8 +282,13 @@ def _data_files(dt: Any, root: str, reader: DeltaRowGroupReader) -> list[DataFil
         counts = tuple(sorted((logical[k], int(v)) for k, v in (nulls[i] or {}).items()
                               if k in logical and isinstance(v, int)))
         out.append(DataFile(full, sizes[i], None if rows is None else rows[i],
-                            deletes.get(local_path_or_uri(full)), partition,
+                            deletes.pop(local_path_or_uri(full), None), partition,
                             null_counts=counts or None))
+    if deletes:  # never read a file without its deletion vector
+        raise TableMetadataError(
+            f"{reader.describe()}: deletion vectors name data file(s) the log does not list as "
+            f"this reader spells them: {sorted(deletes)[:3]}; refusing rather than reading "
+            "deleted rows")
     return out
 
 

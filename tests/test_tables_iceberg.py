@@ -208,3 +208,41 @@ def test_an_iceberg_reader_crosses_into_workers_by_pickle(tmp_path: Path) -> Non
     reader = pickle.loads(pickle.dumps(snap.row_reader()))
     assert reader.read(snap.units[0], ["region", "id"]).to_pydict() == {
         "region": ["x"] * 5, "id": [0, 1, 2, 3, 4]}
+
+
+def test_a_follower_pinned_before_the_first_snapshot_reads_appends_by_field_id(
+        tmp_path: Path) -> None:
+    from pyiceberg.typedef import Record
+
+    catalog, _table = _partitioned(tmp_path)
+    ds = LakeDataset(IcebergSource("ns.parted", catalog=catalog), columns=["id", "region"],
+                     output="arrow", batch_size=3, shuffle=False, follow=True, max_idle=2,
+                     poll_interval=0.05)
+    assert ds.snapshot.version == -1
+    path = tmp_path / "eu.parquet"
+    _write_data_file(path, {"id": (1, pa.array(range(6), pa.int64()))})  # no region column
+    _add_file(catalog.load_table("ns.parted"), path, 6, Record("eu"))
+    got = pa.Table.from_batches(list(ds))
+    assert sorted(zip(got["id"].to_pylist(), got["region"].to_pylist(), strict=True)) == [
+        (i, "eu") for i in range(6)]
+
+
+def test_a_followed_append_with_equality_deletes_is_a_named_error(tmp_path: Path) -> None:
+    from pyiceberg.manifest import DataFileContent
+    from pyiceberg.typedef import Record
+
+    from lakeckpt_tables.errors import LakeckptError
+
+    catalog, _ = _partitioned(tmp_path)
+    data = tmp_path / "eu.parquet"
+    _write_data_file(data, {"id": (1, pa.array(range(8), pa.int64()))})
+    _add_file(catalog.load_table("ns.parted"), data, 8, Record("eu"))
+    ds = LakeDataset(IcebergSource("ns.parted", catalog=catalog), columns=["id"],
+                     batch_size=4, shuffle=False, follow=True, max_idle=2, poll_interval=0.05)
+    eq = tmp_path / "eq.parquet"
+    _write_data_file(eq, {"id": (1, pa.array([3], pa.int64()))})
+    _add_file(catalog.load_table("ns.parted"), eq, 1, Record("eu"),
+              DataFileContent.EQUALITY_DELETES, equality_ids=[1])
+    with pytest.raises(LakeckptError, match=r"equality|delete") as info:
+        list(ds)
+    assert "snapshot" in str(info.value)

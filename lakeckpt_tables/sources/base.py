@@ -168,12 +168,10 @@ class RowGroupReader:
         if not units:
             return {}
         data_file = units[0].file if isinstance(units[0].file, DataFile) else None
-        counts: dict[str, int] = {}
-        known = dict(data_file.null_counts or ()) if data_file is not None else {}
-        whole = (data_file is not None and data_file.row_group_rows is not None
-                 and len(units) == len(data_file.row_group_rows))
-        if whole and all(c in known for c in columns):  # metadata statistics: no footer read
-            return {c: known[c] for c in columns}
+        counts: dict[str, int] | None = known_null_counts(units, columns)
+        if counts is not None:  # metadata statistics: no footer read
+            return counts
+        counts = {}
         handle = self._handle(units[0].path, data_file, keep=False)  # reads check again
         meta = handle.file.metadata
         for column in columns:
@@ -203,6 +201,17 @@ class RowGroupReader:
         deletes = data_file.deletes
         assert deletes is not None
         return pa.array(deletes.keep(start, sizes[unit.row_group]))
+
+
+def known_null_counts(units: Sequence[Unit], columns: Sequence[str]) -> dict[str, int] | None:
+    """Nulls of ``columns`` in a whole file (``units``: all its row groups) from the table
+    metadata's statistics; None when they do not say (the footer must)."""
+    data_file = units[0].file if units and isinstance(units[0].file, DataFile) else None
+    if (data_file is None or data_file.null_counts is None or data_file.row_group_rows is None
+            or len(units) != len(data_file.row_group_rows)):
+        return None
+    known = dict(data_file.null_counts)
+    return {c: known[c] for c in columns} if all(c in known for c in columns) else None
 
 
 def _leaf_null_count(row_group: Any, path: str) -> int | None:

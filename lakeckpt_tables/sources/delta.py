@@ -186,6 +186,23 @@ class DeltaRowGroupReader(RowGroupReader):
         self.schema = schema
         self.partitions = frozenset(partitions)
         self.physical = dict(physical) if physical else None
+        self._constants: dict[tuple[str, Any, int], pa.Array] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_constants"] = {}
+        return state
+
+    def _constant(self, column: str, value: Any, kind: pa.DataType, rows: int) -> pa.Array:
+        """A partition column's array, built once per (column, value, rows) and reused:
+        Arrow arrays are immutable, and row groups mostly share one size."""
+        key = (column, value, rows)
+        array = self._constants.get(key)
+        if array is None:
+            if len(self._constants) >= 256:
+                self._constants.clear()
+            array = self._constants[key] = constant(value, kind, rows)
+        return array
 
     def _names(self, column: str) -> tuple[str, PhysicalNames | None]:
         if self.physical is None:
@@ -207,7 +224,7 @@ class DeltaRowGroupReader(RowGroupReader):
             field = pa.field(column, self.schema.field(column).type)
             physical, nested = self._names(column)
             if column in self.partitions:
-                arrays.append(constant(values.get(column), field.type, rows))
+                arrays.append(self._constant(column, values.get(column), field.type, rows))
             elif read is not None and physical in read.column_names:
                 arrays.append(conform(read.column(physical), field, nested))
             else:
@@ -277,8 +294,13 @@ def _data_files(dt: Any, root: str, reader: DeltaRowGroupReader) -> list[DataFil
         counts = tuple(sorted((logical[k], int(v)) for k, v in (nulls[i] or {}).items()
                               if k in logical and isinstance(v, int)))
         out.append(DataFile(full, sizes[i], None if rows is None else rows[i],
-                            deletes.get(local_path_or_uri(full)), partition,
+                            deletes.pop(local_path_or_uri(full), None), partition,
                             null_counts=counts or None))
+    if deletes:  # never read a file without its deletion vector
+        raise TableMetadataError(
+            f"{reader.describe()}: deletion vectors name data file(s) the log does not list as "
+            f"this reader spells them: {sorted(deletes)[:3]}; refusing rather than reading "
+            "deleted rows")
     return out
 
 

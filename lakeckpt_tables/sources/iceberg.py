@@ -139,7 +139,10 @@ class IcebergSource:
                 f"{identity.describe()} has no snapshot {version} (expired?); newest ids: {known}"
             )
         if snap_meta is None:  # a table created but never written (-1: a follower's pin): empty
-            return Snapshot(identity, -1, table.schema().as_arrow(), (), {})
+            reader = IcebergRowGroupReader(identity, -1, table.schema(),
+                                           table.metadata.name_mapping(),
+                                           int(table.metadata.format_version))
+            return Snapshot(identity, -1, table.schema().as_arrow(), (), {}, reader=reader)
         pinned = int(snap_meta.snapshot_id)
         storage = iceberg_storage(table.metadata.location, table.io.properties)
         reader = _reader(table, identity, pinned, snap_meta, storage)
@@ -171,8 +174,14 @@ class IcebergSource:
         scan = table.incremental_append_scan(
             from_snapshot_id_exclusive=None if version == -1 else version,
             to_snapshot_id_inclusive=sid)
+        try:
+            tasks = list(scan.plan_files())
+        except Exception as exc:
+            raise TableMetadataError(
+                f"{snapshot.identity.describe()} snapshot {sid} ({operation}): pyiceberg cannot "
+                f"plan its appended files: {type(exc).__name__}: {exc}") from exc
         files = []
-        for task in scan.plan_files():
+        for task in tasks:
             if task.delete_files:
                 return Commit(sid, "change", operation, detail="adds delete files")
             files.append(_data_file(table, task, None))

@@ -23,7 +23,7 @@ from typing import Literal
 import pyarrow as pa
 
 from lakeckpt_tables.errors import NullValuesError
-from lakeckpt_tables.sources.base import Snapshot
+from lakeckpt_tables.sources.base import Snapshot, known_null_counts
 from lakeckpt_tables.types import Unit
 
 __all__ = ["MASK_SUFFIX", "NULL_POLICIES", "NullPolicy", "check_nulls", "needs_policy"]
@@ -61,14 +61,24 @@ def check_nulls(snapshot: Snapshot, columns: Sequence[str], policy: str) -> None
     for unit in snapshot.units:
         by_file[unit.path].append(unit)
     reader = snapshot.row_reader()
-    with ThreadPoolExecutor(max_workers=min(_THREADS, len(by_file))) as pool:
-        found = pool.map(lambda units: reader.null_counts(units, risky), by_file.values())
-        for path, counts in zip(by_file, found, strict=True):
-            for column, count in counts.items():
-                if count:
-                    kind = snapshot.schema.field(column).type
-                    raise NullValuesError(
-                        f"{snapshot.describe()}: data file {path} holds {count} null(s) in "
-                        f"column {column!r} ({kind}), which torch cannot hold. Pass "
-                        f"nulls='fill' (nulls as 0), nulls='mask' (0 plus a boolean column "
-                        f"{column + MASK_SUFFIX!r}), output='arrow', or leave the column out.")
+    found: dict[str, dict[str, int]] = {}
+    unknown = []
+    for path, units in by_file.items():
+        counts = known_null_counts(units, risky)
+        if counts is None:
+            unknown.append(path)
+        else:
+            found[path] = counts
+    if unknown:  # files whose metadata has no null counts: their footers say
+        with ThreadPoolExecutor(max_workers=min(_THREADS, len(unknown))) as pool:
+            read = pool.map(lambda p: reader.null_counts(by_file[p], risky), unknown)
+            found.update(zip(unknown, read, strict=True))
+    for path in by_file:
+        for column, count in found[path].items():
+            if count:
+                kind = snapshot.schema.field(column).type
+                raise NullValuesError(
+                    f"{snapshot.describe()}: data file {path} holds {count} null(s) in "
+                    f"column {column!r} ({kind}), which torch cannot hold. Pass "
+                    f"nulls='fill' (nulls as 0), nulls='mask' (0 plus a boolean column "
+                    f"{column + MASK_SUFFIX!r}), output='arrow', or leave the column out.")

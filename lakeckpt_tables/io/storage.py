@@ -145,8 +145,11 @@ class Storage:
             return key
         return f"{self.uri}/{key.lstrip('/')}"
 
+    def fs_path(self, key: str) -> str:
+        """``key`` as a path of :attr:`filesystem` (no scheme)."""
+        return self._inner(key)
+
     def _inner(self, key: str) -> str:
-        """``key`` as the filesystem's own path (no scheme)."""
         url = self.url(key)
         if self.is_local:
             return url
@@ -389,7 +392,8 @@ def _not_found(exc: BaseException) -> bool:
     return "NoSuchKey" in text or "Path does not exist" in text or "NOT_FOUND" in text
 
 
-def _arrow_s3(s3: Mapping[str, str]) -> pafs.S3FileSystem:
+def _arrow_s3(s3: Mapping[str, str], *, allow_bucket_creation: bool = False
+              ) -> pafs.S3FileSystem:
     endpoint = urlparse(s3["endpoint"])
     kwargs: dict[str, Any] = {
         "region": s3["region"],
@@ -398,6 +402,7 @@ def _arrow_s3(s3: Mapping[str, str]) -> pafs.S3FileSystem:
         "connect_timeout": float(s3.get("connect_timeout", 5)),
         "request_timeout": float(s3.get("request_timeout", 30)),
         "retry_strategy": pafs.AwsStandardS3RetryStrategy(int(s3.get("max_attempts", 3))),
+        "allow_bucket_creation": allow_bucket_creation,
     }
     if "key" in s3:
         kwargs.update(access_key=s3["key"], secret_key=s3.get("secret", ""),

@@ -146,3 +146,16 @@ def test_footers_are_read_once_per_file_and_reused_by_remote_opens(tmp_path: Pat
     [again] = _footers.read_footers([path], [None])
     assert footer is again and footer.row_group_rows == (10,) * 10
     assert _footers.footer_reads() == before + 1
+
+
+def test_gcs_and_azure_options_become_fsspec_keywords() -> None:
+    gcs = Storage("gs://b/t", {"google_service_account_path": "/keys/sa.json",
+                               "google_project_id": "p"})
+    assert gcs.fsspec_options() == {"token": "/keys/sa.json", "project": "p"}
+    assert gcs.delta_options() == {"google_service_account_path": "/keys/sa.json",
+                                   "google_project_id": "p"}
+    azure = Storage("abfs://c@acct.dfs.core.windows.net/t", {
+        "AZURE_STORAGE_ACCOUNT_NAME": "acct", "AZURE_STORAGE_ACCOUNT_KEY": "k",
+        "anon": "false"})
+    assert azure.fsspec_options() == {"account_name": "acct", "account_key": "k",
+                                      "anon": "false"}

@@ -99,6 +99,7 @@ def test_a_checkpoint_on_s3_saves_restores_and_retires_through_its_options_only(
         model.weight.fill_(0.25)
     record = manager.save(4, model=model, dataloader=loader)
     assert record is not None
+    assert s3.secret not in repr(loader.state_dict()) + repr(record)
     rest = [b["id"].tolist() for b in it]
 
     store = Storage(root, options)

@@ -99,6 +99,7 @@ def test_a_checkpoint_on_s3_saves_restores_and_retires_through_its_options_only(
         model.weight.fill_(0.25)
     record = manager.save(4, model=model, dataloader=loader)
     assert record is not None
+    assert s3.secret not in repr(loader.state_dict()) + repr(record)
     rest = [b["id"].tolist() for b in it]
 
     store = Storage(root, options)
@@ -240,3 +241,27 @@ def test_per_node_roots_fail_by_name_before_anything_is_saved_and_restore_checks
     assert "StorageRootNotSharedError" in second.stderr
     assert f"step {record.step}" in second.stderr and "rank 1" in second.stderr
     assert not (tmp_path / "out2").exists()  # no rank got past restore
+
+
+@pytest.mark.xfail(strict=True, reason="the ledger deletes the file a landed commit names after "
+                   "a lost response: fixed on the ckpt branch (issue 10 item 3); remove this "
+                   "mark when merged")
+def test_a_lost_response_after_a_landed_ledger_commit_on_s3_loses_nothing(
+        s3: S3Server) -> None:
+    root = f"s3://{s3.bucket('lost')}/ckpt"
+    options = s3.options()
+    manager = CheckpointManager(root, "run", storage_options=options)
+    model = torch.nn.Linear(2, 1)
+    manager.save(1, model=model)
+    # the server applies the next ledger commit, then drops the connection unanswered
+    s3.faults(lose=[{"method": "PUT", "path": r"_ledger/_delta_log/\d{20}\.json$", "times": 1}])
+    try:
+        manager.save(2, model=model)
+    except CheckpointError:
+        pass  # an unknown outcome may be reported; what landed must stay readable
+    finally:
+        s3.faults()
+    again = CheckpointManager(root, "run", storage_options=options)
+    assert [c.step for c in again.checkpoints()] == [1, 2]
+    assert again.restore(model=torch.nn.Linear(2, 1)) == 2
+    assert again.save(3, model=model) is not None

@@ -24,6 +24,7 @@ the errors it raises.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import uuid
 from collections.abc import Iterator, Mapping
@@ -55,6 +56,34 @@ _S3_KEYS: dict[str, tuple[str, ...]] = {
     "max_attempts": ("max_attempts", "max_retries", "s3.max-attempts"),
 }
 _SECRET_SETTINGS = ("key", "secret", "token")
+
+# delta-rs / object_store option names -> the fsspec implementation's keyword (gcsfs, adlfs);
+# fsspec keywords given as they are pass through.
+_GCS_NAMES = {"google_service_account": "token", "google_service_account_path": "token",
+              "service_account": "token", "service_account_path": "token",
+              "google_application_credentials": "token", "google_service_account_key": "token",
+              "service_account_key": "token", "google_project_id": "project"}
+_AZURE_NAMES = {"azure_storage_account_name": "account_name",
+                "azure_storage_account_key": "account_key",
+                "azure_storage_access_key": "account_key", "access_key": "account_key",
+                "azure_storage_sas_token": "sas_token",
+                "azure_storage_sas_key": "sas_token", "azure_client_id": "client_id",
+                "azure_storage_client_id": "client_id", "azure_client_secret": "client_secret",
+                "azure_storage_client_secret": "client_secret", "azure_tenant_id": "tenant_id",
+                "azure_storage_tenant_id": "tenant_id"}
+_FSSPEC_NAMES = {"gs": _GCS_NAMES, "gcs": _GCS_NAMES, "abfs": _AZURE_NAMES,
+                 "abfss": _AZURE_NAMES, "az": _AZURE_NAMES}
+
+
+def _fsspec_names(options: Mapping[str, str], names: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        name = names.get(key.lower(), key)
+        if name == "token" and value.lstrip().startswith("{"):
+            out[name] = json.loads(value)  # a service account key given inline
+        else:
+            out[name] = value
+    return out
 
 
 def s3_settings(options: Mapping[str, str]) -> dict[str, str]:
@@ -146,8 +175,11 @@ class Storage:
             return key
         return f"{self.uri}/{key.lstrip('/')}"
 
+    def fs_path(self, key: str) -> str:
+        """``key`` as a path of :attr:`filesystem` (no scheme)."""
+        return self._inner(key)
+
     def _inner(self, key: str) -> str:
-        """``key`` as the filesystem's own path (no scheme)."""
         url = self.url(key)
         if self.is_local:
             return url
@@ -183,6 +215,8 @@ class Storage:
         """The options as fsspec keyword arguments (s3fs for S3, as given for other stores)."""
         if self._options is None:
             return {}
+        if self.scheme in _FSSPEC_NAMES:
+            return _fsspec_names(self._options, _FSSPEC_NAMES[self.scheme])
         if self.scheme not in ("s3", "s3a"):
             return dict(self._options)
         s3 = s3_settings(self._options)
@@ -396,7 +430,8 @@ def _not_found(exc: BaseException) -> bool:
     return "NoSuchKey" in text or "Path does not exist" in text or "NOT_FOUND" in text
 
 
-def _arrow_s3(s3: Mapping[str, str]) -> pafs.S3FileSystem:
+def _arrow_s3(s3: Mapping[str, str], *, allow_bucket_creation: bool = False
+              ) -> pafs.S3FileSystem:
     endpoint = urlparse(s3["endpoint"])
     kwargs: dict[str, Any] = {
         "region": s3["region"],
@@ -405,6 +440,7 @@ def _arrow_s3(s3: Mapping[str, str]) -> pafs.S3FileSystem:
         "connect_timeout": float(s3.get("connect_timeout", 5)),
         "request_timeout": float(s3.get("request_timeout", 30)),
         "retry_strategy": pafs.AwsStandardS3RetryStrategy(int(s3.get("max_attempts", 3))),
+        "allow_bucket_creation": allow_bucket_creation,
     }
     if "key" in s3:
         kwargs.update(access_key=s3["key"], secret_key=s3.get("secret", ""),

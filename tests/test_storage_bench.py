@@ -1,0 +1,36 @@
+"""``lakeckpt bench read --uri``: its request and footer figures on the local S3 server."""
+
+from __future__ import annotations
+
+import json
+
+import _s3server
+import pytest
+from _s3server import S3Server
+
+from lakeckpt_tables.bench.storage import format_report, run_store_read_bench
+from lakeckpt_tables.cli import main
+
+s3 = _s3server.s3  # the fixture of the module
+
+
+def test_the_object_store_bench_counts_one_get_per_row_group_and_one_footer_per_file(
+        s3: S3Server) -> None:
+    uri = f"s3://{s3.bucket('bench')}/table"
+    report = run_store_read_bench(uri, s3.options(), rows=40_000, rounds=1)
+    assert report.rows == 40_000 and report.files == 4 and report.row_groups == 4
+    assert report.requests_per_row_group == 1.0  # id and x: one coalesced range
+    assert report.heads_per_file == 1.0
+    assert (report.footer_reads_first, report.footer_reads_again) == (4, 0)
+    assert "requests per row group read  1.00" in format_report(report)
+
+
+def test_the_cli_runs_the_object_store_bench(s3: S3Server,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    uri = f"s3://{s3.bucket('cli')}/table"
+    code = main(["bench", "read", "--uri", uri, "--rows", "20000", "--rounds", "1", "--json",
+                 "--storage-options", json.dumps(s3.options())])
+    out = json.loads(capsys.readouterr().out)
+    assert out["uri"] == uri and out["rows"] == 20_000 and out["requests_per_row_group"] == 1.0
+    assert code == (0 if out["passed"] else 1)
+    assert s3.secret not in json.dumps(out)

@@ -1,0 +1,161 @@
+"""The I/O layer on local disk, and how storage options become a store's configuration."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lakeckpt_tables.errors import StorageError
+from lakeckpt_tables.io import Storage, iceberg_storage, s3_settings
+from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
+from lakeckpt_tables.sources import _footers
+
+
+def test_local_operations(tmp_path: Path) -> None:
+    store = Storage(f"file://{tmp_path}/root")
+    assert store.is_local and store.uri == f"{tmp_path}/root"
+    assert store.list() == [] and not store.exists("a")
+    store.put("a/b/one", b"0123456789")
+    assert store.read_bytes("a/b/one") == b"0123456789"
+    assert store.read_bytes(f"{tmp_path}/root/a/b/one", 2, 3) == b"234"
+    assert store.list("a") == ["b"] and store.list("a/b") == ["one"]
+    assert store.size("a/b/one") == 10
+    assert store.sha256("a/b/one") == (
+        "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882", 10)
+    store.delete("a")
+    assert not store.exists("a") and store.list() == []
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes("a/b/one")
+    with pytest.raises(FileNotFoundError):
+        store.sha256("a/b/one")
+
+
+def test_a_put_is_atomic_and_leaves_no_temporary_file(tmp_path: Path) -> None:
+    store = Storage(tmp_path)
+    store.put("f", b"old")
+    store.put("f", b"new contents")
+    assert os.listdir(tmp_path) == ["f"] and (tmp_path / "f").read_bytes() == b"new contents"
+
+
+def test_a_key_of_another_store_is_refused(tmp_path: Path) -> None:
+    store = Storage("s3://bucket/root", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    with pytest.raises(StorageError, match="gs://other/x is not in the store"):
+        store.read_bytes("gs://other/x")
+
+
+def test_options_are_normalised_from_delta_rs_and_pyiceberg_names() -> None:
+    delta = s3_settings({"aws_access_key_id": "AK", "AWS_SECRET_ACCESS_KEY": "SK",
+                         "AWS_ENDPOINT_URL": "127.0.0.1:9000", "AWS_ALLOW_HTTP": "true"})
+    assert delta == {"key": "AK", "secret": "SK", "endpoint": "http://127.0.0.1:9000",
+                     "allow_http": "true", "region": "us-east-1"}
+    iceberg = s3_settings({"s3.access-key-id": "AK", "s3.secret-access-key": "SK",
+                           "s3.region": "eu-west-1", "s3.session-token": "T"})
+    assert iceberg == {"key": "AK", "secret": "SK", "token": "T", "region": "eu-west-1",
+                       "endpoint": "https://s3.eu-west-1.amazonaws.com"}
+
+
+def test_delta_options_leave_nothing_to_the_environment() -> None:
+    store = Storage("s3://b/t", {"s3.access-key-id": "AK", "s3.secret-access-key": "SK",
+                                 "s3.region": "eu-west-1"})
+    assert store.delta_options() == {
+        "AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "https://s3.eu-west-1.amazonaws.com",
+        "AWS_ENDPOINT_URL_S3": "https://s3.eu-west-1.amazonaws.com",
+        "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "conditional_put": "etag"}
+    locked = Storage("s3://b/t", {"AWS_S3_LOCKING_PROVIDER": "dynamodb"}).delta_options()
+    assert locked is not None and "conditional_put" not in locked
+    assert locked["AWS_S3_LOCKING_PROVIDER"] == "dynamodb"
+    assert Storage("s3://b/t").delta_options() is None
+    assert Storage("gs://b/t", {"token": "x"}).delta_options() == {"token": "x"}
+
+
+def test_credentials_are_hidden_from_repr_and_redacted_from_text() -> None:
+    store = Storage("s3://b/t", {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+                                 "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+                                 "AWS_SESSION_TOKEN": "session-token-value",
+                                 "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    text = repr(store) + repr(CheckpointStorage("s3://b/t", store._options))
+    for secret in ("AKIAEXAMPLE", "very-secret-value", "session-token-value"):
+        assert secret not in text
+    assert store.redact("key AKIAEXAMPLE secret very-secret-value") == "key *** secret ***"
+    azure = Storage("abfs://c/t", {"account_name": "acct", "account_key": "azure-key-value"})
+    assert azure.redact("azure-key-value for acct") == "*** for acct"
+
+
+def test_an_unreachable_endpoint_is_a_named_error_without_secrets() -> None:
+    store = Storage("s3://b/t", {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+                                 "AWS_SECRET_ACCESS_KEY": "very-secret-value",
+                                 "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "max_attempts": "1",
+                                 "connect_timeout": "1"})
+    with pytest.raises(StorageError) as caught:
+        store.read_bytes("f")
+    assert "s3://b/t/f" in str(caught.value)
+    assert "very-secret-value" not in str(caught.value)
+    assert "AKIAEXAMPLE" not in str(caught.value)
+
+
+def test_a_store_is_picklable_and_rebuilds_its_filesystem(tmp_path: Path) -> None:
+    store = Storage(tmp_path)
+    store.put("f", b"x")
+    assert store.read_bytes("f") == b"x" and store._fs is not None
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy._fs is None and copy == store and copy.read_bytes("f") == b"x"
+
+
+def test_iceberg_storage_uses_s3_properties_only_for_s3_tables() -> None:
+    props = {"s3.endpoint": "http://127.0.0.1:9", "s3.access-key-id": "AK", "uri": "sqlite://"}
+    s3 = iceberg_storage("s3://b/wh/t", props)
+    assert s3.has_options and s3.fsspec_options()["key"] == "AK"
+    assert s3.fsspec_options()["endpoint_url"] == "http://127.0.0.1:9"
+    assert not iceberg_storage("s3://b/wh/t", {"uri": "sqlite://"}).has_options
+    assert not iceberg_storage("file:///tmp/wh/t", props).has_options
+
+
+def test_checkpoint_checksums_and_verification(tmp_path: Path) -> None:
+    store = CheckpointStorage(str(tmp_path))
+    store.store.put("run/step/a", b"aaa")
+    store.store.put("run/step/b", b"bb")
+    manifest = store.checksums("run/step", ["b", "a"])
+    assert list(manifest) == ["a", "b"] and manifest["b"]["bytes"] == 2
+    assert store.verify("run/step", manifest) == []
+    store.store.put("run/step/a", b"aab")
+    store.store.delete("run/step/b")
+    assert store.verify("run/step", manifest) == [
+        f"{tmp_path}/run/step/a does not match its sha256 {manifest['a']['sha256']}",
+        f"{tmp_path}/run/step/b is missing"]
+
+
+def test_removing_a_checkpoint_is_best_effort(caplog: pytest.LogCaptureFixture) -> None:
+    store = CheckpointStorage("s3://b/t", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+                                           "max_attempts": "1", "connect_timeout": "1"})
+    with caplog.at_level(logging.WARNING):
+        store.delete("run/step-1")
+    assert "could not remove s3://b/t/run/step-1" in caplog.text
+
+
+def test_footers_are_read_once_per_file_and_reused_by_remote_opens(tmp_path: Path) -> None:
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(pa.table({"id": list(range(100))}), path, row_group_size=10)
+    before = _footers.footer_reads()
+    [footer] = _footers.read_footers([path], [None])
+    [again] = _footers.read_footers([path], [None])
+    assert footer is again and footer.row_group_rows == (10,) * 10
+    assert _footers.footer_reads() == before + 1
+
+
+def test_gcs_and_azure_options_become_fsspec_keywords() -> None:
+    gcs = Storage("gs://b/t", {"google_service_account_path": "/keys/sa.json",
+                               "google_project_id": "p"})
+    assert gcs.fsspec_options() == {"token": "/keys/sa.json", "project": "p"}
+    assert gcs.delta_options() == {"google_service_account_path": "/keys/sa.json",
+                                   "google_project_id": "p"}
+    azure = Storage("abfs://c@acct.dfs.core.windows.net/t", {
+        "AZURE_STORAGE_ACCOUNT_NAME": "acct", "AZURE_STORAGE_ACCOUNT_KEY": "k",
+        "anon": "false"})
+    assert azure.fsspec_options() == {"account_name": "acct", "account_key": "k",
+                                      "anon": "false"}

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
-from lakeckpt_tables.plan import EpochPlan, PlanPolicy
+from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, PlanPolicy
 
 ROW_GROUP_ROWS = 17
 """Rows per Parquet row group of the test tables: several row groups per file."""
@@ -168,7 +168,8 @@ def canonical_unit_ids(table: Table) -> list[np.ndarray[Any, Any]]:
 
 
 def plan_for(table: Table, *, batch_size: int, world_size: int = 1, workers: int = 1,
-             shuffle: bool = True, seed: int = 0, shuffle_window: int = 4,
+             shuffle: bool = True, seed: int = 0,
+             shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
              epoch: int = 0) -> EpochPlan:
     """The plan a LakeDataset with these parameters follows for ``epoch`` (fresh start)."""
     snap = table.make_source().snapshot()

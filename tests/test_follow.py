@@ -39,6 +39,7 @@ from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.errors import ResumePathError, SourceChangedError
 from lakeckpt_tables.ledger import DeltaLedger
+from lakeckpt_tables.plan.check import check_exactly_once
 from lakeckpt_tables.reader import encode_state, merge_states, states_from_loader
 
 JOBS = Path(__file__).parent / "jobs"
@@ -150,12 +151,8 @@ def _bounded(fn: Callable[[], T], seconds: float = 60.0) -> T:
 
 
 def _assert_exactly_once(delivered: list[int], expected: list[int]) -> None:
-    counts = Counter(delivered)
-    duplicated = sorted(i for i, n in counts.items() if n > 1)
-    missing = sorted(set(expected) - set(counts))
-    extra = sorted(set(counts) - set(expected))
-    assert not duplicated and not missing and not extra, (duplicated[:10], missing[:10],
-                                                          extra[:10])
+    verdict = check_exactly_once(delivered, expected)
+    assert verdict, str(verdict)
 
 
 def _loader_state(loader: Any) -> dict[str, Any]:
@@ -406,7 +403,7 @@ def test_until_version_ends_the_pass_before_later_commits(tiny: Written) -> None
 def test_a_resumed_follower_after_until_version_yields_nothing_more(tiny: Written) -> None:
     for workers in (0, 2):
         loader = loader_for(_follow(tiny, until_version=60), workers)
-        assert flat(take(loader)) != []
+        _assert_exactly_once(flat(take(loader)), tiny.ids(-1, 60))
         saved = _loader_state(loader)
         resumed = _follow(tiny, until_version=60)
         resumed.load_state_dict(saved)

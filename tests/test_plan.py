@@ -332,3 +332,14 @@ def test_the_reader_state_after_an_elastic_resume_stays_under_64_kb_and_not_with
     assert len(encoded) < 64 * 1024
     four_times = _elastic_state(np.repeat(BIG_UNITS // 4, 4))  # 4x the row groups
     assert len(four_times) < 1.1 * len(encoded)
+
+
+def test_the_exactly_once_checker_names_duplicated_missing_and_unexpected_ids() -> None:
+    from lakeckpt_tables.plan.check import check_exactly_once
+
+    assert check_exactly_once([3, 1, 2], range(1, 4))
+    verdict = check_exactly_once([1, 1, 2, 9], range(1, 4))
+    assert not verdict
+    assert (verdict.duplicated, verdict.missing, verdict.unexpected) == ((1,), (3,), (9,))
+    assert verdict.delivered == 4
+    assert "1 duplicated [1], 1 missing [3], 1 unexpected [9]" in str(verdict)

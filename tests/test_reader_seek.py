@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.reader import merge_states, states_from_loader
-from lakeckpt_tables.reader.rounds import RoundUnits
+from lakeckpt_tables.types import Unit
 
 
 class CountingDataset(LakeDataset):
@@ -30,9 +30,9 @@ class CountingDataset(LakeDataset):
         super().__init__(*args, **kwargs)
         self.reads: list[int] = []
 
-    def _read_unit(self, units: RoundUnits, u: int) -> pa.Table:
-        self.reads.append(u)
-        return super()._read_unit(units, u)
+    def _read_row_group(self, unit: Unit) -> pa.Table:
+        self.reads.append(self.snapshot.units.index(unit))
+        return super()._read_row_group(unit)
 
 
 def counting(table: Table, **kwargs: Any) -> CountingDataset:

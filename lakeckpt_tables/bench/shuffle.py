@@ -108,14 +108,9 @@ def measure_shuffle(root: str | Path, *, rows: int = 500_000, world_size: int = 
     path = DeltaSource(uri).snapshot().units[0].path
 
     def raw() -> int:
-        import torch
+        from lakeckpt_tables.bench.read import raw_pass  # the same raw limit as bench read
 
-        table = pq.ParquetFile(path).read_row_group(0, columns=["id", "x"])
-        delivered = 0
-        for start in range(0, table.num_rows, batch_size):
-            part = table.slice(start, batch_size)
-            delivered += torch.from_numpy(part.column("id").chunk(0).to_numpy()).shape[0]
-        return delivered
+        return raw_pass({path: pq.ParquetFile(path)}, [(path, 0)], ["id", "x"], batch_size)
 
     def shuffled() -> int:
         dataset = LakeDataset(DeltaSource(uri), columns=["id", "x"], batch_size=batch_size,

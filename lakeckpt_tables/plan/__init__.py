@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "DEFAULT_SHUFFLE_WINDOW",
     "EpochPlan",
     "Piece",
     "PlanPolicy",
@@ -42,6 +43,11 @@ __all__ = [
     "replan",
     "replan_rounds",
 ]
+
+
+DEFAULT_SHUFFLE_WINDOW = 128
+"""Units per shuffle window: with 4096-row units about half a million rows, the memory of four
+typical 128k-row row groups, drawn from every part of the slice's range."""
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -74,7 +80,7 @@ class PlanPolicy:
     workers: int = 1
     shuffle: bool = True
     seed: int = 0
-    shuffle_window: int = 4
+    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW
     drop_last: bool = False
 
     def __post_init__(self) -> None:

@@ -24,6 +24,7 @@ from lakeckpt_tables.errors import (
     UnsupportedTableError,
 )
 from lakeckpt_tables.plan import (
+    DEFAULT_SHUFFLE_WINDOW,
     EpochPlan,
     Piece,
     PlanPolicy,
@@ -155,7 +156,7 @@ class LakeDataset(IterableDataset[Batch]):
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
-        shuffle_window: int = 4,
+        shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
         transform: Callable[[Batch], Any] | None = None,
         follow: bool = False,
         poll_interval: float = 1.0,

@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 
@@ -130,13 +130,6 @@ class FollowPolicy:
             raise ValueError(f"poll_interval must be > 0, got {self.poll_interval}")
         if self.on_change not in ("fail", "skip"):
             raise ValueError(f"on_change must be 'fail' or 'skip', got {self.on_change!r}")
-
-
-class FollowableSource(Protocol):
-    def commit_after(self, version: int, snapshot: Snapshot,
-                     columns: Sequence[str]) -> Commit | None: ...
-
-    def is_after(self, version: int, until: int) -> bool: ...
 
 
 class RoundSequence:

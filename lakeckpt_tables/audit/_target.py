@@ -85,13 +85,13 @@ def _delta(uri: str, storage_options: dict[str, str] | None) -> LedgerSnapshot:
 
     if not DeltaTable.is_deltatable(uri, storage_options):
         raise LedgerError(f"no Delta ledger at {uri} (nothing was created)")
+    from lakeckpt_tables.ledger.delta import DeltaLedger
+
     try:
-        table = DeltaTable(uri, storage_options=storage_options)
-        _check_format(table.metadata().configuration.get(s.FORMAT_PROPERTY), f"delta:{uri}")
-        # The dataset of the loaded version: the log says which files are live, so files an
-        # OPTIMIZE replaced (still on disk until VACUUM) are not read.
-        rows = table.to_pyarrow_dataset().to_table()
-        version = table.version()
+        # DeltaLedger checks the format version and reads the files of one loaded version:
+        # the log says which are live, so files a compaction replaced are not read.
+        version, rows = DeltaLedger(uri, storage_options=storage_options,
+                                    create=False).loaded_rows()
     except DeltaError as e:
         raise LedgerError(f"ledger delta:{uri} could not be read: {e}") from e
     return LedgerSnapshot(f"delta:{uri}", version, _conform(rows))

@@ -55,10 +55,12 @@ class DeltaLedger(LedgerBase[AddAction]):
             another format version.
     """
 
-    def __init__(self, uri: str, *, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, uri: str, *, storage_options: dict[str, str] | None = None,
+                 create: bool = True) -> None:
         super().__init__()
         self._uri = uri
-        self._table = _open_or_create(uri, storage_options)
+        self._table = (_open_or_create(uri, storage_options) if create
+                       else DeltaTable(uri, storage_options=storage_options))
         _check_format(self._table, self.describe())
         self._fs, self._base = _filesystem(uri, storage_options)
 
@@ -138,6 +140,18 @@ class DeltaLedger(LedgerBase[AddAction]):
                     "back to the newest checkpoint the ledger still holds"
                 )
         return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
+
+    def loaded_rows(self) -> tuple[int, pa.Table]:
+        """The loaded version and all its rows, without refreshing: one consistent view for
+        readers such as the audit views. Read with pyarrow's own filesystem (page checksums
+        verified), never through deltalake's ``to_pyarrow_dataset``, whose filesystem threads
+        can abort a process at exit.
+
+        Raises:
+            LedgerCorruptError: a data file is missing, truncated or damaged (named).
+        """
+        with self._lock:
+            return int(self._table.version()), self._read()
 
     def _path(self, file_uri: str) -> str:
         """A data file as the ledger's filesystem names it."""

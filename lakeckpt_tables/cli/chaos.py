@@ -144,7 +144,7 @@ def _repair_ledger(root: Path) -> None:
     ledger = root / "_ledger"
     for path in ledger.glob("*.parquet"):
         try:
-            pq.read_table(path)
+            pq.read_table(path, page_checksum_verification=True)
         except Exception:
             path.rename(root / f"aside-{path.name}")
     DeltaTable(str(ledger)).repair()

@@ -262,6 +262,9 @@ def test_a_lockstep_remainder_of_two_ranks_is_named_row_by_row(tmp_path: Path) -
         delivered |= {i for b in loader for i in _ids(b)}
         states.extend(states_from_loader(loader.state_dict()))
     events = segment_events(dataset, None, merge_states(states))
+    assert events[0] == ("round", {"round": 0, "segment": 0, "epoch": 0, "version": 0,
+                                   "base_version": None, "rows": 5, "delivered": 4})
+    events = events[1:]
     assert [(name, e["reason"], e["rows"]) for name, e in events] == [
         ("undelivered", "lockstep remainder", 1)]
     (_, _, r0, r1), = events[0][1]["ranges"]

@@ -523,6 +523,14 @@ def test_max_idle_ends_a_pass_and_a_resume_reads_the_rows_appended_since(
     _assert_exactly_once(first + second, written.ids(-1, 3))
 
 
+def _wait_for_version(uri: str, version: int, timeout: float = 60.0) -> None:
+    log = Path(uri) / "_delta_log" / f"{version:020d}.json"
+    deadline = time.monotonic() + timeout
+    while not log.exists():
+        assert time.monotonic() < deadline, f"the writer committed no version {version}"
+        time.sleep(0.02)
+
+
 def _start_writer(table: str, first_id: int, appends: int, go: Path, *, rows: int = 6,
                   interval: float = 0.05, optimize_after: int | None = None
                   ) -> subprocess.Popen[str]:
@@ -556,8 +564,11 @@ def test_max_idle_follows_a_writer_process_and_ends_the_pass_once_it_stops(
     _append(written, 0, 10)
     proc = _start_writer(written.uri, 10, 15, tmp_path / "go")
     dataset = LakeDataset(DeltaSource(written.uri), columns=["id"], batch_size=4, version=0,
-                          follow=True, min_segment_rows=1, max_idle=2.0, poll_interval=0.02)
+                          follow=True, min_segment_rows=1, max_idle=3.0, poll_interval=0.02)
     (tmp_path / "go").touch()
+    # the idle clock must measure the gaps between commits, not the writer's start-up (a new
+    # interpreter importing deltalake takes seconds on a busy machine): wait for its first
+    _wait_for_version(written.uri, 1)
     delivered = flat(_bounded(lambda: take(loader_for(dataset, 0))))
     _writer_log(proc, written)
     assert written.end == 15

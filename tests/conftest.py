@@ -10,6 +10,7 @@ The helpers below are imported by the reader test modules (``from conftest impor
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +20,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import settings
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, PlanPolicy
+
+# CI runs the same examples every time (no flakes); HYPOTHESIS_PROFILE=explore draws new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, max_examples=500)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ROW_GROUP_ROWS = 17
 """Rows per Parquet row group of the test tables: several row groups per file."""

@@ -68,7 +68,8 @@ def test_a_resumed_reader_reads_only_the_row_groups_still_needed(
     resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
     rest = take(loader_for(resumed, 0))
     assert head + rest == everything
-    assert resumed.reads == needed_units(source, args, len(flat(head)))
+    # which row groups, each as often as needed (read-ahead threads may read them out of order)
+    assert sorted(resumed.reads) == sorted(needed_units(source, args, len(flat(head))))
 
 
 def test_resuming_at_90_percent_reads_about_a_tenth_of_the_row_groups(source: Table) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -25,8 +26,24 @@ class RowGroupCache:
         self._budget = budget
         self._tables: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, object]:
+        # crosses into spawned DataLoader workers empty: decoded tables stay in their process
+        return {"_read": self._read, "_budget": self._budget}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._tables = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
 
     def get(self, unit: Unit) -> pa.Table:
+        # read-ahead threads share the cache (and the reader's open files): one at a time
+        with self._lock:
+            return self._get(unit)
+
+    def _get(self, unit: Unit) -> pa.Table:
         key = (unit.path, unit.row_group)
         table = self._tables.get(key)
         if table is not None:

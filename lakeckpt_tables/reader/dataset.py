@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +41,7 @@ from lakeckpt_tables.reader._torchdata import (
     states_from_loader,
 )
 from lakeckpt_tables.reader.convert import check_convertible, convert
+from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH, ReadAhead
 from lakeckpt_tables.reader.rounds import (
     DEFAULT_UNIT_ROWS,
     FollowPolicy,
@@ -136,6 +138,9 @@ class LakeDataset(IterableDataset[Batch]):
         decimals: torch output: ``"refuse"`` decimal columns or give ``"float64"`` tensors.
         unit_rows: rows of a plan unit at most: row groups are planned as row ranges of this
             size, so shuffle mixes and work divides at any row-group size.
+        read_ahead: windows decoded ahead on background threads while the loop trains
+            (NOTE [ read-ahead ] in ``lakeckpt_tables.reader.readahead``); 0 reads in the
+            iterating thread. Changes no row and no position: not part of the state.
 
     Raises:
         SourceNotFoundError, UnsupportedTableError, EmptySourceError, UnknownColumnError,
@@ -170,6 +175,7 @@ class LakeDataset(IterableDataset[Batch]):
         decimals: Literal["refuse", "float64"] = "refuse",
         filter: Any = None,
         unit_rows: int = DEFAULT_UNIT_ROWS,
+        read_ahead: int = DEFAULT_DEPTH,
     ) -> None:
         super().__init__()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
@@ -178,6 +184,9 @@ class LakeDataset(IterableDataset[Batch]):
         if not isinstance(unit_rows, int) or isinstance(unit_rows, bool) or unit_rows < 1:
             raise ValueError(f"unit_rows must be a positive int, got {unit_rows!r}")
         self.unit_rows = unit_rows
+        if not isinstance(read_ahead, int) or isinstance(read_ahead, bool) or read_ahead < 0:
+            raise ValueError(f"read_ahead must be a non-negative int, got {read_ahead!r}")
+        self.read_ahead = read_ahead
         self.source = source
         self._requested_version = version
         self._requested_min_segment_rows = min_segment_rows
@@ -377,7 +386,7 @@ class LakeDataset(IterableDataset[Batch]):
             diffs.append(f"version: state pinned {state.version}, this reader pinned "
                          f"{ours.version} ({how})")
         for key in sorted(set(state.config) | set(ours.config)):
-            if state.config.get(key) != ours.config.get(key):
+            if not _same_json(state.config.get(key), ours.config.get(key)):
                 diffs.append(f"{key}: state has {state.config.get(key)!r}, this reader "
                              f"{ours.config.get(key)!r}")
         if diffs:
@@ -648,14 +657,17 @@ class LakeDataset(IterableDataset[Batch]):
             return
         emitted = start  # rows of the slice read into batches (pending included)
         pending: list[pa.Table] = []
+        jobs: list[tuple[Piece, int]] = []  # windows still to read, and rows of each to skip
         offset = 0
         for window in plan.windows(g):
-            size = window.size
-            if offset + size <= emitted:
-                offset += size
-                continue
-            table = self._read_window(plan, units, window, emitted - offset)
-            offset += size
+            if offset + window.size > emitted:
+                jobs.append((window, max(emitted - offset, 0)))
+            offset += window.size
+        # NOTE [ read-ahead ] in reader/readahead.py: later windows decode on threads while
+        # this one is cut into batches; the position still counts rows yielded, nothing else.
+        tables = ReadAhead(lambda job: self._read_window(plan, units, *job), jobs,
+                           depth=self.read_ahead, size=lambda table: int(table.nbytes))
+        for table in tables:
             taken = 0
             while j < len(ends) and taken < table.num_rows:
                 need = int(ends[j]) - emitted
@@ -689,6 +701,11 @@ class LakeDataset(IterableDataset[Batch]):
 
     def _read_row_group(self, unit: Unit) -> pa.Table:
         return self._row_reader.read(unit, self.columns)
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON values: ``True`` is not ``1`` (Python's ``==`` says it is)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

@@ -182,8 +182,11 @@ def test_a_delta_table_on_a_server_that_is_down_fails_by_name_and_a_retry_reads_
 
 def test_a_row_group_read_on_a_server_that_is_down_fails_by_name_and_resumes(
         delta_on_s3: str, s3: S3Server) -> None:
+    # one unit per window and no read-ahead: the batches after the first need reads the
+    # server, once down, cannot serve
     dataset = LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options(
-        max_attempts="1")), columns=["id"], batch_size=24, seed=1)
+        max_attempts="1")), columns=["id"], batch_size=24, seed=1, shuffle_window=1,
+        read_ahead=0)
     loader = loader_for(dataset, 0)
     batches = iter(loader)
     seen = next(batches)["id"].tolist()
@@ -193,7 +196,7 @@ def test_a_row_group_read_on_a_server_that_is_down_fails_by_name_and_resumes(
             seen.extend(batch["id"].tolist())
     assert ".parquet" in str(caught.value) and s3.secret not in str(caught.value)
     fresh = loader_for(LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options()),
-                                   columns=["id"], batch_size=24, seed=1), 0)
+                                   columns=["id"], batch_size=24, seed=1, shuffle_window=1), 0)
     fresh.load_state_dict(state)
     rest = [i for batch in fresh for i in batch["id"].tolist()]
     assert sorted(seen[:24] + rest) == IDS

@@ -130,6 +130,28 @@ def test_a_run_that_fell_back_from_10_to_5_saves_10_again_and_every_restart_work
     assert job.save(15, model=model).parent_id == new_ten.checkpoint_id
 
 
+def test_a_run_whose_every_checkpoint_is_damaged_starts_over_and_the_ledger_says_so(
+        table: Path, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    loader = _loader(table)
+    batches = iter(loader)
+    first = [next(batches) for _ in range(3)]
+    only = CheckpointManager(tmp_path, "r").save(3, model=model, dataloader=loader)
+    _damage(tmp_path, only.model_location)
+
+    again = _loader(table)
+    job = CheckpointManager(tmp_path, "r")
+    assert job.restore(model=model, dataloader=again) is None  # a fresh run, not an error
+    retired = _events(tmp_path, "retired")
+    assert [(e["checkpoint_id"], e["step"]) for e in retired] == [(only.checkpoint_id, 3)]
+    assert [e["retired_steps"] for e in _events(tmp_path, "restart")] == [[3]]
+    assert job.checkpoints() == []
+    # the reader starts at the beginning: the damaged checkpoint's rows are read again
+    assert _ids([next(iter(again)) for _ in range(1)]) == _ids(first[:1])
+    assert job.save(3, model=model, dataloader=again).parent_id is None
+
+
 def test_restore_records_which_checkpoint_and_how_many_steps_were_lost(
         table: Path, tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 1)

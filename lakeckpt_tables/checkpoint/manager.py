@@ -522,7 +522,8 @@ class CheckpointManager:
                 self.ledger.claim(self.run_id, self.owner, head=None)
                 return None
             if step is None and tag is None:
-                return "error", self._none_restorable([], [], scan)
+                self._start_over([], scan)
+                return None
             return "error", (f"run {self.run_id} has no committed checkpoint with step={step} "
                              f"tag={tag} in {self.ledger.describe()}")
         skipped: list[dict[str, Any]] = []
@@ -540,7 +541,31 @@ class CheckpointManager:
                         record.checkpoint_id, record.step, self.run_id, "; ".join(problems))
             skipped.append({"checkpoint_id": record.checkpoint_id, "step": record.step,
                             "problems": problems})
+        if step is None and tag is None and not removed:
+            self._start_over(skipped, scan)
+            return None
         return "error", self._none_restorable(skipped, removed, scan)
+
+    def _start_over(self, skipped: list[dict[str, Any]], scan: RunScan) -> None:
+        """Rank 0: every checkpoint of the run is damaged. Retire them all and start the run
+        from its beginning: a fresh model reads the data from the start, so no row trains a
+        model twice and none is skipped; what the damaged checkpoints had trained is lost,
+        and the ledger says so (``retired`` events and a ``restart`` event)."""
+        assert self.ledger is not None
+        events = [LedgerEvent(EVENT_RETIRED, {
+            "checkpoint_id": s["checkpoint_id"], "step": s["step"],
+            "reason": "model files fail verification: " + "; ".join(s["problems"])})
+            for s in skipped]
+        events += [LedgerEvent(EVENT_RETIRED, {
+            "checkpoint_id": d.checkpoint_id, "step": d.step,
+            "reason": f"its ledger {d.record} record fails its checksum"})
+            for d in scan.damaged if d.checkpoint_id]
+        steps = sorted({int(e.detail["step"]) for e in events})
+        log.warning("run %s: no checkpoint under %s can be restored (%s); they are retired and "
+                    "the run starts over from its beginning", self.run_id, self.root,
+                    self._none_restorable(skipped, [], scan))
+        events.append(LedgerEvent("restart", {"retired_steps": steps, "owner": self.owner}))
+        self.ledger.claim(self.run_id, self.owner, events, head=None, check_head=False)
 
     def _none_restorable(self, skipped: list[dict[str, Any]], removed: list[int],
                          scan: RunScan) -> str:

@@ -243,9 +243,9 @@ def test_per_node_roots_fail_by_name_before_anything_is_saved_and_restore_checks
     assert not (tmp_path / "out2").exists()  # no rank got past restore
 
 
-@pytest.mark.xfail(strict=True, reason="the ledger deletes the file a landed commit names after "
-                   "a lost response: fixed on the ckpt branch (issue 10 item 3); remove this "
-                   "mark when merged")
+@pytest.mark.xfail(strict=True, reason="issue 10 item 3 on S3: after a lost response the ledger "
+                   "still loses the landed commit's file (settled from the log on local disk "
+                   "only, tests/test_checkpoint_saves.py); remove this mark when fixed")
 def test_a_lost_response_after_a_landed_ledger_commit_on_s3_loses_nothing(
         s3: S3Server) -> None:
     root = f"s3://{s3.bucket('lost')}/ckpt"

@@ -85,8 +85,12 @@ class ReadAhead(Generic[J, T]):
         finally:
             for future in pending:
                 future.cancel()
+            # Never wait here: an abandoned iterator is finalized by the garbage collector,
+            # which may run inside threading's own bookkeeping (a thread starting elsewhere),
+            # and joining a thread there deadlocks. Reads in flight finish and their threads
+            # end on their own.
             if not sys.is_finalizing():  # a generator collected at exit: threads are gone
-                pool.shutdown(wait=True, cancel_futures=True)
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def _counted(self, job: J, counter: _Counter) -> T:
         result = self._read(job)

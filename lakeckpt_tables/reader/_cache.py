@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -27,6 +28,7 @@ class RowGroupCache:
         self._tables: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, object]:
         # crosses into spawned DataLoader workers empty: decoded tables stay in their process
@@ -37,8 +39,13 @@ class RowGroupCache:
         self._tables = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def get(self, unit: Unit) -> pa.Table:
+        if self._pid != os.getpid():
+            # a forked DataLoader worker: a read-ahead thread of the parent may have held the
+            # lock at the fork, and no thread here will ever release it
+            self.__setstate__(self.__getstate__())
         # read-ahead threads share the cache (and the reader's open files): one at a time
         with self._lock:
             return self._get(unit)

@@ -41,40 +41,34 @@ def test_the_next_read_runs_while_the_consumer_holds_the_previous_result() -> No
     assert list(it) == [1, 2]
 
 
-def test_no_more_than_depth_reads_are_in_flight() -> None:
-    lock = threading.Lock()
-    running = peak = 0
+class _PeakReads:
+    """A read that sleeps and counts how many of its calls ran at once."""
 
-    def read(i: int) -> int:
-        nonlocal running, peak
-        with lock:
-            running += 1
-            peak = max(peak, running)
-        time.sleep(0.005)
-        with lock:
-            running -= 1
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.running = self.peak = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, i: int) -> int:
+        with self._lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        time.sleep(self.seconds)
+        with self._lock:
+            self.running -= 1
         return i
 
+
+def test_no_more_than_depth_reads_are_in_flight() -> None:
+    read = _PeakReads(0.005)
     assert list(ReadAhead(read, range(30), depth=3)) == list(range(30))
-    assert peak == 3
+    assert read.peak == 3
 
 
 def test_a_zero_byte_budget_reads_one_job_at_a_time() -> None:
-    lock = threading.Lock()
-    running = peak = 0
-
-    def read(i: int) -> int:
-        nonlocal running, peak
-        with lock:
-            running += 1
-            peak = max(peak, running)
-        time.sleep(0.002)
-        with lock:
-            running -= 1
-        return i
-
+    read = _PeakReads(0.002)
     assert list(ReadAhead(read, range(20), depth=4, max_bytes=0)) == list(range(20))
-    assert peak == 1
+    assert read.peak == 1
 
 
 def test_an_error_is_raised_at_its_job_after_the_results_before_it() -> None:

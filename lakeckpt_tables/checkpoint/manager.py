@@ -552,14 +552,7 @@ class CheckpointManager:
         model twice and none is skipped; what the damaged checkpoints had trained is lost,
         and the ledger says so (``retired`` events and a ``restart`` event)."""
         assert self.ledger is not None
-        events = [LedgerEvent(EVENT_RETIRED, {
-            "checkpoint_id": s["checkpoint_id"], "step": s["step"],
-            "reason": "model files fail verification: " + "; ".join(s["problems"])})
-            for s in skipped]
-        events += [LedgerEvent(EVENT_RETIRED, {
-            "checkpoint_id": d.checkpoint_id, "step": d.step,
-            "reason": f"its ledger {d.record} record fails its checksum"})
-            for d in scan.damaged if d.checkpoint_id]
+        events = _retired_events(skipped, scan)
         steps = sorted({int(e.detail["step"]) for e in events})
         log.warning("run %s: no checkpoint under %s can be restored (%s); they are retired and "
                     "the run starts over from its beginning", self.run_id, self.root,
@@ -584,14 +577,7 @@ class CheckpointManager:
         """Rank 0: one ledger commit that retires what restore skipped, records the restore
         and makes this job the run's one writer (the previous job is fenced)."""
         assert self.ledger is not None
-        events = [LedgerEvent(EVENT_RETIRED, {
-            "checkpoint_id": s["checkpoint_id"], "step": s["step"],
-            "reason": "model files fail verification: " + "; ".join(s["problems"])})
-            for s in skipped]
-        events += [LedgerEvent(EVENT_RETIRED, {
-            "checkpoint_id": d.checkpoint_id, "step": d.step,
-            "reason": f"its ledger {d.record} record fails its checksum"})
-            for d in scan.damaged if d.step > chosen.step and d.checkpoint_id]
+        events = _retired_events(skipped, scan, after_step=chosen.step)
         if skipped or events:
             log.warning("run %s: restoring step %d (%s) instead of newer checkpoints that "
                         "cannot be used: %s", self.run_id, chosen.step, chosen.checkpoint_id,
@@ -723,6 +709,22 @@ class CheckpointManager:
                     removed.append(location)
         self.world.barrier()
         return removed
+
+
+def _retired_events(skipped: list[dict[str, Any]], scan: RunScan,
+                    after_step: int | None = None) -> list[LedgerEvent]:
+    """``retired`` events for what restore skipped: checkpoints whose model files fail
+    verification, and records failing their checksum (only those after ``after_step``)."""
+    events = [LedgerEvent(EVENT_RETIRED, {
+        "checkpoint_id": s["checkpoint_id"], "step": s["step"],
+        "reason": "model files fail verification: " + "; ".join(s["problems"])})
+        for s in skipped]
+    events += [LedgerEvent(EVENT_RETIRED, {
+        "checkpoint_id": d.checkpoint_id, "step": d.step,
+        "reason": f"its ledger {d.record} record fails its checksum"})
+        for d in scan.damaged
+        if d.checkpoint_id and (after_step is None or d.step > after_step)]
+    return events
 
 
 def _failed(exc: BaseException) -> _Prepared:

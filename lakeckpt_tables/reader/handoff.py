@@ -5,7 +5,8 @@ Handing one batch from a worker process to the training loop costs about a milli
 a DataLoader, whatever the dataset: at ~1k-row batches that is the whole budget. So workers
 decode and cut batches as usual but hand them over ``chunk_rows`` rows at a time, as Arrow
 tables (pickled by value: no shared-memory segment per tensor), and the main process converts
-them batch by batch. Nothing about the rows changes:
+them batch by batch. A chunk is copied out of its decoded window first: a pickled Arrow slice
+carries its whole parent buffer. Nothing about the rows changes:
 
 - Order. Batches are emitted round-robin over the workers, one batch each in turn, skipping a
   worker that has no batch left: the order a ``StatefulDataLoader`` over the same dataset with
@@ -200,5 +201,10 @@ def _as_is(item: Any) -> Any:
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables,
-                                                               promote_options="permissive")
+    """The batches as one table that owns only their rows: a pickled Arrow slice carries its
+    whole parent buffer (a window of half a million rows per batch), so copy them out."""
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables,
+                                                                 promote_options="permissive")
+    columns = [pa.concat_arrays(c.chunks) if c.num_chunks else pa.array([], c.type)
+               for c in table.columns]
+    return pa.Table.from_arrays(columns, schema=table.schema)

@@ -171,3 +171,18 @@ def test_a_transform_runs_in_the_main_process(
 
     got = _ids(_chunked(delta_table, transform=transform))
     assert got == reference and pids == {os.getpid()}
+
+
+def test_a_chunk_carries_its_rows_only_not_the_window_it_was_cut_from() -> None:
+    import pickle
+
+    import numpy as np
+    import pyarrow as pa
+
+    from lakeckpt_tables.reader.handoff import _concat
+
+    window = pa.table({"id": np.arange(200_000), "t": pa.array([[1, 2]] * 200_000)})
+    for parts in ([window.slice(10, 1000)], [window.slice(10, 500), window.slice(900, 500)]):
+        chunk = _concat(parts)
+        assert chunk.column("id").to_pylist() == [i for p in parts for i in p["id"].to_pylist()]
+        assert len(pickle.dumps(chunk, protocol=5)) < 2 * 1000 * (8 + 2 * 8 + 4)

@@ -309,3 +309,22 @@ def test_puffin_deletion_vectors_are_applied_as_pyiceberg_applies_them(tmp_path:
     resumed = loader_for(dataset(0), 0)
     resumed.load_state_dict(loader.state_dict())
     assert head + [b["id"].tolist() for b in resumed] == runs[0]
+
+
+def test_pyiceberg_is_pinned_to_the_minor_version_whose_internals_are_called() -> None:
+    """sources/iceberg.py calls pyiceberg's private ``_read_deletes`` and
+    ``_to_requested_schema``: a new minor version may change them, so the dependency stops
+    before it, and the installed version is inside the pin."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    (pin,) = [Requirement(d) for d in deps if Requirement(d).name == "pyiceberg"]
+    installed = importlib.metadata.version("pyiceberg")
+    major, minor = (int(v) for v in installed.split(".")[:2])
+    assert installed in pin.specifier
+    assert f"{major}.{minor + 1}.0" not in pin.specifier
+    assert any(s.operator == "<" for s in pin.specifier)

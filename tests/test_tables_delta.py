@@ -104,6 +104,24 @@ def test_deletes_across_row_groups_count_and_mask_each_row_group(tmp_path: Path)
     assert got == [i for i in range(50) if i not in deleted]
 
 
+def test_a_row_group_the_vector_spares_is_not_filtered(tmp_path: Path) -> None:
+    """Only row groups holding a deleted row are filtered (a copy of every column): the
+    others come back as decoded, and the mask of the filtered one is exact."""
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(pa.table({"id": np.arange(48, dtype=np.int64)}), path, row_group_size=16)
+    data_file = DataFile(path, None, 48, Deletes.from_positions([16, 20, 31]))
+    identity = TableIdentity("delta", str(tmp_path), "t")
+    units, _ = units_from_files(identity, 0, [data_file])
+    reader = RowGroupReader(identity, 0)
+    handle = reader._handle(path, units[0].file)
+    masks = [reader._keep(u, data_file, handle) for u in units]
+    assert masks[0] is None and masks[2] is None
+    assert masks[1] is not None and masks[1].to_pylist() == [
+        i not in (0, 4, 15) for i in range(16)]
+    got = [i for u in units for i in reader.read(u, ["id"]).column("id").to_pylist()]
+    assert got == [i for i in range(48) if i not in (16, 20, 31)]
+
+
 def test_deletes_are_compact_and_survive_pickling() -> None:
     import pickle
 

@@ -14,10 +14,16 @@ Three figures from DESIGN.md ("Figures we hold ourselves to"):
    later checkpoint of the epoch carries).
 
 NOTE [ fairness ]
-Both loops read the same units in the same order with ``read_row_group(..., columns=...)``,
-keep their Parquet handles open across passes, and end each batch as a dict of tensors. The raw
-loop cuts batches within each row group (a row group's last batch may be short); the reader
-cuts exact batches across row groups, which is part of the work a reader must do.
+Both loops read the same units in the same order with ``read_row_group(..., columns=...)``
+and end each batch as a dict of tensors. The raw loop keeps its Parquet handles open across
+passes and cuts batches within each row group (a row group's last batch may be short); the
+reader cuts exact batches across row groups, which is part of the work a reader must do.
+Each pass gets a fresh dataset: a dataset keeps the row groups it decoded
+(``reader/_cache.py``, up to 512 MB), so its second pass over a table that fits would decode
+nothing (measured: 3.5x the raw loop, which decodes on every pass). The reader runs without
+read-ahead: its threads would decode while another loop is timed, and the process's CPU
+clock (NOTE [ interleaving ]) would charge that loop for them. What read-ahead gains shows in
+wall-clock figures taken one loop at a time (``bench peers``, the loader grid).
 """
 
 from __future__ import annotations
@@ -107,7 +113,7 @@ STATE_TABLE_BYTES = 10 * 10**12
 """The simulated table of the state-size figure: 10 TB (DESIGN.md)."""
 FEATURE_ROWS = 2_000_000
 """Most rows of the tables the deletion-vector and partition-column costs are measured on."""
-GRID_ROWS = 1_000_000
+GRID_ROWS = 500_000
 """Most rows of the table the 0/2-worker loader grid reads."""
 REFERENCE_STATE_BYTES = (35_000_000, 45_000_000)  # the reference design's reader state
 
@@ -217,8 +223,15 @@ def measure_throughput(
         RuntimeError: the loops delivered different row counts (a reader bug).
     """
     cols = list(columns)
-    plain = LakeDataset(DeltaSource(uri), columns=cols, batch_size=batch_size, shuffle=False)
-    mixed = LakeDataset(DeltaSource(uri), columns=cols, batch_size=batch_size, shuffle=True)
+    source = DeltaSource(uri)
+
+    def reader(shuffle: bool) -> LakeDataset:
+        # A fresh dataset per pass: a dataset keeps decoded row groups (reader/_cache.py)
+        # and a second pass over it would not decode. read_ahead=0: NOTE [ fairness ].
+        return LakeDataset(source, columns=cols, batch_size=batch_size, shuffle=shuffle,
+                           read_ahead=0)
+
+    plain = reader(False)
     units = [(u.path, u.row_group) for u in plain.snapshot.units]
     handles = {p: pq.ParquetFile(p) for p in dict.fromkeys(p for p, _ in units)}
     warm_page_cache(list(handles))
@@ -233,8 +246,8 @@ def measure_throughput(
                      f"{raw.cpu_s / ours.cpu_s:.3f}, wall {raw.wall_s / ours.wall_s:.3f}")
 
     results = interleaved_rounds(
-        lambda: {"raw": raw_batches(handles, units, cols, batch_size), "reader": plain,
-                 "shuffled": mixed},
+        lambda: {"raw": raw_batches(handles, units, cols, batch_size), "reader": reader(False),
+                 "shuffled": reader(True)},
         cols[0], dict.fromkeys(("raw", "reader", "shuffled"), expected), rounds=rounds,
         min_seconds=min_seconds, max_rounds=max_rounds, on_round=report)
     best = {name: max(r[name].wall_rate for r in results) for name in results[0]}

@@ -286,10 +286,15 @@ def measure_feature_cost(tables: FeatureTables, *, batch_size: int = 8192, round
         return LakeDataset(DeltaSource(uri), columns=list(columns), batch_size=batch_size,
                            shuffle=False, read_ahead=0)
 
-    loops = {"plain": dataset(tables.plain, ("id", "x")),
-             "deleted": dataset(tables.deleted, ("id", "x")),
-             "partitioned": dataset(tables.partitioned, ("id", "x", "day")),
-             "stored": dataset(tables.stored, ("id", "x", "day"))}
+    reads = {"plain": (tables.plain, ("id", "x")), "deleted": (tables.deleted, ("id", "x")),
+             "partitioned": (tables.partitioned, ("id", "x", "day")),
+             "stored": (tables.stored, ("id", "x", "day"))}
+
+    def fresh() -> dict[str, LakeDataset]:
+        # a dataset keeps the row groups it decoded (reader/_cache.py): a new one per pass
+        return {name: dataset(uri, columns) for name, (uri, columns) in reads.items()}
+
+    loops = fresh()
     warm_page_cache([u.path for d in loops.values() for u in d.snapshot.units])
     expected = {name: d.snapshot.rows for name, d in loops.items()}
 
@@ -300,7 +305,7 @@ def measure_feature_cost(tables: FeatureTables, *, batch_size: int = 8192, round
                  f"{times['partitioned'].cpu_rate / plain:.3f}x, stored column "
                  f"{times['stored'].cpu_rate / plain:.3f}x of the plain read (CPU)")
 
-    results = interleaved_rounds(lambda: loops, "id", expected, rounds=rounds,
+    results = interleaved_rounds(fresh, "id", expected, rounds=rounds,
                                  min_seconds=min_seconds, on_round=report)
 
     def ratios(runs: list[dict[str, LoopTime]], name: str) -> tuple[float, ...]:

@@ -298,6 +298,7 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 return stored
             record = replace(checkpoint, committed_at=now_utc())
             prepared = self._prepare(commit_rows(record, consumption, events, owner=owner))
+            _crash_point("ledger:prepared")
             try:
                 stored = self._publish_settled(record, prepared, owner)
             except CommitConflictError:
@@ -513,6 +514,13 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
             f"{record.checkpoint_id!r}) lost {COMMIT_ATTEMPTS} commit races in a row; nothing "
             "of it was written"
         )
+
+
+def _crash_point(point: str) -> None:
+    # imported here: the checkpoint package imports the ledger
+    from lakeckpt_tables.checkpoint._faults import crash_point
+
+    crash_point(point, 0)
 
 
 def _check_parent(

@@ -34,14 +34,24 @@ from lakeckpt_tables.errors import CommitStateUnknownError, LedgerCorruptError, 
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
-from lakeckpt_tables.ledger.summary import SUMMARY_SCHEMA, read_summary, summarize, write_summary
+from lakeckpt_tables.ledger.summary import (
+    SUMMARY_DIR,
+    SUMMARY_SCHEMA,
+    read_summary,
+    summarize,
+    write_summary,
+)
 
-__all__ = ["DeltaLedger"]
+__all__ = ["ORPHAN_GRACE_HOURS", "DeltaLedger"]
 
 log = logging.getLogger(__name__)
 
 # Columns given min/max statistics in each add action, so that readers filtering on a run or
 # a kind of record can skip files. numRecords is there because without it count() undercounts.
+
+
+ORPHAN_GRACE_HOURS = 24
+"""Files younger than this are never orphans: a commit may be writing them."""
 
 
 class DeltaLedger(LedgerBase[AddAction]):
@@ -199,6 +209,49 @@ class DeltaLedger(LedgerBase[AddAction]):
         if self._base and path.startswith(self._base + "/"):
             return path[len(self._base) + 1:]
         return path
+
+    def remove_orphans(self, *, older_than_hours: int = ORPHAN_GRACE_HOURS,
+                       dry_run: bool = False) -> list[str]:
+        """Remove the ledger's orphan files: data files no log entry names (written by a
+        commit that crashed or lost its race and could not clean up), and summaries of files
+        no longer live. Nothing else: live files, and files a compaction replaced that the log
+        still names (Delta's VACUUM decides about those), are kept.
+
+        A file younger than ``older_than_hours`` is kept whatever it is: a commit may be
+        writing it right now (a commit attempt takes seconds; a day is far beyond any).
+
+        Args:
+            older_than_hours: the grace period.
+            dry_run: list, remove nothing.
+
+        Returns:
+            The removed files, relative to the table.
+        """
+        with self._lock:
+            self._refresh()
+            unnamed = set(self._table.vacuum(
+                retention_hours=older_than_hours, dry_run=True,
+                enforce_retention_duration=False, full=True))
+            # the files the log names as removed (a compaction's replaced files) are VACUUM's
+            # business, not ours: only files never committed are orphans
+            tombstones = set(self._table.vacuum(retention_hours=0, dry_run=True,
+                                                enforce_retention_duration=False))
+            live = {self._relative(path).rsplit("/", 1)[-1] for path, _ in self.loaded_files()[1]}
+        orphans = sorted(unnamed - tombstones)
+        orphans += self._stale_summaries(live, older_than_hours)
+        for path in orphans if not dry_run else ():
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(f"{self._base}/{path}" if self._base else path)
+        return orphans
+
+    def _stale_summaries(self, live: set[str], older_than_hours: int) -> list[str]:
+        where = f"{self._base}/{SUMMARY_DIR}" if self._base else SUMMARY_DIR
+        selector = pa_fs.FileSelector(where, allow_not_found=True)
+        cutoff = time.time() - older_than_hours * 3600
+        return sorted(f"{SUMMARY_DIR}/{info.base_name}"
+                      for info in self._fs.get_file_info(selector)
+                      if info.base_name not in live and info.mtime is not None
+                      and info.mtime.timestamp() <= cutoff)
 
     def _refresh(self) -> None:
         # The handle does not advance by itself, not even after our own commits.

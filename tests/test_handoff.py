@@ -155,9 +155,12 @@ def test_a_sigkilled_job_resumes_from_its_last_state_exactly_once(
     assert head + _ids(resumed) == reference
 
 
-def test_it_refuses_no_workers(delta_table: Table) -> None:
+def test_it_refuses_no_workers_and_follow_mode(delta_table: Table) -> None:
     with pytest.raises(ValueError, match="num_workers must be >= 1"):
         ChunkedLoader(delta_table.dataset(**ARGS), num_workers=0)
+    follower = delta_table.dataset(batch_size=7, follow=True, until_version=0)
+    with pytest.raises(ValueError, match="follow=True: a chunk would wait"):
+        ChunkedLoader(follower, num_workers=2)
 
 
 def test_a_transform_runs_in_the_main_process(

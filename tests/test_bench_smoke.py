@@ -12,13 +12,12 @@ import torch
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.bench.data import ensure_synthetic_table
 from lakeckpt_tables.bench.read import (
-    STATE_TARGET_BYTES,
     format_report,
     interleaved_pass,
-    measure_state_size,
     raw_batches,
     run_read_bench,
 )
+from lakeckpt_tables.bench.state import STATE_TARGET_BYTES, measure_state_size
 from lakeckpt_tables.cli import main
 from lakeckpt_tables.reader.state import decode_state, encode_state
 
@@ -102,7 +101,7 @@ def test_reader_state_for_128_ranks_by_8_workers_is_under_64_kb() -> None:
 
 
 def test_the_simulated_state_round_trips_through_its_encoding() -> None:
-    from lakeckpt_tables.bench.read import simulated_state
+    from lakeckpt_tables.bench.state import simulated_state
     from lakeckpt_tables.reader.state import ReaderState
 
     state, _ = simulated_state()

@@ -75,7 +75,9 @@ case "$cmd" in
             log "PostgreSQL ready in $((SECONDS - started)) s"
         fi
         log "running the tests (PostgreSQL: ${LAKECKPT_TEST_PG_URI%%:*}://…@${LAKECKPT_TEST_PG_URI##*@})"
-        exec "$VENV/bin/python" -m pytest "$@"
+        # Test modules run in parallel, each whole on one process (its module-scoped tables are
+        # built once); LAKECKPT_TEST_PROCESSES=0 runs them in this process, one after another.
+        exec "$VENV/bin/python" -m pytest -n "${LAKECKPT_TEST_PROCESSES:-2}" --dist loadfile "$@"
         ;;
     *)
         echo "usage: scripts/dev.sh {demo|test} [args...]" >&2

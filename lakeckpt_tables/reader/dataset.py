@@ -637,6 +637,13 @@ class LakeDataset(IterableDataset[Batch]):
     # -------------------------------------------------------------------------- reading
 
     def __iter__(self) -> Iterator[Batch]:
+        for table in self._tables():
+            batch = convert(table, self.output, self.nulls)
+            yield self.transform(batch) if self.transform is not None else batch
+
+    def _tables(self) -> Iterator[pa.Table]:
+        """The batches as Arrow tables, the cursor at each one's end (the worker hand-off,
+        ``reader/handoff.py``, converts them in the main process)."""
         cursor = self._start_cursor()
         self._cursor = cursor
         if get_worker_info() is None or self._resume_own:
@@ -659,8 +666,7 @@ class LakeDataset(IterableDataset[Batch]):
                 cursor.epoch, cursor.position, cursor.rounds = index, 0, own
             for table, position in self._batches(plan, units, cursor.slice_index, start):
                 cursor.epoch, cursor.position, cursor.rounds = index, position, own
-                batch = convert(table, self.output, self.nulls)
-                yield self.transform(batch) if self.transform is not None else batch
+                yield table
             index += 1
         if self.follow is not None and plan is not None:
             self._warn_tail(plan, cursor)

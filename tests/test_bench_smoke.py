@@ -64,8 +64,8 @@ def test_run_read_bench_reports_every_figure_with_its_target(bench_root: Path) -
     assert throughput["rows"] == ROWS and throughput["rounds"] == 1
     assert throughput["raw"] > 0 and throughput["reader"] > 0 and throughput["shuffled"] > 0
     # Every pass decodes: a dataset reused across rounds served its second pass from its
-    # row-group cache, and "reader / raw" read 3-4x.
-    assert throughput["ratio"] < 2.0
+    # row-group cache, and "reader / raw" read 3-4x (2.1 on this small table).
+    assert throughput["ratio"] < 1.4  # measured 0.64-0.75 here; 2.1 with the cache serving
     assert [r["shuffle"] for r in data["resume"]] == [False, True]
     for resume in data["resume"]:
         assert resume["fractions"] == [0.0, 0.5, 0.9]

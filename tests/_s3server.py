@@ -75,6 +75,10 @@ class S3Server:
         """Requests seen since the last :meth:`reset`: (method, path, range header)."""
         return [tuple(r) for r in self._control("requests")["requests"]]  # type: ignore[misc]
 
+    def peak(self) -> int:
+        """The most requests the server served at once since the last :meth:`reset`."""
+        return int(self._control("requests")["peak"])
+
     def reset(self) -> None:
         self._control("requests", "DELETE")
 

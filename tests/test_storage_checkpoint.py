@@ -27,7 +27,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
-from lakeckpt_tables.errors import CheckpointError, StorageError
+from lakeckpt_tables.errors import CheckpointError, RunFencedError, StorageError
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger import DeltaLedger
 
@@ -243,25 +243,75 @@ def test_per_node_roots_fail_by_name_before_anything_is_saved_and_restore_checks
     assert not (tmp_path / "out2").exists()  # no rank got past restore
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 item 3 on S3: after a lost response the ledger "
-                   "still loses the landed commit's file (settled from the log on local disk "
-                   "only, tests/test_checkpoint_saves.py); remove this mark when fixed")
 def test_a_lost_response_after_a_landed_ledger_commit_on_s3_loses_nothing(
         s3: S3Server) -> None:
-    root = f"s3://{s3.bucket('lost')}/ckpt"
+    """The server applies the ledger commit's log PUT and drops the response; the client
+    retries the conditional PUT, gets 412 and delta-rs reports a conflict with our own commit.
+    save() must recognise its own landed commit and keep the file the log names."""
+    bucket = s3.bucket("lost")
+    root = f"s3://{bucket}/ckpt"
     options = s3.options()
     manager = CheckpointManager(root, "run", storage_options=options)
     model = torch.nn.Linear(2, 1)
     manager.save(1, model=model)
-    # the server applies the next ledger commit, then drops the connection unanswered
+    s3.reset()
     s3.faults(lose=[{"method": "PUT", "path": r"_ledger/_delta_log/\d{20}\.json$", "times": 1}])
     try:
-        manager.save(2, model=model)
-    except CheckpointError:
-        pass  # an unknown outcome may be reported; what landed must stay readable
+        record = manager.save(2, model=model)
     finally:
         s3.faults()
+    log_puts = [p for m, p, _ in s3.requests() if m == "PUT" and "/_delta_log/0" in p]
+    assert len(log_puts) >= 2 and log_puts[0] == log_puts[1]  # the lost one, then its retry
+    assert record.step == 2
     again = CheckpointManager(root, "run", storage_options=options)
-    assert [c.step for c in again.checkpoints()] == [1, 2]
+    assert [c.checkpoint_id for c in again.checkpoints()][1] == record.checkpoint_id
+    s3.faults(lose=[{"method": "PUT", "path": r"_ledger/_delta_log/\d{20}\.json$", "times": 1}])
+    try:  # the restore's claim (the run's new owner) loses its response too
+        assert again.restore(model=torch.nn.Linear(2, 1)) == 2
+    finally:
+        s3.faults()
+    assert again.gc() == []
+    assert again.save(3, model=model).step == 3
+    with pytest.raises(RunFencedError, match="owned by job"):
+        manager.save(4, model=model)  # the claim landed: the old job is fenced
+    assert [c.step for c in DeltaLedger(f"{root}/_ledger", storage_options=Storage(
+        root, options).delta_options()).checkpoints("run")] == [1, 2, 3]
+
+
+def test_an_iceberg_ledger_on_s3_loses_nothing_to_lost_responses(
+        s3: S3Server, tmp_path: Path) -> None:
+    """Every file an Iceberg commit writes (data, manifests, metadata) is a plain PUT, which
+    the client retries after a lost response; the pointer swap is the catalog's (SQL), so a
+    landed commit cannot be mistaken for a lost race."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakeckpt_tables.ledger import IcebergLedger
+
+    bucket = s3.bucket("iceledger")
+    catalog = SqlCatalog("ledgers3", uri=f"sqlite:///{tmp_path}/catalog.db",
+                         warehouse=f"s3://{bucket}/wh", **s3.iceberg_properties())
+    root = f"s3://{bucket}/ckpt"
+    options = s3.options()
+    model = torch.nn.Linear(2, 1)
+    manager = CheckpointManager(root, "run", storage_options=options,
+                                ledger=IcebergLedger("ml.ledger", catalog=catalog))
+    manager.save(1, model=model)
+    s3.reset()
+    lose = [{"method": "PUT", "path": p, "times": 1}
+            for p in (r"/wh/ml/ledger/data/.*\.parquet$", r"\.avro$", r"\.metadata\.json$")]
+    s3.faults(lose=lose)
+    try:
+        record = manager.save(2, model=model)
+    finally:
+        s3.faults()
+    puts = Counter(p for m, p, _ in s3.requests() if m == "PUT" and "/wh/" in p)
+    assert {p.rsplit(".", 1)[-1] for p, n in puts.items() if n >= 2} == {"parquet", "avro",
+                                                                         "json"}
+    again = CheckpointManager(root, "run", storage_options=options,
+                              ledger=IcebergLedger("ml.ledger", catalog=catalog))
+    assert [c.checkpoint_id for c in again.checkpoints()][1] == record.checkpoint_id
     assert again.restore(model=torch.nn.Linear(2, 1)) == 2
-    assert again.save(3, model=model) is not None
+    assert again.gc() == []
+    assert again.save(3, model=model).step == 3
+    assert [c.step for c in IcebergLedger("ml.ledger", catalog=catalog).checkpoints("run")] \
+        == [1, 2, 3]

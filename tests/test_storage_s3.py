@@ -20,6 +20,7 @@ from conftest import ROW_GROUP_ROWS, file_ranges, loader_for, rows_table, write_
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.errors import StorageError
 from lakeckpt_tables.io import Storage
+from lakeckpt_tables.io.prefetch import DEFAULT_PREFETCH
 from lakeckpt_tables.sources import _footers
 
 s3 = _s3server.s3  # the fixtures of the module
@@ -157,7 +158,7 @@ def test_a_delta_row_group_read_costs_at_most_two_requests_and_no_footer(
     data = [r for r in s3.requests() if r[1].endswith(".parquet")]
     gets = [r for r in data if r[0] == "GET"]
     heads = [r for r in data if r[0] == "HEAD"]
-    assert len(heads) == len(files)  # one open per file
+    assert len(heads) <= len(files)  # one open per file and process (shared by readers)
     assert len(units) <= len(gets) <= 2 * len(units)
     sizes = {path: Storage(f"s3:/{path}", s3.options()).size("") for path in {r[1] for r in gets}}
     # the footer (and its length and magic) ends the file: no read reaches its last byte
@@ -168,6 +169,38 @@ def test_a_delta_row_group_read_costs_at_most_two_requests_and_no_footer(
     again = DeltaSource(delta_on_s3, storage_options=s3.options()).snapshot()
     assert len(again.units) == len(units) and _footers.footer_reads() == reads
     assert [r for r in s3.requests() if r[1].endswith(".parquet")] == []
+    # a second reader of the same files in this process opens none of them again
+    s3.reset()
+    assert sorted(ids_of(LakeDataset(source, columns=["id"], batch_size=24))) == IDS
+    assert [r for r in s3.requests() if r[0] == "HEAD" and r[1].endswith(".parquet")] == []
+
+
+def test_row_group_reads_on_s3_are_in_flight_together_and_still_read_once(
+        delta_on_s3: str, s3: S3Server) -> None:
+    """NOTE [ prefetch ]: with latency per request, the reader keeps several row group reads
+    in flight (pyarrow.dataset does the same), each row group still fetched once, and the rows
+    delivered are those of a reader without read-ahead, in the same order."""
+    def dataset(read_ahead: int) -> LakeDataset:
+        return LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options()),
+                           columns=["id", "x"], batch_size=24, seed=3, read_ahead=read_ahead)
+
+    sequential, ahead = dataset(0), dataset(2)  # pinned: delta-rs reads the log concurrently
+    row_groups = {(u.path, u.row_group) for u in sequential.snapshot.units}
+    s3.reset()
+    s3.faults(latency_ms=150)
+    try:
+        expected = ids_of(sequential)
+        alone = s3.peak()
+        s3.reset()
+        got = ids_of(ahead)
+        together = s3.peak()
+    finally:
+        s3.faults()
+    gets = [r for r in s3.requests() if r[0] == "GET" and r[1].endswith(".parquet")]
+    assert got == expected and sorted(got) == IDS
+    assert (alone, together) == (1, min(DEFAULT_PREFETCH, len(row_groups)))
+    assert len(row_groups) <= len(gets) <= 2 * len(row_groups)
+    assert len(set(gets)) == len(gets)  # no range fetched twice
 
 
 def test_a_delta_table_on_a_server_that_is_down_fails_by_name_and_a_retry_reads_it(

@@ -1,7 +1,9 @@
 """``lakeckpt bench``: measure the figures of DESIGN.md ("Figures we hold ourselves to").
 
 ``lakeckpt bench read [--rows N | --quick] [--dir PATH] [--json]``: reader throughput against
-the raw pyarrow-to-torch limit, resume time to first batch, and reader state size.
+the raw pyarrow-to-torch limit, resume time to first batch, reader state size, shuffle quality,
+the cost of deletion vectors and partition columns, and the reader under StatefulDataLoader at
+0 and 2 workers across batch sizes.
 
 ``lakeckpt bench checkpoint [--quick] [--dir PATH] [--json]``: ledger commit latency for 1, 4
 and 8 ranks (Delta; Iceberg on SQLite and PostgreSQL for one rank), step-time overhead of sync
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["register", "run"]
@@ -34,9 +37,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     read = sub.add_parser("read", help="reader throughput, resume time and state size",
                           description="Reader throughput as a ratio to the raw pyarrow-to-torch "
-                          "batch limit, time to first batch after resuming at 0/50/90%, and "
+                          "batch limit, time to first batch after resuming at 0/50/90%, "
                           "the reader state size for a simulated 10 TB table, 128 ranks x 8 "
-                          "workers.")
+                          "workers, shuffle quality on one large row group, what deletion "
+                          "vectors and partition columns cost, and the reader under "
+                          "StatefulDataLoader at 0 and 2 workers across batch sizes.")
     size = read.add_mutually_exclusive_group()
     size.add_argument("--rows", type=_positive, default=DEFAULT_ROWS,
                       help=f"rows of the synthetic table (default {DEFAULT_ROWS:,})")
@@ -50,6 +55,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     read.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
                       help="keep adding throughput rounds (up to 50) until S seconds are spent "
                       "(default 3)")
+    read.add_argument("--resume-rounds", type=_positive, default=5, metavar="N",
+                      help="resume measurements per position, median kept (default 5)")
+    read.add_argument("--state-tb", type=float, default=10.0, metavar="TB",
+                      help="size of the simulated table of the reader-state figures "
+                      "(default 10 TB)")
+    read.add_argument("--loader-rounds", type=_positive, default=3, metavar="N",
+                      help="rounds of the 0/2-worker StatefulDataLoader grid (default 3)")
     read.add_argument("--json", action="store_true", help="print the report as JSON")
     read.add_argument("--uri", default=None, help="measure on an object store instead: the "
                       "Delta table at URI (created if absent): requests per row group, footer "
@@ -153,73 +165,59 @@ def run(args: argparse.Namespace) -> int:
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 
+def _progress(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)
+
+
+def _emit(report: Any, as_json: bool, text: Callable[[Any], str]) -> int:
+    """Print ``report`` (JSON or text); exit status 0 when every target is met."""
+    data = report.to_json()
+    print(json.dumps(data, indent=2) if as_json else text(report))
+    return 0 if data["passed"] else 1
+
+
 def _read(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.read import format_report, run_read_bench
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
     if args.uri:
-        return _read_store(args, progress)
-
+        return _read_store(args)
     report = run_read_bench(rows=args.rows, root=args.dir, rounds=args.rounds,
-                            min_seconds=args.min_seconds, progress=progress)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+                            min_seconds=args.min_seconds, resume_rounds=args.resume_rounds,
+                            state_bytes=int(args.state_tb * 10**12),
+                            loader_rounds=args.loader_rounds, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
-def _read_store(args: argparse.Namespace, progress: Any) -> int:
+def _read_store(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.storage import format_report, run_store_read_bench
 
     options = json.loads(args.storage_options) if args.storage_options else None
     report = run_store_read_bench(args.uri, options, rows=args.rows, rounds=args.rounds,
-                                  latency_ms=args.latency_ms, progress=progress)
-    print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+                                  latency_ms=args.latency_ms, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.checkpoint import format_report, run_checkpoint_bench
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
-    report = run_checkpoint_bench(quick=args.quick, root=args.dir, progress=progress)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+    report = run_checkpoint_bench(quick=args.quick, root=args.dir, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _follow(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.follow import format_report, run_follow_bench
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
     report = run_follow_bench(quick=args.quick, root=args.dir, poll_interval=args.poll_interval,
                               commits=args.commits, interval=args.interval,
-                              backlog=args.backlog, progress=progress)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+                              backlog=args.backlog, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _audit(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.audit import format_report, run_audit_bench
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
-    report = run_audit_bench(checkpoints=args.checkpoints, root=args.dir, progress=progress)
-    print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+    report = run_audit_bench(checkpoints=args.checkpoints, root=args.dir, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _peers(args: argparse.Namespace) -> int:
@@ -227,13 +225,10 @@ def _peers(args: argparse.Namespace) -> int:
 
     from lakeckpt_tables.bench.peers import format_peers, run_peers_bench, write_json
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
     with tempfile.TemporaryDirectory(prefix="lakeckpt-peers-") as scratch:
         report = run_peers_bench(args.dir or scratch, rows=args.rows,
                                  batch_size=args.batch_size, rounds=args.rounds,
-                                 progress=progress)
+                                 progress=_progress)
     print(format_peers(report))
     if args.json_out:
         write_json(report, args.json_out)

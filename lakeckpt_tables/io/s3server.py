@@ -35,8 +35,9 @@ class Front:
     """WSGI middleware in front of moto.
 
     Control endpoints (JSON):
-        ``GET /_lakeckpt/requests``: the requests seen, ``[[method, path, range], ...]``.
-        ``DELETE /_lakeckpt/requests``: forget them.
+        ``GET /_lakeckpt/requests``: the requests seen, ``[[method, path, range], ...]``, and
+        ``peak``, the most requests served at once.
+        ``DELETE /_lakeckpt/requests``: forget them (and the peak).
         ``PUT /_lakeckpt/faults``: ``{"down": bool, "latency_ms": int, "lose": [{"method":
         "PUT", "path": regex, "times": n}]}``; a lost request reaches moto, its response is
         dropped.
@@ -46,6 +47,8 @@ class Front:
         self.app = app
         self.requests: list[tuple[str, str, str]] = []
         self.faults: dict[str, Any] = {"down": False, "latency_ms": 0, "lose": []}
+        self.active = 0
+        self.peak = 0
         self._lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
@@ -57,6 +60,16 @@ class Front:
             self.requests.append((method, path, environ.get("HTTP_RANGE", "")))
             faults = dict(self.faults)
             lose = self._take_lose(method, path)
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            return self._serve(environ, start, method, path, faults, lose)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+    def _serve(self, environ: dict[str, Any], start: StartResponse, method: str, path: str,
+               faults: dict[str, Any], lose: bool) -> Iterable[bytes]:
         if faults["latency_ms"]:
             time.sleep(faults["latency_ms"] / 1000)
         if faults["down"]:
@@ -88,9 +101,11 @@ class Front:
         with self._lock:
             if what == "requests" and method == "DELETE":
                 self.requests = []
+                self.peak = 0
             elif what == "faults" and method == "PUT":
                 self.faults = {"down": False, "latency_ms": 0, "lose": [], **(body or {})}
-            out = json.dumps({"requests": self.requests, "faults": self.faults}).encode()
+            out = json.dumps({"requests": self.requests, "faults": self.faults,
+                              "peak": self.peak}).encode()
         start("200 OK", [("Content-Type", "application/json"),
                          ("Content-Length", str(len(out)))])
         return [out]

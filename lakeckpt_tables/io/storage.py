@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -401,28 +402,58 @@ class Storage:
 
 
 class _ParquetFile(pq.ParquetFile):  # type: ignore[misc]
-    """A Parquet file whose reads raise :class:`StorageError` when the store fails."""
+    """A Parquet file whose reads raise :class:`StorageError` when the store fails.
+
+    Reads are thread-safe (NOTE [ prefetch ] in :mod:`lakeckpt_tables.io.prefetch`): a thread
+    other than the opener's reads through its own ``ParquetFile`` over the same open handle
+    (positional reads, thread-safe) and footer, so no request is repeated.
+    """
 
     def __init__(self, source: Any, *, errors: Any, **kwargs: Any) -> None:
         super().__init__(source, **kwargs)
         self._store_errors = errors
         self.size_bytes: int = source.size()  # known from opening: no extra request
+        self._source = source
+        self._kwargs = {k: v for k, v in kwargs.items() if k != "metadata"}
+        self._opener = threading.get_ident()
+        self._local = threading.local()
+
+    def _here(self) -> pq.ParquetFile | None:
+        """This thread's file: None for the opener's thread (``self``), a clone elsewhere."""
+        if threading.get_ident() == self._opener:
+            return None
+        clone: pq.ParquetFile | None = getattr(self._local, "file", None)
+        if clone is None:
+            clone = self._local.file = pq.ParquetFile(self._source, metadata=self.metadata,
+                                                      **self._kwargs)
+        return clone
 
     def read_row_group(self, *args: Any, **kwargs: Any) -> Any:
         with self._store_errors():
+            clone = self._here()
+            if clone is not None:
+                return clone.read_row_group(*args, **kwargs)
             return super().read_row_group(*args, **kwargs)
 
     def read_row_groups(self, *args: Any, **kwargs: Any) -> Any:
         with self._store_errors():
+            clone = self._here()
+            if clone is not None:
+                return clone.read_row_groups(*args, **kwargs)
             return super().read_row_groups(*args, **kwargs)
 
     def read(self, *args: Any, **kwargs: Any) -> Any:
         with self._store_errors():
+            clone = self._here()
+            if clone is not None:
+                return clone.read(*args, **kwargs)
             return super().read(*args, **kwargs)
 
     def iter_batches(self, *args: Any, **kwargs: Any) -> Any:
         with self._store_errors():
-            yield from super().iter_batches(*args, **kwargs)
+            clone = self._here()
+            yield from (clone.iter_batches(*args, **kwargs) if clone is not None
+                        else super().iter_batches(*args, **kwargs))
 
 
 def _not_found(exc: BaseException) -> bool:

@@ -315,7 +315,11 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 self._discard(prepared)
                 raise
             if stored is not None:
-                self._discard(prepared)
+                if stored.committed_at != record.committed_at:
+                    self._discard(prepared)  # another coordinator's commit of it landed
+                # else our own first try landed, its response lost: the store retried the
+                # write and reported a conflict with ourselves (S3's conditional PUT); the
+                # file is named by the log and stays
                 record = stored
             if owner is not None:
                 self._heads[record.run_id] = record.checkpoint_id
@@ -521,8 +525,9 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         """Steps 2 and 3: commit; after a lost race, settle against the winner and retry.
 
         Returns:
-            None when our commit landed; the stored record when a concurrent commit of the
-            same checkpoint (a retrying coordinator) landed instead.
+            None when our commit landed; the stored record when a commit of the same
+            checkpoint landed instead: a retrying coordinator's, or our own first try whose
+            response was lost (its ``committed_at`` is ours).
         """
         for _ in range(COMMIT_ATTEMPTS):
             if self._publish(prepared, run_id=record.run_id, checkpoint=record, owner=owner):

@@ -24,6 +24,7 @@ from lakeckpt_tables.errors import (
     UnknownColumnError,
     UnsupportedTableError,
 )
+from lakeckpt_tables.io.prefetch import DEFAULT_PREFETCH, Prefetch
 from lakeckpt_tables.plan import (
     DEFAULT_SHUFFLE_WINDOW,
     EpochPlan,
@@ -55,7 +56,7 @@ from lakeckpt_tables.reader.state import (
     ReaderState,
     merge_states,
 )
-from lakeckpt_tables.sources.base import Snapshot, Source
+from lakeckpt_tables.sources.base import RowGroupReader, Snapshot, Source
 from lakeckpt_tables.sources.filters import filtered
 from lakeckpt_tables.sources.nulls import check_nulls
 from lakeckpt_tables.types import Unit
@@ -231,6 +232,7 @@ class LakeDataset(IterableDataset[Batch]):
         self._cursor: _Cursor | None = None
         self._row_reader = self.snapshot.row_reader()
         self._cache = RowGroupCache(self._read_row_group)
+        self._prefetch = _prefetch(self._read_unit, self._row_reader, self.read_ahead)
 
     # ----------------------------------------------------------------------------- state
 
@@ -427,6 +429,7 @@ class LakeDataset(IterableDataset[Batch]):
         self.snapshot = snapshot if self.filter is None else filtered(snapshot, self.filter)
         self._row_reader = self.snapshot.row_reader()
         self._cache = RowGroupCache(self._read_row_group)
+        self._prefetch = _prefetch(self._read_unit, self._row_reader, self.read_ahead)
         self.columns = _check_columns(self.snapshot, self.columns)
         self._check_output()
         self.rounds = RoundSequence(self.source, self.snapshot, self.columns,
@@ -693,14 +696,28 @@ class LakeDataset(IterableDataset[Batch]):
 
     def _read_spans(self, plan: EpochPlan, units: RoundUnits,
                     spans: Sequence[tuple[int, int]]) -> pa.Table:
-        parts = []
-        for u, r0, r1 in plan.locate(spans):
-            unit, first, end = units.at(u, r0, r1)
-            parts.append(self._cache.get(unit).slice(first, end - first))
-        return _concat(parts)
+        located = [units.at(u, r0, r1) for u, r0, r1 in plan.locate(spans)]
+        self._prefetch.expect(unit for unit, _, _ in located)  # NOTE [ prefetch ] (io)
+        return _concat([self._cache.get(unit).slice(first, end - first)
+                        for unit, first, end in located])
 
     def _read_row_group(self, unit: Unit) -> pa.Table:
+        return self._prefetch.get(unit)
+
+    def _read_unit(self, unit: Unit) -> pa.Table:
         return self._row_reader.read(unit, self.columns)
+
+
+def _prefetch(read: Callable[[Unit], pa.Table], reader: RowGroupReader,
+              read_ahead: int) -> Prefetch[Unit, pa.Table]:
+    """Row group reads issued ahead on object stores (none with ``read_ahead=0``)."""
+    remote = reader.storage is not None and not reader.storage.is_local
+    return Prefetch(read, depth=DEFAULT_PREFETCH if remote and read_ahead else 0,
+                    key=_unit_key)
+
+
+def _unit_key(unit: Unit) -> tuple[str, int]:
+    return unit.path, unit.row_group
 
 
 def _same_json(a: Any, b: Any) -> bool:

@@ -11,7 +11,9 @@ read. A forked DataLoader worker inherits the cache of its parent.
 from __future__ import annotations
 
 import errno
+import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,6 +55,11 @@ def footer_reads() -> int:
 
 _ambient: dict[str, Storage] = {}
 
+_OPEN_LIMIT = 1024
+_open_files: OrderedDict[tuple[Storage, str], pq.ParquetFile] = OrderedDict()
+_opening: dict[tuple[Storage, str], threading.Lock] = {}
+_open_pid = [os.getpid()]
+
 
 def _storage_for(path: str, storage: Storage | None) -> Storage:
     """``storage``, or the environment-configured store of ``path`` (one per bucket)."""
@@ -71,8 +78,10 @@ def open_parquet(path: str, storage: Storage | None = None) -> pq.ParquetFile:
     """Open a data file through ``storage`` (the environment's store when None).
 
     On an object store the footer comes from the cache when this process has read it
-    already. Local files are opened
-    afresh: a footer read costs nothing there, and a file rewritten in place is noticed.
+    already, and the open file is shared by every caller of this process (its reads are
+    thread-safe): opening costs one HEAD request per file per process, however many readers
+    and prefetch threads ask at once. Local files are opened afresh: a footer read costs
+    nothing there, and a file rewritten in place is noticed.
 
     Raises:
         FileNotFoundError: no such file.
@@ -82,9 +91,30 @@ def open_parquet(path: str, storage: Storage | None = None) -> pq.ParquetFile:
     if store.is_local:
         return store.open_parquet(path)
     with _cache_lock:
-        cached = _by_path.get(path)
-    metadata = cached.metadata if cached is not None else None
-    return store.open_parquet(path, metadata=metadata)
+        if _open_pid[0] != os.getpid():  # a forked worker: the parent's handles use its client
+            _open_files.clear()
+            _opening.clear()
+            _open_pid[0] = os.getpid()
+        key = (store, path)
+        found = _open_files.get(key)
+        if found is not None:
+            _open_files.move_to_end(key)
+            return found
+        lock = _opening.setdefault(key, threading.Lock())
+    with lock:  # one open per file at a time: the others wait for it and share it
+        with _cache_lock:
+            found = _open_files.get(key)
+            cached = _by_path.get(path)
+        if found is not None:
+            return found
+        metadata = cached.metadata if cached is not None else None
+        opened = store.open_parquet(path, metadata=metadata)
+        with _cache_lock:
+            _open_files[key] = opened
+            _opening.pop(key, None)
+            while len(_open_files) > _OPEN_LIMIT:
+                _open_files.popitem(last=False)
+        return opened
 
 
 def _read_footer(path: str, storage: Storage | None) -> FileFooter:

@@ -155,7 +155,7 @@ def _delta(uri: str, storage_options: dict[str, str] | None) -> LedgerSnapshot:
                           damaged=functools.partial(ledger.damaged, paths))
 
 
-def damage_error(target: Any, cause: Exception, *, catalog: Any = None,
+def damage_error(target: Any, cause: Exception, *,
                  storage_options: dict[str, str] | None = None) -> LedgerCorruptError:
     """The named error for a query that failed reading a lazily scanned ledger: the damaged
     data file found file by file (a Delta ledger's pages are checked as they are scanned, so

@@ -39,6 +39,7 @@ from lakeckpt_tables.ledger.summary import (
     SUMMARY_SCHEMA,
     read_summary,
     summarize,
+    summary_path,
     write_summary,
 )
 
@@ -110,6 +111,8 @@ class DeltaLedger(LedgerBase[AddAction]):
                         commit_properties=properties)
                 except CommitFailedError:
                     self._discard(prepared)
+                    with contextlib.suppress(OSError):
+                        self._fs.delete_file(summary_path(self._base, prepared.path))
                     log.info("ledger %s: a concurrent commit won over compaction; giving way",
                              self.describe())
                     return

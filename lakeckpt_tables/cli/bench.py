@@ -136,6 +136,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                        help="keep the token table under PATH and reuse it (default: temporary)")
     peers.add_argument("--json-out", metavar="FILE", default=None,
                        help="also write the report as JSON to FILE")
+    from lakeckpt_tables.bench import planning
+
+    planning.register(sub)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
         return _audit(args)
     if args.bench == "peers":
         return _peers(args)
+    if args.bench == "planning":
+        from lakeckpt_tables.bench import planning
+
+        return planning.run(args)
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 

@@ -18,5 +18,5 @@ SELECT l.run_id,
        l.rows,
        l.rows = l.row_end - l.row_start              AS exact
 FROM ledger l
-JOIN checkpoints c USING (run_id, checkpoint_id)
+JOIN _checkpoint_status c USING (run_id, checkpoint_id)
 WHERE l.record = 'consumption';

@@ -3,11 +3,13 @@
 -- (follow segments) or the pinned snapshot's metadata (the _pass_sizes table connect() builds);
 -- null when none is known.
 CREATE OR REPLACE VIEW progress AS
-WITH per_checkpoint AS (
-    SELECT run_id, segment, epoch, step, any_value(committed_at) AS committed_at,
-           CAST(sum(rows) AS BIGINT) AS rows
-    FROM consumption
-    WHERE status = 'committed'
+WITH per_checkpoint AS (  -- _consumed: the consumption view's totals per checkpoint, from the
+                         -- summaries `maintain` writes (not every consumption row)
+    SELECT k.run_id, k.segment, k.epoch, k.step, min(k.committed_at) AS committed_at,
+           CAST(sum(k.rows) AS BIGINT) AS rows
+    FROM _consumed k
+    JOIN _checkpoint_status c USING (run_id, checkpoint_id)
+    WHERE c.status = 'committed'
     GROUP BY ALL
 ),
 running AS (
@@ -38,7 +40,7 @@ passes AS (
     FROM per_pass c
     FULL JOIN _pass_sizes p
            ON p.run_id = c.run_id AND p.segment = c.segment AND p.epoch = c.epoch
-    WHERE coalesce(c.run_id, p.run_id) IN (SELECT run_id FROM checkpoints)
+    WHERE coalesce(c.run_id, p.run_id) IN (SELECT run_id FROM _checkpoint_status)
 ),
 rated AS (
     SELECT *,

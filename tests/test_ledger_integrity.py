@@ -12,10 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from deltalake import DeltaTable
+from pyiceberg.catalog.sql import SqlCatalog
 
 from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.errors import LedgerCorruptError
-from lakeckpt_tables.ledger import DeltaLedger
+from lakeckpt_tables.ledger import DeltaLedger, IcebergLedger
 from lakeckpt_tables.ledger.records import intact_rows, row_checksum
 
 
@@ -123,3 +124,73 @@ def test_a_run_whose_only_checkpoint_was_repaired_away_starts_afresh_and_saves(
     job = CheckpointManager(tmp_path, "r")
     assert job.restore(model=torch.nn.Linear(2, 1)) is None
     assert job.save(3, model=torch.nn.Linear(2, 1)).parent_id is None
+
+
+# -- the Iceberg ledger: the same integrity ------------------------------------------------
+
+
+def _iceberg_run(tmp_path: Path, steps: list[int]) -> tuple[IcebergLedger, list[str]]:
+    catalog = SqlCatalog("c", uri=f"sqlite:///{tmp_path}/cat.db",
+                         warehouse=f"file://{tmp_path}/wh")
+    ledger = IcebergLedger("ml.ledger", catalog=catalog)
+    manager = CheckpointManager(tmp_path / "ck", "r", ledger=ledger)
+    return ledger, [manager.save(step, model=torch.nn.Linear(2, 1)).checkpoint_id
+                    for step in steps]
+
+
+def _iceberg_file_of(ledger: IcebergLedger, checkpoint_id: str) -> Path:
+    table = ledger._table
+    table.refresh()
+    for task in table.scan().plan_files():
+        path = Path(task.file.file_path.removeprefix("file://"))
+        if checkpoint_id in pq.read_table(path)["checkpoint_id"].to_pylist():
+            return path
+    raise AssertionError(checkpoint_id)
+
+
+def _iceberg_manager(tmp_path: Path, ledger: IcebergLedger) -> CheckpointManager:
+    fresh = IcebergLedger("ml.ledger", catalog=ledger._catalog)
+    return CheckpointManager(tmp_path / "ck", "r", ledger=fresh)
+
+
+def test_iceberg_a_rewritten_record_makes_restore_fall_back_to_the_newest_intact(
+        tmp_path: Path) -> None:
+    ledger, ids = _iceberg_run(tmp_path, [10, 20])
+    path = _iceberg_file_of(ledger, ids[1])
+    rows = pq.read_table(path)  # keeps the field ids pyiceberg reads by
+    step = rows.schema.get_field_index("step")
+    pq.write_table(rows.set_column(step, rows.schema.field(step),
+                                   pa.array([16777236], pa.int64())), path)
+    job = _iceberg_manager(tmp_path, ledger)
+    assert job.restore(model=torch.nn.Linear(2, 1)) == 10
+    events = [json.loads(r["detail"]) for r in job.ledger.to_arrow().to_pylist()
+              if r["event"] == "retired"]
+    assert [e["checkpoint_id"] for e in events] == [ids[1]]
+    assert "fails its checksum" in str(events[0]["reason"])
+    assert job.save(20, model=torch.nn.Linear(2, 1)).parent_id == ids[0]
+    assert [r.step for r in job.checkpoints()] == [10, 20]
+
+
+@pytest.mark.parametrize("damage", ["bit flips", "truncated", "missing"])
+def test_iceberg_a_damaged_ledger_file_is_named_with_the_way_out_which_works(
+        tmp_path: Path, damage: str) -> None:
+    ledger, ids = _iceberg_run(tmp_path, [10, 20])
+    path = _iceberg_file_of(ledger, ids[1])
+    data = bytearray(path.read_bytes())
+    if damage == "bit flips":  # in the footer's length and magic: the file cannot be opened
+        for k in (-6, -5, -2):
+            data[k] ^= 0x5A
+        path.write_bytes(bytes(data))
+    elif damage == "truncated":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        path.unlink()
+    with pytest.raises(LedgerCorruptError, match=rf"{path.name} is missing, truncated or "
+                       r"damaged .*The way out: .*\.repair\(\)"):
+        _iceberg_manager(tmp_path, ledger).restore(model=torch.nn.Linear(2, 1))
+    fresh = IcebergLedger("ml.ledger", catalog=ledger._catalog)
+    assert [Path(p).name for p in fresh.repair()] == [path.name]
+    assert fresh.repair() == []
+    job = _iceberg_manager(tmp_path, ledger)
+    assert job.restore(model=torch.nn.Linear(2, 1)) == 10
+    assert job.save(11, model=torch.nn.Linear(2, 1)).parent_id == ids[0]

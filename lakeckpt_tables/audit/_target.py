@@ -9,33 +9,85 @@ connection sees the same commit.
 
 from __future__ import annotations
 
+import functools
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pa_ds
 
-from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.errors import LedgerCorruptError, LedgerError
 from lakeckpt_tables.ledger import schema as s
 
-__all__ = ["LedgerSnapshot", "read_ledger"]
+__all__ = ["LedgerSnapshot", "damage_error", "read_ledger"]
 
 
-@dataclass(frozen=True)
 class LedgerSnapshot:
-    """The rows of one ledger at one version.
+    """The rows of one ledger at one version, read lazily where the format allows.
+
+    A Delta ledger's snapshot holds a lazy dataset over the version's live files: a query
+    reads only the record kinds, runs and columns it asks for (a compacted ledger is sorted by
+    record kind, run and step, so row-group statistics skip the rest), and per-checkpoint
+    consumption totals come from the summaries ``maintain`` writes
+    (NOTE [ consumption summaries ]). Other ledgers hold their rows in memory.
 
     Attributes:
         where: the ledger's spec (``delta:<uri>`` or ``iceberg:<ns.table>``).
         version: the Delta version or Iceberg snapshot id read (None: an empty Iceberg table).
-        rows: every row, in :data:`~lakeckpt_tables.ledger.LEDGER_SCHEMA`.
         catalog: the pyiceberg catalog of an Iceberg ledger (to find Iceberg sources).
+        dataset: the lazy dataset of a Delta ledger, None when the rows are in memory.
     """
 
-    where: str
-    version: int | None
-    rows: pa.Table
-    catalog: Any = None
+    def __init__(self, where: str, version: int | None, rows: pa.Table | None = None,
+                 catalog: Any = None, *, dataset: pa_ds.Dataset | None = None,
+                 consumed: Callable[[], pa.Table] | None = None,
+                 damaged: Callable[[Exception], LedgerCorruptError] | None = None) -> None:
+        if (rows is None) == (dataset is None):
+            raise ValueError("a ledger snapshot holds either rows or a dataset")
+        self.where, self.version, self.catalog, self.dataset = where, version, catalog, dataset
+        self._rows = rows
+        self._consumed = consumed
+        self._damaged = damaged
+
+    @functools.cached_property
+    def rows(self) -> pa.Table:
+        """Every row, in :data:`~lakeckpt_tables.ledger.LEDGER_SCHEMA` (read on first use)."""
+        if self._rows is not None:
+            return self._rows
+        return self.scan()
+
+    def scan(self, filter: pc.Expression | None = None,
+             columns: list[str] | None = None) -> pa.Table:
+        """The rows matching ``filter``, with ``columns`` (all by default).
+
+        Raises:
+            LedgerCorruptError: a page of a ledger file fails its checksum.
+        """
+        if self.dataset is None:
+            rows = self.rows if filter is None else self.rows.filter(filter)
+            return rows if columns is None else rows.select(columns)
+        try:
+            return self.dataset.to_table(filter=filter, columns=columns)
+        except (OSError, pa.ArrowException) as e:
+            raise self.damage(e) from e
+
+    def damage(self, cause: Exception) -> LedgerCorruptError:
+        """The named error for a failed read of this ledger: which file, and the way out."""
+        if self._damaged is not None:
+            return self._damaged(cause)
+        return LedgerCorruptError(f"ledger {self.where} version {self.version} could not be "
+                                  f"read: {' '.join(str(cause).split())}")
+
+    def consumed(self) -> pa.Table:
+        """Consumption totals per (run, checkpoint, step, segment, epoch), in
+        :data:`~lakeckpt_tables.ledger.summary.SUMMARY_SCHEMA`."""
+        if self._consumed is not None:
+            return self._consumed()
+        from lakeckpt_tables.ledger.summary import summarize
+
+        return summarize(self.rows)
 
 
 def read_ledger(target: Any, *, catalog: Any = None,
@@ -90,11 +142,41 @@ def _delta(uri: str, storage_options: dict[str, str] | None) -> LedgerSnapshot:
     try:
         # DeltaLedger checks the format version and reads the files of one loaded version:
         # the log says which are live, so files a compaction replaced are not read.
-        version, rows = DeltaLedger(uri, storage_options=storage_options,
-                                    create=False).loaded_rows()
+        ledger = DeltaLedger(uri, storage_options=storage_options, create=False)
+        version, files = ledger.loaded_files()
     except DeltaError as e:
         raise LedgerError(f"ledger delta:{uri} could not be read: {e}") from e
-    return LedgerSnapshot(f"delta:{uri}", version, _conform(rows))
+    paths = [path for path, _ in files]
+    if not ledger.check_files(files):
+        return LedgerSnapshot(f"delta:{uri}", version, ledger.read_files(paths))
+    return LedgerSnapshot(f"delta:{uri}", version,
+                          dataset=ledger.dataset(paths),
+                          consumed=functools.partial(ledger.consumed, files),
+                          damaged=functools.partial(ledger.damaged, paths))
+
+
+def damage_error(target: Any, cause: Exception, *,
+                 storage_options: dict[str, str] | None = None) -> LedgerCorruptError:
+    """The named error for a query that failed reading a lazily scanned ledger: the damaged
+    data file found file by file (a Delta ledger's pages are checked as they are scanned, so
+    damage surfaces inside DuckDB, which cannot say which file it was reading)."""
+    from deltalake.exceptions import DeltaError
+
+    from lakeckpt_tables.ledger.delta import DeltaLedger
+
+    where = os.fspath(target) if isinstance(target, str | os.PathLike) else None
+    if where is not None and not where.startswith("iceberg:"):
+        uri = where.removeprefix("delta:")
+        from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR
+
+        for candidate in (f"{uri.rstrip('/')}/{DEFAULT_LEDGER_DIR}", uri):
+            try:
+                ledger = DeltaLedger(candidate, storage_options=storage_options, create=False)
+            except (LedgerError, DeltaError, OSError):  # not a ledger there: the next one
+                continue
+            _, files = ledger.loaded_files()
+            return ledger.damaged([path for path, _ in files], cause)
+    return LedgerCorruptError(f"ledger {target} could not be read: {cause}")
 
 
 def _iceberg(identifier: str, catalog: Any) -> LedgerSnapshot:

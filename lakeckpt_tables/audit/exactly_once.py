@@ -98,30 +98,40 @@ def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
                     checkpoint: str | None = None, source: Any = None,
                     storage_options: dict[str, str] | None = None) -> list[Verdict]:
     """:func:`verify` over a ledger version already read."""
-    records = checkpoints_from_arrow(snapshot.rows)
+    is_checkpoint = pc.field(s.RECORD) == s.RECORD_CHECKPOINT
     retired = _retired(snapshot)
     if checkpoint is not None:
-        chosen = [r for r in records if r.checkpoint_id == checkpoint] or \
-            [r for r in records if r.checkpoint_id.startswith(checkpoint)]
+        ids = snapshot.scan(is_checkpoint, [s.RUN_ID, s.CHECKPOINT_ID])
+        chosen = [r for r in ids.to_pylist() if r[s.CHECKPOINT_ID] == checkpoint] or \
+            [r for r in ids.to_pylist() if r[s.CHECKPOINT_ID].startswith(checkpoint)]
         if len(chosen) != 1:
             raise LedgerError(f"ledger {snapshot.where} has no single checkpoint with id "
                               f"{checkpoint!r}")
-        heads = chosen
+        runs = [chosen[0][s.RUN_ID]]
+    elif run is None:
+        runs = sorted(set(snapshot.scan(is_checkpoint, [s.RUN_ID])[s.RUN_ID].to_pylist()))
     else:
-        runs = sorted({r.run_id for r in records} if run is None else {run})
-        heads = []
-        for run_id in runs:
-            mine = [r for r in records if r.run_id == run_id and r.checkpoint_id not in retired]
+        runs = [run]
+    verdicts = []
+    for run_id in runs:
+        # one run's checkpoint records only: a ledger of many runs is not read whole
+        records = checkpoints_from_arrow(snapshot.scan(is_checkpoint
+                                                       & (pc.field(s.RUN_ID) == run_id)))
+        if checkpoint is not None:
+            head = next(r for r in records if r.checkpoint_id == chosen[0][s.CHECKPOINT_ID])
+        else:
+            mine = [r for r in records if r.checkpoint_id not in retired]
             if not mine:
                 raise LedgerError(f"ledger {snapshot.where} has no committed checkpoint of run "
                                   f"{run_id!r}")
-            heads.append(mine[-1])
-    return [_verify_run(snapshot, records, head, source, storage_options) for head in heads]
+            head = mine[-1]
+        verdicts.append(_verify_run(snapshot, records, head, source, storage_options))
+    return verdicts
 
 
 def _retired(snapshot: LedgerSnapshot) -> set[str]:
-    rows = snapshot.rows.filter((pc.field(s.RECORD) == s.RECORD_EVENT)
-                                & (pc.field(s.EVENT) == "retired"))
+    rows = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                         & (pc.field(s.EVENT) == "retired"), [s.DETAIL])
     return {json.loads(d).get("checkpoint_id") for d in rows[s.DETAIL].to_pylist()}
 
 
@@ -136,8 +146,8 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
     verdict = Verdict(head.run_id, head.checkpoint_id, head.step, checkpoints=len(chain))
     names = [s.CHECKPOINT_ID, s.SEGMENT, s.EPOCH, s.FILE, s.ROW_GROUP, s.ROW_START, s.ROW_END,
              s.ROWS]
-    consumed = snapshot.rows.filter((pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
-                                    & (pc.field(s.RUN_ID) == head.run_id)).select(names)
+    consumed = snapshot.scan((pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
+                             & (pc.field(s.RUN_ID) == head.run_id), names)
     by_group: dict[Key, list[tuple[int, int, int, int]]] = defaultdict(list)
     columns = [consumed[n].to_pylist() for n in names]
     for checkpoint_id, segment, epoch, file, group, start, end, rows in zip(*columns,
@@ -231,9 +241,9 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
 def _undelivered(snapshot: LedgerSnapshot, run_id: str,
                  checkpoints: Iterable[str]) -> dict[Key, int]:
     wanted = set(checkpoints)
-    rows = snapshot.rows.filter((pc.field(s.RECORD) == s.RECORD_EVENT)
-                                & (pc.field(s.EVENT) == "undelivered")
-                                & (pc.field(s.RUN_ID) == run_id))
+    rows = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                         & (pc.field(s.EVENT) == "undelivered")
+                         & (pc.field(s.RUN_ID) == run_id))
     out: dict[Key, int] = defaultdict(int)
     for rec in rows.to_pylist():
         if rec[s.CHECKPOINT_ID] not in wanted:

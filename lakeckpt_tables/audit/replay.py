@@ -202,9 +202,10 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
 
 def lineage(records: list[CheckpointRecord], record: CheckpointRecord) -> list[CheckpointRecord]:
     """``record``, its parent, grandparent... (newest first), within its run."""
+    by_id = {r.checkpoint_id: r for r in records if r.run_id == record.run_id}
     chain = [record]
     seen = {record.checkpoint_id}
-    while (parent := _parent(records, chain[-1])) is not None and \
+    while (parent := by_id.get(chain[-1].parent_id or "")) is not None and \
             parent.checkpoint_id not in seen:
         chain.append(parent)
         seen.add(parent.checkpoint_id)

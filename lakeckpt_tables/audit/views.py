@@ -9,8 +9,10 @@ and documented column by column in ``catalog/README.md``.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable
+import operator
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -22,11 +24,16 @@ import pyarrow.compute as pc
 from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LakeckptError, LedgerError
 from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.summary import SUMMARY_SCHEMA
 
 __all__ = ["VIEWS", "connect", "connect_snapshots"]
 
 VIEWS = ("checkpoints", "consumption", "events", "progress", "recoveries", "follow_lag")
-"""The views of a connection, in the order their SQL is run (later ones use earlier ones)."""
+"""The views of a connection (see ``catalog/README.md``)."""
+
+_ORDER = ("checkpoint_status", *VIEWS)
+"""The order their SQL is run in (later ones use earlier ones; ``_checkpoint_status`` is
+internal, shared by ``checkpoints``, ``consumption`` and ``progress``)."""
 
 PASS_SIZES_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("segment", pa.int64()), ("epoch", pa.int64()),
@@ -88,21 +95,39 @@ def connect_snapshots(snapshots: Iterable[LedgerSnapshot], *,
             hold (sizes of passes without a ``round`` event, the tables' newest versions).
     """
     snapshots = list(snapshots)
-    rows = pa.concat_tables([sn.rows.select(s.LEDGER_SCHEMA.names) for sn in snapshots]) \
-        if snapshots else s.LEDGER_SCHEMA.empty_table()
     con = duckdb.connect()
-    con.register("ledger", rows)
+    if len(snapshots) == 1 and snapshots[0].dataset is not None:
+        # lazy: DuckDB pushes each view's filters and columns down into the scan
+        con.register("ledger", snapshots[0].dataset)
+    else:
+        con.register("ledger", pa.concat_tables(
+            [sn.rows.select(s.LEDGER_SCHEMA.names) for sn in snapshots])
+            if snapshots else s.LEDGER_SCHEMA.empty_table())
     con.register("ledgers", pa.table({
         "ledger": [sn.where for sn in snapshots], "version": [sn.version for sn in snapshots],
-        "rows": [sn.rows.num_rows for sn in snapshots]}, schema=LEDGERS_SCHEMA))
+        "rows": [_count(sn) for sn in snapshots]}, schema=LEDGERS_SCHEMA))
+    con.register("_consumed", pa.concat_tables([sn.consumed() for sn in snapshots])
+                 if snapshots else SUMMARY_SCHEMA.empty_table())
+
+    def scan(where: pc.Expression, columns: list[str]) -> pa.Table:
+        parts = [sn.scan(where, columns) for sn in snapshots]
+        return pa.concat_tables(parts) if parts else \
+            s.LEDGER_SCHEMA.empty_table().select(columns)
+
     catalogs = [sn.catalog for sn in snapshots if sn.catalog is not None]
-    con.register("_pass_sizes", pass_sizes(rows, look_up_sources=look_up_sources,
+    con.register("_pass_sizes", pass_sizes(scan, look_up_sources=look_up_sources,
                                            catalog=catalogs[0] if catalogs else None))
-    con.register("_source_versions", _source_versions(rows) if look_up_sources
+    con.register("_source_versions", _source_versions(scan) if look_up_sources
                  else SOURCE_VERSIONS_SCHEMA.empty_table())
-    for name in VIEWS:
+    for name in _ORDER:
         con.execute(view_sql(name))
     return con
+
+
+def _count(snapshot: LedgerSnapshot) -> int:
+    if snapshot.dataset is None:
+        return int(snapshot.rows.num_rows)
+    return int(snapshot.dataset.count_rows())
 
 
 def view_sql(name: str) -> str:
@@ -121,7 +146,11 @@ def _load_catalog(catalog: Any) -> Any:
 # ------------------------------------------------------------------------------ pass sizes
 
 
-def pass_sizes(rows: pa.Table, *, look_up_sources: bool = True,
+Scan = Callable[[pc.Expression, list[str]], pa.Table]
+"""Reads the ledger rows matching a filter, with the given columns."""
+
+
+def pass_sizes(scan: Scan, *, look_up_sources: bool = True,
                catalog: Any = None) -> pa.Table:
     """Rows in each pass (segment, epoch) of each run: what ``progress`` divides by.
 
@@ -129,8 +158,8 @@ def pass_sizes(rows: pa.Table, *, look_up_sources: bool = True,
     events, and the pinned snapshot's epochs from the source's metadata (no data is read),
     less the rows ``undelivered`` events name.
     """
-    events = rows.filter(pc.field(s.RECORD) == s.RECORD_EVENT).select(
-        [s.RUN_ID, s.EVENT, s.DETAIL, s.STEP]).to_pylist()
+    events = scan(pc.field(s.RECORD) == s.RECORD_EVENT,
+                  [s.RUN_ID, s.EVENT, s.DETAIL, s.STEP]).to_pylist()
     out: dict[tuple[str, int, int], dict[str, Any]] = {}
     undelivered: dict[tuple[str, int, int], int] = {}
     segments: dict[tuple[str, int], dict[str, Any]] = {}
@@ -155,7 +184,7 @@ def pass_sizes(rows: pa.Table, *, look_up_sources: bool = True,
                         "from_version": detail.get("from_version"),
                         "to_version": detail.get("to_version"), "origin": "segment"}
     if look_up_sources:
-        for key, size in _pinned_sizes(rows, out, catalog).items():
+        for key, size in _pinned_sizes(scan, out, catalog).items():
             size["delivered"] = size["rows"] - undelivered.get(key, 0)
             out[key] = size
     names = [f.name for f in PASS_SIZES_SCHEMA][3:]
@@ -165,20 +194,23 @@ def pass_sizes(rows: pa.Table, *, look_up_sources: bool = True,
     }, schema=PASS_SIZES_SCHEMA)
 
 
-def _pinned_sizes(rows: pa.Table, known: dict[tuple[str, int, int], Any],
+def _pinned_sizes(scan: Scan, known: dict[tuple[str, int, int], Any],
                   catalog: Any) -> dict[tuple[str, int, int], dict[str, Any]]:
     """Epochs of the pinned snapshot (segment 0) of every run, sized from table metadata."""
-    checkpoints = rows.filter((pc.field(s.RECORD) == s.RECORD_CHECKPOINT)
-                              & (pc.field(s.READER_STATE) != "")).select(
-        [s.RUN_ID, s.STEP, s.READER_STATE, s.SOURCE_FORMAT, s.SOURCE_LOCATION,
-         s.SOURCE_VERSION])
-    if not checkpoints.num_rows:
+    is_checkpoint = pc.field(s.RECORD) == s.RECORD_CHECKPOINT
+    steps = scan(is_checkpoint, [s.RUN_ID, s.STEP])
+    steps = steps.group_by(s.RUN_ID, use_threads=False).aggregate([(s.STEP, "max")])
+    if not steps.num_rows:
         return {}
-    # each run's newest checkpoint: the last row of the run in (run, step) order
-    ordered = checkpoints.sort_by([(s.RUN_ID, "ascending"), (s.STEP, "ascending")])
-    runs = ordered[s.RUN_ID].to_pylist()
-    newest = [i for i in range(len(runs)) if i + 1 == len(runs) or runs[i + 1] != runs[i]]
-    latest = {c[s.RUN_ID]: c for c in ordered.take(newest).to_pylist()}
+    # each run's newest checkpoint, and only its reader state (states are kilobytes each)
+    newest = functools.reduce(operator.or_, [
+        (pc.field(s.RUN_ID) == run) & (pc.field(s.STEP) == step) for run, step in
+        zip(steps[s.RUN_ID].to_pylist(), steps[f"{s.STEP}_max"].to_pylist(), strict=True)])
+    found = scan(is_checkpoint & newest, [s.RUN_ID, s.STEP, s.READER_STATE, s.SOURCE_FORMAT,
+                                          s.SOURCE_LOCATION, s.SOURCE_VERSION])
+    latest = {c[s.RUN_ID]: c for c in found.to_pylist() if c[s.READER_STATE]}
+    if not latest:
+        return {}
     # the reader state's decoder imports the reader (and torch): only when there is one
     from lakeckpt_tables.reader.state import decode_state
 
@@ -217,9 +249,10 @@ def _snapshot_rows(fmt: str, location: str, version: int, *, catalog: Any) -> in
         return None
 
 
-def _source_versions(rows: pa.Table) -> pa.Table:
+def _source_versions(scan: Scan) -> pa.Table:
     """Each Delta source's newest version now (Iceberg snapshot ids have no order: skipped)."""
-    checkpoints = rows.filter(pc.field(s.RECORD) == s.RECORD_CHECKPOINT)
+    checkpoints = scan(pc.field(s.RECORD) == s.RECORD_CHECKPOINT,
+                       [s.SOURCE_FORMAT, s.SOURCE_LOCATION])
     pairs = {(f, loc) for f, loc in zip(checkpoints[s.SOURCE_FORMAT].to_pylist(),
                                         checkpoints[s.SOURCE_LOCATION].to_pylist(), strict=True)
              if loc is not None}

@@ -1,4 +1,4 @@
-"""Timing helpers shared by the checkpoint benchmarks: a manager that times its phases.
+"""Timing helpers of the checkpoint benchmarks: a manager that times its phases, a train step.
 
 Measurement stays out of the library: ``TimedManager`` subclasses ``CheckpointManager`` here.
 """
@@ -6,32 +6,20 @@ Measurement stays out of the library: ``TimedManager`` subclasses ``CheckpointMa
 from __future__ import annotations
 
 import contextlib
-import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from lakeckpt_tables.bench._common import Progress, clock, percentile, quiet
 from lakeckpt_tables.checkpoint.manager import CheckpointManager
 from lakeckpt_tables.ledger import CheckpointRecord
 
 __all__ = ["Progress", "TimedManager", "clock", "no_dcp_warnings", "percentile", "quiet",
            "train_step"]
-
-Progress = Callable[[str], None]
-
-
-def quiet(_: str) -> None:
-    pass
-
-
-def clock() -> float:
-    return time.perf_counter()
-
 
 @contextlib.contextmanager
 def no_dcp_warnings() -> Iterator[None]:
@@ -42,10 +30,6 @@ def no_dcp_warnings() -> Iterator[None]:
                                 module="torch.distributed.checkpoint")
         warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata 0.11, on iter()
         yield
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
 
 
 # ------------------------------------------------------------------------ timed manager

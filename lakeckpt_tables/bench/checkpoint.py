@@ -37,7 +37,6 @@ sit idle in the broadcast meanwhile, so 8 ranks on 2 cores measure a commit fait
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import shutil
@@ -51,10 +50,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import nn
 
+from lakeckpt_tables.bench._common import (
+    Figure,
+    figure_lines,
+    machine_note,
+    passed,
+    scratch,
+    write_delta,
+)
 from lakeckpt_tables.bench._timing import (
     Progress,
     TimedManager,
@@ -64,14 +70,13 @@ from lakeckpt_tables.bench._timing import (
     quiet,
     train_step,
 )
-from lakeckpt_tables.bench.data import SyntheticTable, ensure_synthetic_table
+from lakeckpt_tables.bench.data import SyntheticTable, ensure_synthetic_table, synthetic_parts
 from lakeckpt_tables.bench.overhead import (
     MODES,
     TRACKING_INTERVAL,
     OverheadResult,
     measure_overhead,
 )
-from lakeckpt_tables.bench.read import Figure, figure_lines
 from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR, CheckpointRecord, Ledger
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.sources.delta import DeltaSource
@@ -123,26 +128,12 @@ def ensure_commit_table(root: str | Path, rows: int = COMMIT_TABLE_ROWS,
     Built under ``root/commit-<rows>-<row_group_rows>`` in 4 files, or reused when a previous
     run left a table of that many rows there.
     """
-    import pyarrow as pa
-    from deltalake import WriterProperties, write_deltalake
-
     path = Path(root) / f"commit-{rows}-{row_group_rows}"
     if (path / "_delta_log").is_dir():
         with contextlib.suppress(Exception):  # an unreadable leftover is rebuilt
             if DeltaSource(str(path)).snapshot().rows == rows:
                 return str(path)
-    if path.exists():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    props = WriterProperties(max_row_group_size=row_group_rows, write_batch_size=row_group_rows,
-                             compression="SNAPPY")
-    rng = np.random.default_rng(0)
-    files = 4
-    bounds = [rows * i // files for i in range(files + 1)]
-    for lo, hi in itertools.pairwise(bounds):
-        table = pa.table({"id": np.arange(lo, hi, dtype=np.int64),
-                          "x": rng.random(hi - lo, dtype=np.float32)})
-        write_deltalake(str(path), table, mode="append", writer_properties=props)
+    write_delta(path, synthetic_parts(rows, 4), row_group_rows=row_group_rows)
     return str(path)
 
 
@@ -530,7 +521,7 @@ class CheckpointBenchReport:
             "table": asdict(self.table),
             "skipped": self.skipped,
             "figures": [f.to_json() for f in self.figures],
-            "passed": all(f.passed is not False for f in self.figures),
+            "passed": passed(self.figures),
         }))
         return out
 
@@ -636,10 +627,8 @@ def run_checkpoint_bench(
         pg: also measure an Iceberg ledger on PostgreSQL when a server answers.
         progress: called with a line of text as measurements come in.
     """
-    if root is None:
-        with tempfile.TemporaryDirectory(prefix="lakeckpt-bench-") as tmp:
-            return _run(quick, Path(tmp), ranks, pg, progress)
-    return _run(quick, Path(root), ranks, pg, progress)
+    with scratch(root, "lakeckpt-bench-") as path:
+        return _run(quick, path, ranks, pg, progress)
 
 
 def _run(quick: bool, root: Path, ranks: Sequence[int] | None, pg: bool,
@@ -695,7 +684,5 @@ def format_report(report: CheckpointBenchReport) -> str:
     for line in report.skipped:
         lines.append(f"skipped: {line}")
     verdict = "all targets met" if report.to_json()["passed"] else "some targets MISSED"
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    lines.append(f"local disk, {os.cpu_count()} CPUs, load average {load:.1f} at the end; "
-                 f"{verdict}")
+    lines.append(f"local disk, {machine_note()}; {verdict}")
     return "\n".join(lines)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import itertools
-import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ROW_GROUP_ROWS", "SyntheticTable", "ensure_synthetic_table", "warm_page_cache"]
+from lakeckpt_tables.bench._common import write_delta
+
+__all__ = ["ROW_GROUP_ROWS", "SyntheticTable", "ensure_synthetic_table", "file_count",
+           "synthetic_parts", "warm_page_cache"]
 
 ROW_GROUP_ROWS = 131_072
 """Rows per Parquet row group: the ~128k of a typical writer's default."""
@@ -37,7 +40,7 @@ class SyntheticTable:
     reused: bool
 
 
-def _file_count(rows: int) -> int:
+def file_count(rows: int) -> int:
     """Several files even for a tiny table, up to 8 of ~1.25M rows for the default 10M."""
     return 1 if rows < 2 else min(_MAX_FILES, max(2, rows // _ROWS_PER_FILE))
 
@@ -56,27 +59,24 @@ def ensure_synthetic_table(root: str | Path, rows: int, *, seed: int = 0) -> Syn
     if rows < 1:
         raise ValueError(f"rows must be positive, got {rows}")
     path = Path(root) / f"read-{rows}"
-    files = _file_count(rows)
+    files = file_count(rows)
     if _is_complete(path, rows):
         return SyntheticTable(str(path), rows, files, reused=True)
-    if path.exists():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     _write(path, rows, files, seed)
     return SyntheticTable(str(path), rows, files, reused=False)
 
 
-def _write(path: Path, rows: int, files: int, seed: int) -> None:
-    from deltalake import WriterProperties, write_deltalake
-
-    props = WriterProperties(max_row_group_size=ROW_GROUP_ROWS, compression="SNAPPY")
+def synthetic_parts(rows: int, files: int, seed: int = 0) -> Iterator[pa.Table]:
+    """The synthetic table's rows, one Arrow table per data file."""
     rng = np.random.default_rng(seed)
     bounds = [rows * i // files for i in range(files + 1)]
     for lo, hi in itertools.pairwise(bounds):
-        table = pa.table({"id": np.arange(lo, hi, dtype=np.int64),
-                          "x": rng.random(hi - lo, dtype=np.float32)}, schema=_SCHEMA)
-        # One append per file: each call writes one file of (hi - lo) rows.
-        write_deltalake(str(path), table, mode="append", writer_properties=props)
+        yield pa.table({"id": np.arange(lo, hi, dtype=np.int64),
+                        "x": rng.random(hi - lo, dtype=np.float32)}, schema=_SCHEMA)
+
+
+def _write(path: Path, rows: int, files: int, seed: int) -> None:
+    write_delta(path, synthetic_parts(rows, files, seed), row_group_rows=ROW_GROUP_ROWS)
 
 
 def _is_complete(path: Path, rows: int) -> bool:

@@ -29,7 +29,6 @@ delivered exactly once.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
@@ -39,8 +38,7 @@ import tempfile
 import threading
 import time
 import uuid
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakeckpt_tables.bench.read import Figure, figure_lines
+from lakeckpt_tables.bench._common import (
+    Figure,
+    Progress,
+    figure_lines,
+    machine_note,
+    no_loader_warnings,
+    passed,
+    percentile,
+    quiet,
+    scratch,
+)
+from lakeckpt_tables.plan.check import check_exactly_once
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.sources import _footers
 from lakeckpt_tables.sources.delta import DeltaSource
@@ -83,27 +92,9 @@ QUICK_BACKLOG = 1_000
 _SCHEMA = pa.schema([("id", pa.int64()), ("written_at", pa.float64())])
 _NO_LOG_CHECKPOINTS = {"delta.checkpointInterval": "1000000000"}
 
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
 def _row(i: int) -> pa.Table:
     return pa.table({"id": pa.array([i], pa.int64()),
                      "written_at": pa.array([time.time()], pa.float64())}, schema=_SCHEMA)
-
-
-@contextlib.contextmanager
-def _no_loader_warnings() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata 0.11, on iter()
-        yield
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
 
 
 # ----------------------------------------------------------------------------- latency
@@ -121,6 +112,7 @@ class LatencyResult:
         interval: mean seconds between commits.
         delivered: appended ids the follower yielded (each counted once).
         duplicates: appended ids it yielded more than once.
+        unexpected: ids it yielded that no commit appended.
         latency_ms: per commit, ms from ``write_deltalake`` returning to the id in a batch.
         from_write_ms: per commit, ms from ``written_at`` (wall clock before the write) to the
             id in a batch (wall clock).
@@ -134,21 +126,22 @@ class LatencyResult:
     interval: float
     delivered: int
     duplicates: int
+    unexpected: int
     latency_ms: tuple[float, ...]
     from_write_ms: tuple[float, ...]
     write_ms: tuple[float, ...]
 
     @property
     def exactly_once(self) -> bool:
-        return self.delivered == self.commits and self.duplicates == 0
+        return self.delivered == self.commits and not (self.duplicates or self.unexpected)
 
     @property
     def p50_ms(self) -> float:
-        return _percentile(self.latency_ms, 50)
+        return percentile(self.latency_ms, 50)
 
     @property
     def p99_ms(self) -> float:
-        return _percentile(self.latency_ms, 99)
+        return percentile(self.latency_ms, 99)
 
 
 class _Writer(threading.Thread):
@@ -185,7 +178,7 @@ def measure_latency(
     commits: int = DEFAULT_COMMITS,
     interval: float = DEFAULT_INTERVAL,
     seed: int = 0,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> LatencyResult:
     """Follow a new table under ``root`` while a writer thread appends ``commits`` commits.
 
@@ -206,9 +199,9 @@ def measure_latency(
     seen: dict[int, float] = {}
     seen_wall: dict[int, float] = {}
     written_at: dict[int, float] = {}
-    duplicates = 0
+    ids_delivered: list[int] = []
     writer = _Writer(uri, 0, commits, interval, seed)
-    with _no_loader_warnings():
+    with no_loader_warnings():
         source: Any = dataset
         if workers:
             from torchdata.stateful_dataloader import StatefulDataLoader
@@ -220,20 +213,20 @@ def measure_latency(
         for batch in batches:
             now, wall = time.perf_counter(), time.time()
             for i, t in zip(batch["id"].tolist(), batch["written_at"].tolist(), strict=True):
-                if i in seen:
-                    duplicates += 1
-                    continue
-                seen[i], seen_wall[i], written_at[i] = now, wall, t
+                ids_delivered.append(i)
+                if i not in seen:
+                    seen[i], seen_wall[i], written_at[i] = now, wall, t
     writer.join()
     if writer.error is not None:
         raise RuntimeError(f"the writer failed: {writer.error!r}") from writer.error
     ids = sorted(writer.committed)
-    missing = [i for i in ids if i not in seen]
-    if missing:
-        raise RuntimeError(f"the follower ended without ids {missing[:10]} of {uri}")
+    check = check_exactly_once(ids_delivered, ids)
+    if check.missing:
+        raise RuntimeError(f"the follower ended without ids {list(check.missing[:10])} of {uri}")
     mode = "in-process" if not workers else f"DataLoader, {workers} worker(s)"
     result = LatencyResult(
-        mode, workers, poll_interval, commits, interval, len(seen), duplicates,
+        mode, workers, poll_interval, commits, interval, len(ids) - len(check.missing),
+        len(check.duplicated), len(check.unexpected),
         tuple((seen[i] - writer.committed[i]) * 1e3 for i in ids),
         tuple((seen_wall[i] - written_at[i]) * 1e3 for i in ids),
         tuple((writer.committed[i] - writer.started[i]) * 1e3 for i in ids))
@@ -263,7 +256,7 @@ class BacklogTable:
 
 
 def ensure_backlog_table(root: str | Path, commits: int, *,
-                         progress: Progress = _quiet) -> BacklogTable:
+                         progress: Progress = quiet) -> BacklogTable:
     """Build ``root/follow-commits-<commits>`` or reuse it; an interrupted build is resumed.
 
     NOTE [ backlog build ]
@@ -377,7 +370,7 @@ def _cold_footers() -> None:
 
 
 def measure_segment_cost(table: BacklogTable, *, rounds: int = 3,
-                         progress: Progress = _quiet) -> SegmentCostResult:
+                         progress: Progress = quiet) -> SegmentCostResult:
     """Time to the first batch of segment 1, and the commit-log scan alone; one warm-up."""
     firsts: list[float] = []
     scans: list[float] = []
@@ -439,7 +432,7 @@ class FollowBenchReport:
                    "per_commit_ms": s.per_commit_ms}
         return {"latency": latency, "backlog": asdict(self.backlog), "segment": segment,
                 "figures": [f.to_json() for f in self.figures],
-                "passed": all(f.passed is not False for f in self.figures)}
+                "passed": passed(self.figures)}
 
 
 def _figures(latency: list[LatencyResult], backlog: BacklogTable,
@@ -451,14 +444,15 @@ def _figures(latency: list[LatencyResult], backlog: BacklogTable,
                           f"{r.commits} single-row commits ~{r.interval:g} s apart; {expect}"))
         out.append(Figure(f"append -> batch p99, {r.mode}", r.p99_ms, "ms", "", None,
                           f"max {max(r.latency_ms):.1f} ms; from the write's start p50 "
-                          f"{_percentile(r.from_write_ms, 50):.1f} ms (wall clock)"))
+                          f"{percentile(r.from_write_ms, 50):.1f} ms (wall clock)"))
         out.append(Figure(f"appended rows delivered, {r.mode}", r.delivered, "rows",
                           "exactly once", r.exactly_once,
-                          f"{r.duplicates} duplicated, {r.commits - r.delivered} missing"))
+                          f"{r.duplicates} duplicated, {r.commits - r.delivered} missing, "
+                          f"{r.unexpected} unexpected"))
     write = [w for r in latency for w in r.write_ms]
     if write:
-        out.append(Figure("append commit (write_deltalake) p50", _percentile(write, 50), "ms",
-                          "", None, f"p99 {_percentile(write, 99):.1f} ms, the writer side"))
+        out.append(Figure("append commit (write_deltalake) p50", percentile(write, 50), "ms",
+                          "", None, f"p99 {percentile(write, 99):.1f} ms, the writer side"))
     n = s.commits
     built = "reused" if backlog.reused else f"built in {backlog.build_s:.0f} s"
     out.extend([
@@ -485,7 +479,7 @@ def run_follow_bench(
     backlog: int | None = None,
     workers: Sequence[int] = (0, 1),
     segment_rounds: int = 3,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> FollowBenchReport:
     """Measure both families; the backlog table is kept under ``root`` (temporary if None).
 
@@ -503,17 +497,13 @@ def run_follow_bench(
     """
     commits = commits or (QUICK_COMMITS if quick else DEFAULT_COMMITS)
     backlog = backlog or (QUICK_BACKLOG if quick else DEFAULT_BACKLOG)
-    if root is None:
-        with tempfile.TemporaryDirectory(prefix="lakeckpt-bench-follow-") as tmp:
-            return _run(Path(tmp), poll_interval, commits, interval, backlog, workers,
-                        segment_rounds, progress)
-    return _run(Path(root), poll_interval, commits, interval, backlog, workers, segment_rounds,
-                progress)
+    with scratch(root, "lakeckpt-bench-follow-") as path:
+        return _run(path, poll_interval, commits, interval, backlog, workers, segment_rounds,
+                    progress)
 
 
 def _run(root: Path, poll_interval: float, commits: int, interval: float, backlog: int,
          workers: Sequence[int], segment_rounds: int, progress: Progress) -> FollowBenchReport:
-    root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="latency-", dir=root) as tmp:
         latency = [measure_latency(tmp, workers=w, poll_interval=poll_interval,
                                    commits=commits, interval=interval, seed=w,
@@ -532,8 +522,6 @@ def format_report(report: FollowBenchReport) -> str:
     lines = figure_lines(report.figures)
     verdict = "every appended row delivered exactly once" if report.to_json()["passed"] \
         else "rows MISSED or DUPLICATED"
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines.append("")
-    lines.append(f"backlog table: {report.backlog.uri}; local disk, {os.cpu_count()} CPUs, load "
-                 f"average {load:.1f} at the end; {verdict}")
+    lines.append(f"backlog table: {report.backlog.uri}; local disk, {machine_note()}; {verdict}")
     return "\n".join(lines)

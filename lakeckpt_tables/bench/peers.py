@@ -40,6 +40,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from lakeckpt_tables.bench._common import Progress, quiet
+
 __all__ = [
     "DEFAULT_ROWS",
     "QUICK_ROWS",
@@ -57,7 +59,6 @@ ROW_GROUP_ROWS = 65_536
 COLUMNS = ("id", "tokens")
 RESUME_FRACTIONS = (0.0, 0.5, 0.9)
 
-Progress = Callable[[str], None]
 Batch = dict[str, torch.Tensor]
 
 
@@ -312,7 +313,7 @@ def _measure_resume(report: PeersReport, uri: str, files: Sequence[str], rows: i
 
 def run_peers_bench(root: str | Path, *, rows: int = DEFAULT_ROWS, batch_size: int = BATCH_SIZE,
                     rounds: int = 3, workers: Sequence[int] = (0, 2),
-                    progress: Progress = lambda _: None) -> PeersReport:
+                    progress: Progress = quiet) -> PeersReport:
     """Build (or reuse) the token table under ``root`` and measure every peer side by side."""
     uri, files = ensure_token_table(root, rows)
     report = PeersReport(rows, batch_size, rounds)

@@ -10,14 +10,24 @@ Three figures from DESIGN.md ("Figures we hold ourselves to"):
 2. Time to first batch after resuming at 0%, 50% and 90% of a segment: a fresh dataset, a state
    positioned there, then ``next(iter(...))``. Flat in the position means <= 1.5x at 90%.
 3. Encoded reader state size for a simulated 10 TB table read by 128 ranks x 8 workers, as
-   the run started and after an elastic resume on 64 ranks (whose re-planned layout every
-   later checkpoint of the epoch carries).
+   the run started and after an elastic resume on 64 ranks (``bench/state.py``).
+
+And, each in its own module: shuffle quality and cost on one large row group
+(``bench/shuffle.py``), what deletion vectors and partition columns cost
+(``bench/tables.py``), and the reader under ``StatefulDataLoader`` at 0 and 2 workers across
+batch sizes (``bench/workers.py``).
 
 NOTE [ fairness ]
-Both loops read the same units in the same order with ``read_row_group(..., columns=...)``,
-keep their Parquet handles open across passes, and end each batch as a dict of tensors. The raw
-loop cuts batches within each row group (a row group's last batch may be short); the reader
-cuts exact batches across row groups, which is part of the work a reader must do.
+Both loops read the same units in the same order with ``read_row_group(..., columns=...)``
+and end each batch as a dict of tensors. The raw loop keeps its Parquet handles open across
+passes and cuts batches within each row group (a row group's last batch may be short); the
+reader cuts exact batches across row groups, which is part of the work a reader must do.
+Each pass gets a fresh dataset: a dataset keeps the row groups it decoded
+(``reader/_cache.py``, up to 512 MB), so its second pass over a table that fits would decode
+nothing (measured: 3.5x the raw loop, which decodes on every pass). The reader runs without
+read-ahead: its threads would decode while another loop is timed, and the process's CPU
+clock (NOTE [ interleaving ]) would charge that loop for them. What read-ahead gains shows in
+wall-clock figures taken one loop at a time (``bench peers``, the loader grid).
 """
 
 from __future__ import annotations
@@ -25,22 +35,28 @@ from __future__ import annotations
 import gc
 import json
 import statistics
-import tempfile
 import time
-import uuid
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from lakeckpt_tables.bench._common import (
+    Figure,
+    LoopTime,
+    Progress,
+    figure_lines,
+    interleaved_pass,
+    interleaved_rounds,
+    passed,
+    scratch,
+)
+from lakeckpt_tables.bench._common import quiet as _quiet
 from lakeckpt_tables.bench.data import (
-    ROW_GROUP_ROWS,
     SyntheticTable,
     ensure_synthetic_table,
     warm_page_cache,
@@ -52,15 +68,29 @@ from lakeckpt_tables.bench.shuffle import (
     measure_shuffle,
 )
 from lakeckpt_tables.bench.shuffle import THROUGHPUT_TARGET as SHUFFLE_TARGET
-from lakeckpt_tables.plan import PlanPolicy, replan
+from lakeckpt_tables.bench.state import (
+    REFERENCE_STATE_BYTES,
+    STATE_TABLE_BYTES,
+    STATE_TARGET_BYTES,
+    StateSizeResult,
+    measure_state_size,
+    simulated_state,
+)
+from lakeckpt_tables.bench.tables import (
+    FeatureCost,
+    ensure_feature_tables,
+    feature_figures,
+    measure_feature_cost,
+)
+from lakeckpt_tables.bench.workers import LoaderGrid, grid_figures, measure_loader_grid
 from lakeckpt_tables.reader.dataset import LakeDataset
-from lakeckpt_tables.reader.state import ReaderState, encode_state
+from lakeckpt_tables.reader.state import ReaderState
 from lakeckpt_tables.sources.delta import DeltaSource
-from lakeckpt_tables.types import TableIdentity
 
 __all__ = [
     "DEFAULT_ROWS",
     "QUICK_ROWS",
+    "STATE_TARGET_BYTES",
     "Figure",
     "LoopTime",
     "ReadBenchReport",
@@ -86,60 +116,10 @@ COLUMNS = ("id", "x")
 
 THROUGHPUT_TARGET = 0.9
 RESUME_TARGET = 1.5
-STATE_TARGET_BYTES = 64 * 1024
-REFERENCE_STATE_BYTES = (35_000_000, 45_000_000)  # the reference design's reader state
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One printed figure with its target.
-
-    Attributes:
-        name: what is measured.
-        value: the measured value.
-        unit: unit of ``value`` ("x" for ratios).
-        target: the target as text, e.g. ``">= 0.9x"``.
-        passed: whether ``value`` meets the target; None for figures without a target.
-        note: context printed after the figure.
-    """
-
-    name: str
-    value: float
-    unit: str
-    target: str
-    passed: bool | None
-    note: str = ""
-
-    @property
-    def verdict(self) -> str:
-        return "" if self.passed is None else ("PASS" if self.passed else "MISS")
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["verdict"] = self.verdict
-        return out
-
-
-def figure_lines(figures: Sequence[Figure]) -> list[str]:
-    """The figures as the aligned text table every ``lakeckpt bench`` command prints."""
-    header = ("figure", "value", "target", "", "note")
-    rows = [(f.name, f"{f.value:,.{0 if f.unit == 'rows' else 2}f} {f.unit}", f.target,
-             f.verdict, f.note) for f in figures]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    lines = []
-    for r in [header, *rows]:
-        cells = [r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2]),
-                 r[3].ljust(widths[3]), r[4]]
-        lines.append("  ".join(cells).rstrip())
-    lines.insert(1, "-" * len(lines[0]))
-    return lines
-
+FEATURE_ROWS = 2_000_000
+"""Most rows of the tables the deletion-vector and partition-column costs are measured on."""
+GRID_ROWS = 500_000
+"""Most rows of the table the 0/2-worker loader grid reads."""
 
 # --------------------------------------------------------------------------- throughput
 
@@ -179,61 +159,6 @@ def raw_pass(
 def reader_pass(dataset: LakeDataset, column: str) -> int:
     """One full pass of ``dataset`` in this process. Returns rows delivered."""
     return sum(batch[column].shape[0] for batch in dataset)
-
-
-@dataclass(frozen=True)
-class LoopTime:
-    """What one loop of an interleaved pass delivered and spent.
-
-    Attributes:
-        rows: rows delivered.
-        wall_s: wall-clock seconds spent inside the loop's ``next()`` calls.
-        cpu_s: CPU seconds of this process (all its threads) spent inside them.
-    """
-
-    rows: int
-    wall_s: float
-    cpu_s: float
-
-
-def interleaved_pass(
-    loops: Mapping[str, Iterable[Mapping[str, torch.Tensor]]], column: str
-) -> dict[str, LoopTime]:
-    """Run ``loops`` together, one batch of each in turn, timing each ``next()`` separately.
-
-    NOTE [ interleaving ]
-    On a small machine that other work shares, load comes in bursts of tens of milliseconds;
-    passes run one after the other land in different bursts, and their wall-clock ratio swings
-    by 2x. Alternating batch by batch (~0.1 ms each) spreads the bursts over all loops, and
-    the process's CPU time (``time.process_time``: every thread of this process, pyarrow's
-    decoding threads included, none of the other processes) does not count the time another
-    process held the core at all. Measured under a load average of 4 on 2 cores, the CPU
-    ratio of ten rounds stayed within 0.95-0.97 while the wall-clock ratio ranged 0.81-1.20.
-
-    Returns:
-        Rows and time spent per loop.
-    """
-    active = {name: iter(loop) for name, loop in loops.items()}
-    wall = dict.fromkeys(active, 0.0)
-    cpu = dict.fromkeys(active, 0.0)
-    rows = dict.fromkeys(active, 0)
-    clock, cpu_clock = time.perf_counter, time.process_time
-    gc.collect()
-    gc.disable()  # a collection would charge one loop for every loop's garbage
-    try:
-        while active:
-            for name, it in list(active.items()):
-                t0, c0 = clock(), cpu_clock()
-                batch = next(it, None)
-                cpu[name] += cpu_clock() - c0
-                wall[name] += clock() - t0
-                if batch is None:
-                    del active[name]
-                else:
-                    rows[name] += batch[column].shape[0]
-    finally:
-        gc.enable()
-    return {name: LoopTime(rows[name], wall[name], cpu[name]) for name in loops}
 
 
 @dataclass(frozen=True)
@@ -302,46 +227,38 @@ def measure_throughput(
         RuntimeError: the loops delivered different row counts (a reader bug).
     """
     cols = list(columns)
-    plain = LakeDataset(DeltaSource(uri), columns=cols, batch_size=batch_size, shuffle=False)
-    mixed = LakeDataset(DeltaSource(uri), columns=cols, batch_size=batch_size, shuffle=True)
+    source = DeltaSource(uri)
+
+    def reader(shuffle: bool) -> LakeDataset:
+        # A fresh dataset per pass: a dataset keeps decoded row groups (reader/_cache.py)
+        # and a second pass over it would not decode. read_ahead=0: NOTE [ fairness ].
+        return LakeDataset(source, columns=cols, batch_size=batch_size, shuffle=shuffle,
+                           read_ahead=0)
+
+    plain = reader(False)
     units = [(u.path, u.row_group) for u in plain.snapshot.units]
     handles = {p: pq.ParquetFile(p) for p in dict.fromkeys(p for p, _ in units)}
     warm_page_cache(list(handles))
     expected = plain.snapshot.rows
 
-    def one_round() -> dict[str, LoopTime]:
-        return interleaved_pass({"raw": raw_batches(handles, units, cols, batch_size),
-                                 "reader": plain, "shuffled": mixed}, cols[0])
+    def report(n: int, times: dict[str, LoopTime]) -> None:
+        if n <= rounds:
+            raw, ours = times["raw"], times["reader"]
+            progress(f"throughput round {n}: wall Mrows/s raw {raw.wall_rate / 1e6:.1f}, "
+                     f"reader {ours.wall_rate / 1e6:.1f}, shuffled "
+                     f"{times['shuffled'].wall_rate / 1e6:.1f}; reader/raw CPU "
+                     f"{raw.cpu_s / ours.cpu_s:.3f}, wall {raw.wall_s / ours.wall_s:.3f}")
 
-    best = {"raw": 0.0, "reader": 0.0, "shuffled": 0.0}
-    best_cpu = dict(best)
-    ratios: list[float] = []
-    shuffled_ratios: list[float] = []
-    wall_ratios: list[float] = []
-    with warnings.catch_warnings():
-        # Arrow buffers are read-only; torch warns about it once (the reader does the same).
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        one_round()  # warm-up: open handles, fault pages in, fill allocator pools
-        start = time.perf_counter()
-        while len(ratios) < rounds or (time.perf_counter() - start < min_seconds
-                                       and len(ratios) < max_rounds):
-            times = one_round()
-            for name, t in times.items():
-                if t.rows != expected:
-                    raise RuntimeError(f"{name} pass delivered {t.rows} rows, expected "
-                                       f"{expected}")
-                best[name] = max(best[name], t.rows / t.wall_s)
-                best_cpu[name] = max(best_cpu[name], t.rows / t.cpu_s)
-            raw = times["raw"]
-            ratios.append(raw.cpu_s / times["reader"].cpu_s)
-            shuffled_ratios.append(raw.cpu_s / times["shuffled"].cpu_s)
-            wall_ratios.append(raw.wall_s / times["reader"].wall_s)
-            if len(ratios) <= rounds:
-                progress(f"throughput round {len(ratios)}: wall Mrows/s raw "
-                         f"{expected / raw.wall_s / 1e6:.1f}, reader "
-                         f"{expected / times['reader'].wall_s / 1e6:.1f}, shuffled "
-                         f"{expected / times['shuffled'].wall_s / 1e6:.1f}; reader/raw CPU "
-                         f"{ratios[-1]:.3f}, wall {wall_ratios[-1]:.3f}")
+    results = interleaved_rounds(
+        lambda: {"raw": raw_batches(handles, units, cols, batch_size), "reader": reader(False),
+                 "shuffled": reader(True)},
+        cols[0], dict.fromkeys(("raw", "reader", "shuffled"), expected), rounds=rounds,
+        min_seconds=min_seconds, max_rounds=max_rounds, on_round=report)
+    best = {name: max(r[name].wall_rate for r in results) for name in results[0]}
+    best_cpu = {name: max(r[name].cpu_rate for r in results) for name in results[0]}
+    ratios = [r["raw"].cpu_s / r["reader"].cpu_s for r in results]
+    shuffled_ratios = [r["raw"].cpu_s / r["shuffled"].cpu_s for r in results]
+    wall_ratios = [r["raw"].wall_s / r["reader"].wall_s for r in results]
     progress(f"throughput: {len(ratios)} rounds, median reader/raw CPU "
              f"{statistics.median(ratios):.3f}, wall {statistics.median(wall_ratios):.3f}")
     return ThroughputResult(expected, batch_size, len(ratios), best["raw"], best["reader"],
@@ -446,103 +363,6 @@ def measure_resume(
                         tuple(statistics.median(t) for t in firsts), verified)
 
 
-# -------------------------------------------------------------------------- state size
-
-
-@dataclass(frozen=True)
-class StateSizeResult:
-    """Size of one checkpoint's reader state for a simulated table.
-
-    Attributes:
-        case: which state: ``"steady"`` (the plan the run started with) or an elastic re-plan.
-        ranks: ranks of the state's plan.
-        workers: DataLoader workers per rank.
-        table_bytes: simulated table size.
-        row_bytes: bytes per row assumed.
-        rows_per_slice: rows each (rank, worker) slice of the original plan reads per epoch.
-        layout_pieces: pieces in the state's re-planned layouts (0 without a re-plan).
-        encoded_bytes: ``len(encode_state(state))``, what the ledger stores.
-        json_bytes: the state as compact JSON, uncompressed.
-    """
-
-    case: str
-    ranks: int
-    workers: int
-    table_bytes: int
-    row_bytes: int
-    rows_per_slice: int
-    layout_pieces: int
-    encoded_bytes: int
-    json_bytes: int
-
-
-def simulated_state(
-    *,
-    ranks: int = 128,
-    workers: int = 8,
-    table_bytes: int = 10 * 10**12,
-    row_bytes: int = 100,
-    batch_size: int = BATCH_SIZE,
-    columns: Sequence[str] = ("id", "input_ids", "attention_mask", "labels", "source", "lang"),
-    seed: int = 0,
-) -> tuple[ReaderState, int]:
-    """A reader state of ``ranks x workers`` slices at realistic positions, and rows per slice.
-
-    Positions are drawn independently per slice (batch-aligned, somewhere in the epoch), which
-    compresses worse than the near-equal positions of a real lockstep run: an upper bound.
-    """
-    slices = ranks * workers
-    per_slice = table_bytes // row_bytes // slices
-    rng = np.random.default_rng(seed)
-    batches = rng.integers(0, max(per_slice // batch_size - 1, 1), size=slices)
-    positions = tuple((0, int(b) * batch_size) for b in batches)
-    identity = TableIdentity("delta", "s3://lake/warehouse/pretrain/tokens_10tb",
-                             str(uuid.UUID(int=int(rng.integers(0, 2**62)))))
-    config = {"seed": 1234, "shuffle": True, "shuffle_window": 4, "drop_last": False,
-              "epochs": 1, "columns": list(columns)}
-    state = ReaderState(identity, 4821, config, (ranks, workers, batch_size), {}, positions)
-    return state, per_slice
-
-
-def _replanned(state: ReaderState, rows: int, ranks: int) -> ReaderState:
-    """``state`` resumed on ``ranks`` ranks: its unread rows re-planned (see ``plan.replan``)."""
-    assert state.plan is not None
-    old_ranks, workers, batch_size = state.plan
-    full, rest = divmod(rows, ROW_GROUP_ROWS)
-    unit_rows = np.full(full + (1 if rest else 0), ROW_GROUP_ROWS, dtype=np.int64)
-    if rest:
-        unit_rows[-1] = rest
-    policy = PlanPolicy(batch_size=batch_size, world_size=old_ranks, workers=workers,
-                        shuffle=bool(state.config["shuffle"]), seed=int(state.config["seed"]),
-                        shuffle_window=int(state.config["shuffle_window"]),
-                        drop_last=bool(state.config["drop_last"]))
-    first, layouts = replan(unit_rows, policy, dict(state.layouts), state.positions())
-    slices = ((first, 0),) * (ranks * workers)
-    return replace(state, plan=(ranks, workers, batch_size), layouts=layouts, slices=slices)
-
-
-def measure_state_size(*, ranks: int = 128, workers: int = 8, table_bytes: int = 10 * 10**12,
-                       row_bytes: int = 100, elastic_ranks: int | None = None) -> StateSizeResult:
-    """Encoded and JSON size of :func:`simulated_state`.
-
-    With ``elastic_ranks``, of that state after an elastic resume on ``elastic_ranks`` ranks
-    (row groups of :data:`~lakeckpt_tables.bench.data.ROW_GROUP_ROWS` rows assumed): the
-    re-planned layout travels in every later checkpoint of the epoch.
-    """
-    state, per_slice = simulated_state(ranks=ranks, workers=workers, table_bytes=table_bytes,
-                                       row_bytes=row_bytes)
-    case = "steady"
-    if elastic_ranks is not None:
-        state = _replanned(state, table_bytes // row_bytes, elastic_ranks)
-        case = f"after elastic re-plan {ranks}x{workers} -> {elastic_ranks}x{workers}"
-    encoded = encode_state(state)
-    raw = json.dumps(state.to_dict(), separators=(",", ":"), sort_keys=True)
-    assert state.plan is not None
-    return StateSizeResult(case, state.plan[0], workers, table_bytes, row_bytes, per_slice,
-                           sum(len(p) for p in state.layouts.values()),
-                           len(encoded.encode()), len(raw.encode()))
-
-
 # ------------------------------------------------------------------------------ report
 
 
@@ -555,6 +375,8 @@ class ReadBenchReport:
     resume: list[ResumeResult]
     state: list[StateSizeResult]
     shuffle: ShuffleResult | None = None
+    features: FeatureCost | None = None
+    loaders: LoaderGrid | None = None
     figures: list[Figure] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -569,8 +391,10 @@ class ReadBenchReport:
             "state_size": [asdict(s) for s in self.state],
             "shuffle": None if self.shuffle is None else {**asdict(self.shuffle),
                                                           "ratio": self.shuffle.ratio},
+            "table_features": None if self.features is None else self.features.to_json(),
+            "loaders": None if self.loaders is None else self.loaders.to_json(),
             "figures": [f.to_json() for f in self.figures],
-            "passed": all(f.passed is not False for f in self.figures),
+            "passed": passed(self.figures),
         }))
         return out
 
@@ -621,6 +445,8 @@ def run_read_bench(
     min_seconds: float = 3.0,
     resume_rounds: int = 5,
     batch_size: int = BATCH_SIZE,
+    state_bytes: int = STATE_TABLE_BYTES,
+    loader_rounds: int = 3,
     progress: Progress = _quiet,
 ) -> ReadBenchReport:
     """Build (or reuse under ``root``) the synthetic table and measure all three figures.
@@ -632,16 +458,18 @@ def run_read_bench(
         min_seconds: keep adding throughput rounds (up to 100) until this much time is spent.
         resume_rounds: resume measurements per position (the median is kept).
         batch_size: rows per batch.
+        state_bytes: size of the simulated table of the state-size figures.
+        loader_rounds: rounds of the 0/2-worker loader grid (medians kept).
         progress: called with a line of text as measurements come in.
     """
-    if root is None:
-        with tempfile.TemporaryDirectory(prefix="lakeckpt-bench-") as tmp:
-            return _run(rows, tmp, rounds, min_seconds, resume_rounds, batch_size, progress)
-    return _run(rows, root, rounds, min_seconds, resume_rounds, batch_size, progress)
+    with scratch(root, "lakeckpt-bench-") as path:
+        return _run(rows, path, rounds, min_seconds, resume_rounds, batch_size, state_bytes,
+                    loader_rounds, progress)
 
 
-def _run(rows: int, root: str | Path, rounds: int, min_seconds: float, resume_rounds: int,
-         batch_size: int, progress: Progress) -> ReadBenchReport:
+def _run(rows: int, root: Path, rounds: int, min_seconds: float, resume_rounds: int,
+         batch_size: int, state_bytes: int, loader_rounds: int,
+         progress: Progress) -> ReadBenchReport:
     t0 = time.perf_counter()
     table = ensure_synthetic_table(root, rows)
     progress(f"table {table.uri}: {rows:,} rows in {table.files} files "
@@ -651,11 +479,18 @@ def _run(rows: int, root: str | Path, rounds: int, min_seconds: float, resume_ro
                                     progress=progress)
     resume = [measure_resume(table.uri, shuffle=s, batch_size=batch_size, rounds=resume_rounds,
                              progress=progress) for s in (False, True)]
-    states = [measure_state_size(), measure_state_size(elastic_ranks=64)]
+    states = [measure_state_size(table_bytes=state_bytes),
+              measure_state_size(table_bytes=state_bytes, elastic_ranks=64)]
     progress("shuffle quality on a one-row-group table, 2 ranks")
     shuffle = measure_shuffle(root, rows=min(rows, 500_000), batch_size=batch_size)
-    report = ReadBenchReport(table, throughput, resume, states, shuffle)
-    report.figures = _figures(throughput, resume, states) + _shuffle_figures(shuffle)
+    features = measure_feature_cost(ensure_feature_tables(root, min(rows, FEATURE_ROWS)),
+                                    batch_size=batch_size, rounds=rounds,
+                                    min_seconds=min_seconds, progress=progress)
+    loaders = measure_loader_grid(ensure_synthetic_table(root, min(rows, GRID_ROWS)).uri,
+                                  rounds=loader_rounds, progress=progress)
+    report = ReadBenchReport(table, throughput, resume, states, shuffle, features, loaders)
+    report.figures = [*_figures(throughput, resume, states), *_shuffle_figures(shuffle),
+                      *feature_figures(features), *grid_figures(loaders)]
     return report
 
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lakeckpt_tables import DeltaSource, LakeDataset
+from lakeckpt_tables.bench._common import write_delta
 from lakeckpt_tables.reader.rounds import DEFAULT_UNIT_ROWS
 
 __all__ = ["ShuffleResult", "measure_shuffle"]
@@ -46,7 +47,7 @@ class ShuffleResult:
 
 def one_row_group_table(root: str | Path, rows: int) -> str:
     """A Delta table of ``rows`` rows (``id``, ``x``) in one Parquet row group (reused)."""
-    from deltalake import DeltaTable, WriterProperties, write_deltalake
+    from deltalake import DeltaTable
 
     uri = str(Path(root) / f"one-row-group-{rows}")
     try:
@@ -55,9 +56,8 @@ def one_row_group_table(root: str | Path, rows: int) -> str:
     except Exception:  # absent or half-written: build it
         pass
     ids = np.arange(rows, dtype=np.int64)
-    table = pa.table({"id": ids, "x": (ids % 1000).astype(np.float32)})
-    props = WriterProperties(max_row_group_size=rows, write_batch_size=rows)
-    write_deltalake(uri, table, mode="overwrite", writer_properties=props)
+    write_delta(uri, [pa.table({"id": ids, "x": (ids % 1000).astype(np.float32)})],
+                row_group_rows=rows)
     return uri
 
 

@@ -8,6 +8,8 @@ process really dies there, and the tests check what survives. Points:
 - ``prepare:mid_write``      data files written, DCP ``.metadata`` not yet
 - ``prepare:after_write``    model written and reader state captured, before reporting
 - ``commit:before``          every rank prepared, before the ledger commit (rank 0)
+- ``ledger:prepared``        the ledger commit's file written, not yet in the log (rank 0):
+                             leaves an orphan ledger file for ``lakeckpt gc``
 - ``commit:after``           ledger committed, before the ranks hear of it (rank 0)
 """
 

@@ -666,7 +666,12 @@ class CheckpointManager:
 
     def _retire_old(self) -> None:
         untagged = [r for r in self._run_records() if not r.tags]
-        for record in untagged[: max(len(untagged) - self.keep_last, 0)]:
+        old = untagged[: max(len(untagged) - self.keep_last, 0)]
+        if old:  # `lakeckpt tag` may have tagged one since the records were read
+            assert self.ledger is not None
+            tagged = self.ledger.tags(self.run_id)
+            old = [r for r in old if r.checkpoint_id not in tagged]
+        for record in old:
             self._remove(record.model_location)
 
     def gc(self) -> list[str]:

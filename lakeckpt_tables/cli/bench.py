@@ -1,7 +1,9 @@
 """``lakeckpt bench``: measure the figures of DESIGN.md ("Figures we hold ourselves to").
 
 ``lakeckpt bench read [--rows N | --quick] [--dir PATH] [--json]``: reader throughput against
-the raw pyarrow-to-torch limit, resume time to first batch, and reader state size.
+the raw pyarrow-to-torch limit, resume time to first batch, reader state size, shuffle quality,
+the cost of deletion vectors and partition columns, and the reader under StatefulDataLoader at
+0 and 2 workers across batch sizes.
 
 ``lakeckpt bench checkpoint [--quick] [--dir PATH] [--json]``: ledger commit latency for 1, 4
 and 8 ranks (Delta; Iceberg on SQLite and PostgreSQL for one rank), step-time overhead of sync
@@ -10,6 +12,9 @@ and async saves, reader tracking cost, and ledger bytes per checkpoint.
 ``lakeckpt bench follow [--quick] [--poll-interval S] [--dir PATH] [--json]``: follow mode's
 delay from an append's commit to its first row in a batch (p50/p99), and the cost of forming a
 segment over a backlog of 10,000 commits (1,000 with ``--quick``).
+
+``lakeckpt bench tables [--rows N] [--dir PATH] [--json]``: the cost of deletion vectors and
+partition columns alone (also part of ``bench read``).
 
 ``lakeckpt bench peers [--rows N | --quick] [--dir PATH] [--json-out FILE]``: one token table
 read by raw pyarrow, a plain IterableDataset, naive skip-ahead resume, Hugging Face datasets
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["register", "run"]
@@ -34,9 +40,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     read = sub.add_parser("read", help="reader throughput, resume time and state size",
                           description="Reader throughput as a ratio to the raw pyarrow-to-torch "
-                          "batch limit, time to first batch after resuming at 0/50/90%, and "
+                          "batch limit, time to first batch after resuming at 0/50/90%, "
                           "the reader state size for a simulated 10 TB table, 128 ranks x 8 "
-                          "workers.")
+                          "workers, shuffle quality on one large row group, what deletion "
+                          "vectors and partition columns cost, and the reader under "
+                          "StatefulDataLoader at 0 and 2 workers across batch sizes.")
     size = read.add_mutually_exclusive_group()
     size.add_argument("--rows", type=_positive, default=DEFAULT_ROWS,
                       help=f"rows of the synthetic table (default {DEFAULT_ROWS:,})")
@@ -50,6 +58,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     read.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
                       help="keep adding throughput rounds (up to 50) until S seconds are spent "
                       "(default 3)")
+    read.add_argument("--resume-rounds", type=_positive, default=5, metavar="N",
+                      help="resume measurements per position, median kept (default 5)")
+    read.add_argument("--state-tb", type=float, default=10.0, metavar="TB",
+                      help="size of the simulated table of the reader-state figures "
+                      "(default 10 TB)")
+    read.add_argument("--loader-rounds", type=_positive, default=3, metavar="N",
+                      help="rounds of the 0/2-worker StatefulDataLoader grid (default 3)")
     read.add_argument("--json", action="store_true", help="print the report as JSON")
     read.add_argument("--uri", default=None, help="measure on an object store instead: the "
                       "Delta table at URI (created if absent): requests per row group, footer "
@@ -141,6 +156,26 @@ def register(parser: argparse.ArgumentParser) -> None:
     planning.register(sub)
 
 
+    from lakeckpt_tables.bench.read import FEATURE_ROWS
+
+    tables = sub.add_parser("tables", help="what deletion vectors and partition columns cost",
+                            description="The cost figures of `bench read` alone (issue 9 item "
+                            "8): the reader over the same rows with 1% of them deleted by "
+                            "deletion vectors, and with a partition column from the log, "
+                            "against the same data without them; CPU-time ratios of "
+                            "interleaved passes.")
+    tables.add_argument("--rows", type=_positive, default=FEATURE_ROWS,
+                        help=f"rows of each table (default {FEATURE_ROWS:,})")
+    tables.add_argument("--rounds", type=_positive, default=5,
+                        help="least interleaved rounds (default 5)")
+    tables.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
+                        help="keep adding rounds (up to 50) until S seconds are spent "
+                        "(default 3)")
+    tables.add_argument("--dir", metavar="PATH", default=None,
+                        help="keep the tables under PATH and reuse them (default: temporary)")
+    tables.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark; exit status 0 when every target is met, 1 otherwise."""
     if args.bench == "read":
@@ -151,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
         return _follow(args)
     if args.bench == "audit":
         return _audit(args)
+    if args.bench == "tables":
+        return _tables(args)
     if args.bench == "peers":
         return _peers(args)
     if args.bench == "planning":
@@ -160,73 +197,67 @@ def run(args: argparse.Namespace) -> int:
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 
+def _progress(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)
+
+
+def _emit(report: Any, as_json: bool, text: Callable[[Any], str]) -> int:
+    """Print ``report`` (JSON or text); exit status 0 when every target is met."""
+    data = report.to_json()
+    print(json.dumps(data, indent=2) if as_json else text(report))
+    return 0 if data["passed"] else 1
+
+
 def _read(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.read import format_report, run_read_bench
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
     if args.uri:
-        return _read_store(args, progress)
-
+        return _read_store(args)
     report = run_read_bench(rows=args.rows, root=args.dir, rounds=args.rounds,
-                            min_seconds=args.min_seconds, progress=progress)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+                            min_seconds=args.min_seconds, resume_rounds=args.resume_rounds,
+                            state_bytes=int(args.state_tb * 10**12),
+                            loader_rounds=args.loader_rounds, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
-def _read_store(args: argparse.Namespace, progress: Any) -> int:
+def _read_store(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.storage import format_report, run_store_read_bench
 
     options = json.loads(args.storage_options) if args.storage_options else None
     report = run_store_read_bench(args.uri, options, rows=args.rows, rounds=args.rounds,
-                                  latency_ms=args.latency_ms, progress=progress)
-    print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+                                  latency_ms=args.latency_ms, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.checkpoint import format_report, run_checkpoint_bench
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
-    report = run_checkpoint_bench(quick=args.quick, root=args.dir, progress=progress)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+    report = run_checkpoint_bench(quick=args.quick, root=args.dir, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _follow(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.follow import format_report, run_follow_bench
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
     report = run_follow_bench(quick=args.quick, root=args.dir, poll_interval=args.poll_interval,
                               commits=args.commits, interval=args.interval,
-                              backlog=args.backlog, progress=progress)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+                              backlog=args.backlog, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _audit(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.audit import format_report, run_audit_bench
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
+    report = run_audit_bench(checkpoints=args.checkpoints, root=args.dir, progress=_progress)
+    return _emit(report, args.json, format_report)
 
-    report = run_audit_bench(checkpoints=args.checkpoints, root=args.dir, progress=progress)
-    print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
-    return 0 if report.to_json()["passed"] else 1
+
+def _tables(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.bench.tables import format_report, run_tables_bench
+
+    report = run_tables_bench(rows=args.rows, root=args.dir, rounds=args.rounds,
+                              min_seconds=args.min_seconds, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _peers(args: argparse.Namespace) -> int:
@@ -234,13 +265,10 @@ def _peers(args: argparse.Namespace) -> int:
 
     from lakeckpt_tables.bench.peers import format_peers, run_peers_bench, write_json
 
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
     with tempfile.TemporaryDirectory(prefix="lakeckpt-peers-") as scratch:
         report = run_peers_bench(args.dir or scratch, rows=args.rows,
                                  batch_size=args.batch_size, rounds=args.rounds,
-                                 progress=progress)
+                                 progress=_progress)
     print(format_peers(report))
     if args.json_out:
         write_json(report, args.json_out)

@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.views import connect
     from lakeckpt_tables.cli._ledger import existing_ledger
     from lakeckpt_tables.ledger import LedgerEvent
+    from lakeckpt_tables.ledger.base import EVENT_TAG
 
     ledger = existing_ledger(args.target, args.catalog)
     con = connect(ledger)
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.target} --all`")
     run_id, checkpoint_id, step = found[0]
     # checkpoint rows are immutable: a tag is an event the checkpoints view folds in
-    ledger.record_events(run_id, [LedgerEvent("tag", {"checkpoint_id": checkpoint_id,
+    ledger.record_events(run_id, [LedgerEvent(EVENT_TAG, {"checkpoint_id": checkpoint_id,
                                                       "step": step, "tag": args.name})])
     emit([{"run_id": run_id, "checkpoint_id": checkpoint_id, "step": step, "tag": args.name}],
          args.output, title="tagged")

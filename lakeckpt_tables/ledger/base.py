@@ -70,6 +70,7 @@ from lakeckpt_tables.ledger.records import (
 __all__ = [
     "COMMIT_ATTEMPTS",
     "EVENT_RETIRED",
+    "EVENT_TAG",
     "Ledger",
     "LedgerBase",
     "Prepared",
@@ -83,6 +84,10 @@ log = logging.getLogger(__name__)
 
 EVENT_RETIRED = "retired"
 """Event retiring a checkpoint: ``{"checkpoint_id", "step", "reason"}``."""
+
+EVENT_TAG = "tag"
+"""Event tagging a committed checkpoint (``lakeckpt tag``): ``{"checkpoint_id", "step", "tag"}``.
+Checkpoint rows are immutable, so tags given later live here; reads add them to the record's."""
 
 COMMIT_ATTEMPTS = 5
 """How many times a commit that lost a race is settled and tried again before giving up."""
@@ -155,6 +160,11 @@ class Ledger(Protocol):
 
     def scan(self, run_id: str) -> RunScan:
         """The run's committed, retired and damaged checkpoints, from the newest snapshot."""
+        ...
+
+    def tags(self, run_id: str) -> dict[str, tuple[str, ...]]:
+        """Tags given to the run's checkpoints after their commit (``tag`` events), by
+        checkpoint id, from the newest snapshot."""
         ...
 
     def owner(self, run_id: str) -> str | None:
@@ -298,6 +308,7 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 return stored
             record = replace(checkpoint, committed_at=now_utc())
             prepared = self._prepare(commit_rows(record, consumption, events, owner=owner))
+            _crash_point("ledger:prepared")
             try:
                 stored = self._publish_settled(record, prepared, owner)
             except CommitConflictError:
@@ -385,6 +396,15 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 f"commit lost {COMMIT_ATTEMPTS} races to concurrent commits; record them again"
             )
 
+    def tags(self, run_id: str) -> dict[str, tuple[str, ...]]:
+        """Tags given to the run's checkpoints after their commit (``tag`` events), by
+        checkpoint id, from the newest snapshot: what retention must see even when another
+        process (``lakeckpt tag``) gave them while this job runs."""
+        with self._lock:
+            self._refresh()
+            events, _ = intact_rows(self._read(record=s.RECORD_EVENT, run_id=run_id))
+        return {c: tuple(sorted(t)) for c, t in _given_tags(events).items()}
+
     def owner(self, run_id: str) -> str | None:
         """The job that owns the run (NOTE [ one writer per run ]), None if none claimed it."""
         with self._lock:
@@ -412,9 +432,11 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
             if run_id is not None:
                 return self._scan(run_id).committed
             rows, damaged = intact_rows(self._read(record=s.RECORD_CHECKPOINT))
-            retired = _retired_ids(self._read(record=s.RECORD_EVENT))
+            events, _ = intact_rows(self._read(record=s.RECORD_EVENT))
         _log_damaged(self.describe(), damaged)
-        return [c for c in checkpoints_from_arrow(rows) if c.checkpoint_id not in retired]
+        retired = _retired_ids(events)
+        return [c for c in _tagged(checkpoints_from_arrow(rows), events)
+                if c.checkpoint_id not in retired]
 
     def latest(self, run_id: str) -> CheckpointRecord | None:
         """The run's newest committed checkpoint, or None if it has none."""
@@ -460,7 +482,8 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         retired = _retired_ids(events)
         damaged += [d for d in damaged_events if d.checkpoint_id]
         _log_damaged(self.describe(), damaged)
-        committed = [c for c in checkpoints_from_arrow(rows) if c.checkpoint_id not in retired]
+        committed = [c for c in _tagged(checkpoints_from_arrow(rows), events)
+                     if c.checkpoint_id not in retired]
         return RunScan(committed, retired, damaged)
 
     def _settle(self, checkpoint: CheckpointRecord, owner: str | None) -> CheckpointRecord | None:
@@ -520,6 +543,13 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         )
 
 
+def _crash_point(point: str) -> None:
+    # imported here: the checkpoint package imports the ledger
+    from lakeckpt_tables.checkpoint._faults import crash_point
+
+    crash_point(point, 0)
+
+
 def _check_parent(
     location: str, new: CheckpointRecord, committed: Sequence[CheckpointRecord]
 ) -> None:
@@ -532,6 +562,22 @@ def _check_parent(
             f"{new.parent_id!r}, but the run's newest checkpoint is {where}: the run moved on "
             "without this job; restore the newest checkpoint, or continue under a new run id"
         )
+
+
+def _tagged(records: list[CheckpointRecord], events: pa.Table) -> list[CheckpointRecord]:
+    """The records with the tags given after their commit (``lakeckpt tag``: ``tag`` events)
+    added to those they were committed with."""
+    given = _given_tags(events)
+    return [replace(r, tags=tuple(sorted(set(r.tags) | given[r.checkpoint_id])))
+            if r.checkpoint_id in given else r for r in records]
+
+
+def _given_tags(events: pa.Table) -> dict[str, set[str]]:
+    given: dict[str, set[str]] = {}
+    for detail in events.filter(pc.field(s.EVENT) == EVENT_TAG)[s.DETAIL].to_pylist():
+        d = json.loads(detail)
+        given.setdefault(str(d["checkpoint_id"]), set()).add(str(d["tag"]))
+    return given
 
 
 def _retired_ids(events: pa.Table) -> frozenset[str]:

@@ -34,13 +34,25 @@ from lakeckpt_tables.errors import CommitStateUnknownError, LedgerCorruptError, 
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
+from lakeckpt_tables.ledger.summary import (
+    SUMMARY_DIR,
+    SUMMARY_SCHEMA,
+    read_summary,
+    summarize,
+    summary_path,
+    write_summary,
+)
 
-__all__ = ["DeltaLedger"]
+__all__ = ["ORPHAN_GRACE_HOURS", "DeltaLedger"]
 
 log = logging.getLogger(__name__)
 
 # Columns given min/max statistics in each add action, so that readers filtering on a run or
 # a kind of record can skip files. numRecords is there because without it count() undercounts.
+
+
+ORPHAN_GRACE_HOURS = 24
+"""Files younger than this are never orphans: a commit may be writing them."""
 
 
 class DeltaLedger(LedgerBase[AddAction]):
@@ -87,7 +99,11 @@ class DeltaLedger(LedgerBase[AddAction]):
         with self._lock:
             self._table.update_incremental()
             if len(self._table.file_uris()) > 1:
-                prepared = self._prepare(self._read(), data_change=False)
+                # sorted and cut in small row groups, so that a read of one kind of record or
+                # one run skips the rest by row-group statistics
+                rows = self._read().sort_by([(c, "ascending") for c in _COMPACT_ORDER])
+                prepared = self._prepare(rows, data_change=False)
+                self._summarize(prepared, rows)
                 properties = CommitProperties(custom_metadata={COMPACTION_PROPERTY: "true"})
                 try:
                     self._table.create_write_transaction(
@@ -95,6 +111,8 @@ class DeltaLedger(LedgerBase[AddAction]):
                         commit_properties=properties)
                 except CommitFailedError:
                     self._discard(prepared)
+                    with contextlib.suppress(OSError):
+                        self._fs.delete_file(summary_path(self._base, prepared.path))
                     log.info("ledger %s: a concurrent commit won over compaction; giving way",
                              self.describe())
                     return
@@ -104,6 +122,139 @@ class DeltaLedger(LedgerBase[AddAction]):
                         f"({e}); its rows are the same either way, compact again later") from e
                 self._table.update_incremental()
             self._table.create_checkpoint()
+
+    def _summarize(self, prepared: AddAction, rows: pa.Table) -> None:
+        """Write the consumption summary of a compacted file (NOTE [ consumption summaries ])."""
+        try:
+            write_summary(self._fs, self._base, prepared.path, prepared.size, summarize(rows))
+        except OSError as e:  # derived data: readers sum the file's rows without it
+            log.warning("ledger %s: no consumption summary for %s (%s)", self.describe(),
+                        prepared.path, e)
+
+    def loaded_files(self) -> tuple[int, list[tuple[str, int]]]:
+        """The loaded version and its live data files (path as :meth:`dataset` takes it,
+        size in bytes), without refreshing."""
+        with self._lock:
+            actions = pa.table(self._table.get_add_actions(flatten=True))
+            version = int(self._table.version())
+        paths = [f"{self._base}/{p}" if self._base else p for p in actions["path"].to_pylist()]
+        return version, list(zip(paths, actions["size_bytes"].to_pylist(), strict=True))
+
+    def dataset(self, paths: list[str]) -> pa_ds.Dataset:
+        """A lazy dataset over these data files, in :data:`LEDGER_SCHEMA` (page checksums
+        verified as it is scanned)."""
+        return _dataset(paths, self._fs)
+
+    def check_files(self, files: list[tuple[str, int]]) -> bool:
+        """Check that every data file is there, at its logged size, with a readable footer.
+
+        Returns:
+            True when every file stores the ledger's exact column types, so that filters can
+            be pushed into a scan; False when one was rewritten by another writer (e.g. a
+            delta-rs DELETE writes ``string_view``), which only a full read casts.
+
+        Raises:
+            LedgerCorruptError: one is not (named, with the way out).
+        """
+        exact = True
+        for path, size in files:
+            try:
+                found = self._fs.get_file_info(path).size
+                if found != size:
+                    raise OSError(f"{found} bytes on disk, the log says {size}")
+                stored = pq.read_schema(path, filesystem=self._fs)
+            except (OSError, pa.ArrowException) as e:
+                raise self.damaged([path], e) from e
+            exact = exact and all(
+                f.name not in stored.names or stored.field(f.name).type == f.type
+                for f in s.LEDGER_SCHEMA)
+        return exact
+
+    def read_files(self, paths: list[str]) -> pa.Table:
+        """Every row of these data files, in :data:`LEDGER_SCHEMA`.
+
+        Raises:
+            LedgerCorruptError: one cannot be read (named, with the way out).
+        """
+        try:
+            rows = _dataset(paths, self._fs).to_table()
+        except (OSError, pa.ArrowException) as e:
+            raise self.damaged(paths, e) from e
+        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+
+    def consumed(self, files: list[tuple[str, int]]) -> pa.Table:
+        """Per-checkpoint consumption totals of these data files (``SUMMARY_SCHEMA``): from
+        each file's summary where ``maintain`` wrote one, else summed from its rows.
+
+        Raises:
+            LedgerCorruptError: a file without a summary cannot be read.
+        """
+        parts, unsummarized = [], []
+        for path, size in files:
+            summary = read_summary(self._fs, self._base, self._relative(path), size)
+            if summary is None:
+                unsummarized.append(path)
+            else:
+                parts.append(summary)
+        if unsummarized:
+            columns = [s.RUN_ID, s.CHECKPOINT_ID, s.STEP, s.SEGMENT, s.EPOCH, s.COMMITTED_AT,
+                       s.ROWS]
+            try:
+                rows = _dataset(unsummarized, self._fs).to_table(
+                    columns=columns, filter=pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
+            except (OSError, pa.ArrowException) as e:
+                raise self.damaged(unsummarized, e) from e
+            parts.append(summarize(rows))
+        return pa.concat_tables(parts) if parts else SUMMARY_SCHEMA.empty_table()
+
+    def _relative(self, path: str) -> str:
+        """A data file's path relative to the table (as add actions name it)."""
+        if self._base and path.startswith(self._base + "/"):
+            return path[len(self._base) + 1:]
+        return path
+
+    def remove_orphans(self, *, older_than_hours: int = ORPHAN_GRACE_HOURS,
+                       dry_run: bool = False) -> list[str]:
+        """Remove the ledger's orphan files: data files no log entry names (written by a
+        commit that crashed or lost its race and could not clean up), and summaries of files
+        no longer live. Nothing else: live files, and files a compaction replaced that the log
+        still names (Delta's VACUUM decides about those), are kept.
+
+        A file younger than ``older_than_hours`` is kept whatever it is: a commit may be
+        writing it right now (a commit attempt takes seconds; a day is far beyond any).
+
+        Args:
+            older_than_hours: the grace period.
+            dry_run: list, remove nothing.
+
+        Returns:
+            The removed files, relative to the table.
+        """
+        with self._lock:
+            self._refresh()
+            unnamed = set(self._table.vacuum(
+                retention_hours=older_than_hours, dry_run=True,
+                enforce_retention_duration=False, full=True))
+            # the files the log names as removed (a compaction's replaced files) are VACUUM's
+            # business, not ours: only files never committed are orphans
+            tombstones = set(self._table.vacuum(retention_hours=0, dry_run=True,
+                                                enforce_retention_duration=False))
+            live = {self._relative(path).rsplit("/", 1)[-1] for path, _ in self.loaded_files()[1]}
+        orphans = sorted(unnamed - tombstones)
+        orphans += self._stale_summaries(live, older_than_hours)
+        for path in orphans if not dry_run else ():
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(f"{self._base}/{path}" if self._base else path)
+        return orphans
+
+    def _stale_summaries(self, live: set[str], older_than_hours: int) -> list[str]:
+        where = f"{self._base}/{SUMMARY_DIR}" if self._base else SUMMARY_DIR
+        selector = pa_fs.FileSelector(where, allow_not_found=True)
+        cutoff = time.time() - older_than_hours * 3600
+        return sorted(f"{SUMMARY_DIR}/{info.base_name}"
+                      for info in self._fs.get_file_info(selector)
+                      if info.base_name not in live and info.mtime is not None
+                      and info.mtime.timestamp() <= cutoff)
 
     def _refresh(self) -> None:
         # The handle does not advance by itself, not even after our own commits.
@@ -123,10 +274,10 @@ class DeltaLedger(LedgerBase[AddAction]):
         try:
             rows = _dataset(paths, self._fs).to_table(filter=where)
         except (OSError, pa.ArrowException) as e:
-            raise self._damaged(paths, e) from e
+            raise self.damaged(paths, e) from e
         return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
 
-    def _damaged(self, paths: list[str], cause: Exception) -> LedgerCorruptError:
+    def damaged(self, paths: list[str], cause: Exception) -> LedgerCorruptError:
         """The named error for a ledger file that cannot be read, found file by file."""
         for path in paths:
             try:
@@ -140,18 +291,6 @@ class DeltaLedger(LedgerBase[AddAction]):
                     "back to the newest checkpoint the ledger still holds"
                 )
         return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
-
-    def loaded_rows(self) -> tuple[int, pa.Table]:
-        """The loaded version and all its rows, without refreshing: one consistent view for
-        readers such as the audit views. Read with pyarrow's own filesystem (page checksums
-        verified), never through deltalake's ``to_pyarrow_dataset``, whose filesystem threads
-        can abort a process at exit.
-
-        Raises:
-            LedgerCorruptError: a data file is missing, truncated or damaged (named).
-        """
-        with self._lock:
-            return int(self._table.version()), self._read()
 
     def _path(self, file_uri: str) -> str:
         """A data file as the ledger's filesystem names it."""
@@ -173,7 +312,8 @@ class DeltaLedger(LedgerBase[AddAction]):
     def _prepare(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
         path = f"lakeckpt-{uuid.uuid4().hex}.parquet"
         where = f"{self._base}/{path}" if self._base else path
-        pq.write_table(rows, where, filesystem=self._fs, write_page_checksum=True)
+        pq.write_table(rows, where, filesystem=self._fs, write_page_checksum=True,
+                       row_group_size=_ROW_GROUP_ROWS)
         return AddAction(
             path=path,
             size=self._fs.get_file_info(where).size,
@@ -248,6 +388,9 @@ def _check_format(table: DeltaTable, where: str) -> None:
             f"this lakeckpt-tables reads format version {s.LEDGER_FORMAT_VERSION}"
         )
 
+
+_COMPACT_ORDER = (s.RECORD, s.RUN_ID, s.STEP)
+_ROW_GROUP_ROWS = 65_536
 
 COMPACTION_PROPERTY = "lakeckpt.compaction"
 """Commit metadata key marking the rewrite made by :meth:`DeltaLedger.compact`."""

@@ -21,6 +21,7 @@ from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
@@ -38,7 +39,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import ValidatableTableRequirement
 from sqlalchemy.exc import SQLAlchemyError
 
-from lakeckpt_tables.errors import CommitConflictError, LedgerError
+from lakeckpt_tables.errors import CommitConflictError, LedgerCorruptError, LedgerError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
@@ -58,6 +59,8 @@ EVENTS_PROPERTY = "lakeckpt.events"
 events never conflict with checkpoints)."""
 COMPACTION_PROPERTY = "lakeckpt.compaction"
 """Snapshot summary key marking the rewrite made by :meth:`IcebergLedger.compact`."""
+REPAIR_PROPERTY = "lakeckpt.repair"
+"""Snapshot summary key marking the commit of :meth:`IcebergLedger.repair`."""
 
 # Errors after which an Iceberg commit certainly did not land (pyiceberg itself deletes the
 # commit's manifests on these, and only on these).
@@ -173,8 +176,67 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             if v is not None
         ]
         where = functools.reduce(And, conditions) if conditions else AlwaysTrue()
-        rows = self._table.scan(row_filter=where).to_arrow()
+        try:
+            rows = self._table.scan(row_filter=where).to_arrow()
+        except (OSError, pa.ArrowException) as e:
+            raise self._damaged(e) from e
         return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+
+    def _unreadable(self) -> list[tuple[str, Exception]]:
+        """The live data files that cannot be read whole (missing, truncated, damaged)."""
+        out: list[tuple[str, Exception]] = []
+        for task in self._table.scan().plan_files():
+            path = task.file.file_path
+            try:
+                with self._table.io.new_input(path).open() as stream:
+                    pq.read_table(pa.BufferReader(stream.read()))
+            except (OSError, pa.ArrowException) as e:
+                out.append((path, e))
+        return out
+
+    def _damaged(self, cause: Exception) -> LedgerCorruptError:
+        """The named error for a ledger data file that cannot be read, found file by file."""
+        for path, e in self._unreadable():
+            return LedgerCorruptError(
+                f"ledger {self.describe()}: data file {path} is missing, truncated or damaged "
+                f"({' '.join(str(e).split())}). The way out: keep a copy of the file for "
+                f"inspection and run IcebergLedger({self._identifier!r}, catalog=...).repair(), "
+                "which drops it from the table; its records are lost, and restore falls back "
+                "to the newest checkpoint the ledger still holds"
+            )
+        return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
+
+    def repair(self) -> list[str]:
+        """Drop the data files that cannot be read from the table (the way out of a
+        :class:`LedgerCorruptError`): their records are lost, the rest stay.
+
+        Returns:
+            The paths dropped (empty when every file reads).
+
+        Raises:
+            CommitConflictError: a concurrent commit landed meanwhile; repair again.
+        """
+        with self._lock:
+            self._table.refresh()
+            current = self._table.current_snapshot()
+            bad = {path for path, _ in self._unreadable()}
+            if current is None or not bad:
+                return []
+            files = [task.file for task in self._table.scan().plan_files()
+                     if task.file.file_path in bad]
+            transaction = self._table.transaction()
+            _require(transaction, _AssertNoCommitSince(snapshot_id=current.snapshot_id))
+            with transaction.update_snapshot(
+                    snapshot_properties={REPAIR_PROPERTY: "true"}).overwrite() as rewrite:
+                for data_file in files:
+                    rewrite.delete_data_file(data_file)
+            try:
+                transaction.commit_transaction()
+            except _NOT_LANDED as e:
+                raise CommitConflictError(
+                    f"ledger {self.describe()}: repair lost to a concurrent commit and changed "
+                    f"nothing; repair again ({e})") from e
+            return sorted(bad)
 
     def _last_step(self, run_id: str) -> int | None:
         # The newest snapshot summary of the run holds its last step. Without one (a new run,

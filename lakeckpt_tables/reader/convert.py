@@ -14,17 +14,54 @@ import torch
 from lakeckpt_tables.errors import UnsupportedTableError
 
 __all__ = ["DECIMAL_POLICIES", "OUTPUTS", "Ragged", "check_convertible", "convert",
-           "to_tensors"]
+           "to_device", "to_tensors"]
 
 OUTPUTS = ("torch", "arrow")
 DECIMAL_POLICIES = ("refuse", "float64")
 
 
 class Ragged(NamedTuple):
-    """A variable-length list column: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``."""
+    """A variable-length list column: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+
+    It moves like a tensor: ``pin_memory()`` (called by a DataLoader with
+    ``pin_memory=True``) and ``to(device, non_blocking=True)`` act on both tensors.
+    """
 
     values: torch.Tensor
     offsets: torch.Tensor
+
+    def pin_memory(self) -> Ragged:
+        """Both tensors in page-locked memory (needs an accelerator, as ``Tensor.pin_memory``)."""
+        return Ragged(self.values.pin_memory(), self.offsets.pin_memory())
+
+    def to(self, *args: Any, **kwargs: Any) -> Ragged:
+        """Both tensors moved as ``Tensor.to(*args, **kwargs)`` moves one."""
+        return Ragged(self.values.to(*args, **kwargs), self.offsets.to(*args, **kwargs))
+
+
+def to_device(batch: Any, device: torch.device | str, *, non_blocking: bool = True) -> Any:
+    """A batch of any output type on ``device``: tensors and :class:`Ragged` moved (without
+    blocking when their memory is pinned), strings, bytes and Arrow batches as they are.
+
+    Args:
+        batch: what the reader (or a DataLoader over it) yields: a dict, or a transform's
+            output made of dicts, lists and tuples.
+        device: the target device.
+        non_blocking: passed to ``Tensor.to``: asynchronous from pinned memory.
+
+    Returns:
+        The batch with the same structure.
+    """
+    if isinstance(batch, (torch.Tensor, Ragged)):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
+    if isinstance(batch, list):
+        return [to_device(v, device, non_blocking=non_blocking) for v in batch]
+    if isinstance(batch, tuple):
+        moved = (to_device(v, device, non_blocking=non_blocking) for v in batch)
+        return type(batch)(*moved) if hasattr(batch, "_fields") else tuple(moved)
+    return batch  # str, bytes, numbers, pyarrow.RecordBatch: host values
 
 
 def _spend_readonly_warning() -> None:
@@ -189,15 +226,33 @@ def _numpy(name: str, array: pa.Array) -> np.ndarray[Any, Any]:
 
 
 def _list(name: str, array: pa.Array) -> Any:
+    """NOTE [ list columns ]: a list column straight from its Arrow buffers, no per-row Python
+    and no compute kernel: the offsets (rebased when the batch is a slice) and the values
+    between the first and last offset. Equal lengths (checked on the offsets alone, a cheap
+    total first) give a 2-D tensor, anything else :class:`Ragged`."""
     if pa.types.is_fixed_size_list(array.type):
         values = _numpy(name, array.flatten())
         return torch.from_numpy(values.reshape(len(array), array.type.list_size))
     if array.null_count:
         raise UnsupportedTableError(f"list column {name!r} holds null lists; fill them first")
-    offsets = np.asarray(array.offsets)  # honours slicing: len(array) + 1 entries
-    offsets = offsets - offsets[0]
-    values = _numpy(name, array.flatten())
-    lengths = np.diff(offsets)
-    if len(lengths) and (lengths == lengths[0]).all():
-        return torch.from_numpy(values.reshape(len(array), int(lengths[0])))
-    return Ragged(torch.from_numpy(values), torch.from_numpy(offsets.astype(np.int64)))
+    raw = np.frombuffer(array.buffers()[1], dtype=_OFFSET_TYPES[array.type.id],
+                        count=len(array) + 1, offset=array.offset * _offset_width(array.type))
+    first, last = int(raw[0]), int(raw[-1])
+    flat = array.values.slice(first, last - first)
+    values = (flat.to_numpy(zero_copy_only=True)
+              if flat.type.id in _PLAIN_NUMERIC and not flat.null_count else _numpy(name, flat))
+    n = len(array)
+    width = int(raw[1]) - first if n else 0
+    if n and width * n == last - first and (np.diff(raw) == width).all():
+        return torch.from_numpy(values.reshape(n, width))
+    offsets = raw.astype(np.int64)  # a copy: the rebased offsets are the batch's own
+    if first:
+        offsets -= first
+    return Ragged(torch.from_numpy(values), torch.from_numpy(offsets))
+
+
+_OFFSET_TYPES = {pa.list_(pa.int8()).id: np.int32, pa.large_list(pa.int8()).id: np.int64}
+
+
+def _offset_width(kind: pa.DataType) -> int:
+    return 8 if pa.types.is_large_list(kind) else 4

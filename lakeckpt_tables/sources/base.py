@@ -122,7 +122,9 @@ class RowGroupReader:
                 f"{unit.path} (columns {list(columns)}): {type(exc).__name__}: {exc}"
             ) from exc
         if data_file is not None and data_file.deletes is not None:
-            table = table.filter(self._keep(unit, data_file, handle))
+            keep = self._keep(unit, data_file, handle)
+            if keep is not None:  # None: the vector deletes no row of this row group
+                table = table.filter(keep)
         if table.num_rows != unit.rows:
             raise RowCountMismatchError(
                 f"{self.describe()}: row group {unit.row_group} of {unit.path} holds "
@@ -195,12 +197,21 @@ class RowGroupReader:
         every row is null (the file lacks the column), 0 when none is."""
         return column if column in handle.file.schema_arrow.names else 1
 
-    def _keep(self, unit: Unit, data_file: DataFile, handle: Any) -> pa.Array:
+    def _keep(self, unit: Unit, data_file: DataFile, handle: Any) -> pa.Array | None:
+        """Keep mask of the unit's row group; None when no row of it is deleted (the filter,
+        a copy of every column, is then skipped: deletes often cluster in a few files' row
+        groups)."""
         sizes = data_file.row_group_rows or handle.row_group_rows
         start = int(sum(sizes[: unit.row_group]))
         deletes = data_file.deletes
         assert deletes is not None
-        return pa.array(deletes.keep(start, sizes[unit.row_group]))
+        rows = sizes[unit.row_group]
+        if not deletes.count_per_range([start, start + rows])[0]:
+            return None
+        # Packed here: pa.array() of a numpy bool mask costs ~15x more (146 vs 10 us for a
+        # 131k-row group, a third of what the mask costs a read; lakeckpt bench read).
+        bits = np.packbits(deletes.keep(start, rows), bitorder="little")
+        return pa.BooleanArray.from_buffers(pa.bool_(), rows, [None, pa.py_buffer(bits)])
 
 
 def known_null_counts(units: Sequence[Unit], columns: Sequence[str]) -> dict[str, int] | None:

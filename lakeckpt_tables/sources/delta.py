@@ -45,6 +45,8 @@ __all__ = ["READABLE_READER_FEATURES", "DeltaRowGroupReader", "DeltaSource"]
 
 _COLUMN_MAPPING_KEY = "delta.columnMapping.mode"
 _PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
+_FIELD_ID_KEY = "delta.columnMapping.id"
+_PARQUET_FIELD_ID = b"PARQUET:field_id"
 _DV_FEATURE = "deletionVectors"
 
 READABLE_READER_FEATURES = frozenset({
@@ -181,16 +183,20 @@ class DeltaRowGroupReader(RowGroupReader):
 
     def __init__(self, identity: TableIdentity, version: int, schema: pa.Schema,
                  partitions: Sequence[str], physical: PhysicalNames | None,
-                 storage: Storage | None = None) -> None:
+                 storage: Storage | None = None, *,
+                 field_ids: Mapping[str, int] | None = None) -> None:
         super().__init__(identity, version, storage)
         self.schema = schema
         self.partitions = frozenset(partitions)
         self.physical = dict(physical) if physical else None
+        self.field_ids = dict(field_ids) if field_ids else None  # column mapping mode "id"
         self._constants: dict[tuple[str, Any, int], pa.Array] = {}
+        self._by_id: dict[str, dict[int, str]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_constants"] = {}
+        state["_by_id"] = {}
         return state
 
     def _constant(self, column: str, value: Any, kind: pa.DataType, rows: int) -> pa.Array:
@@ -210,19 +216,47 @@ class DeltaRowGroupReader(RowGroupReader):
         name, nested = self.physical.get(column, (column, None))
         return str(name), nested
 
+    def _file_name(self, handle: Any, path: str | None, column: str) -> str:
+        """The file's top-level column holding ``column``.
+
+        NOTE [ column mapping id ]
+        In mode ``id`` the Delta protocol resolves a column by its Parquet field id, not its
+        name: files converted from Iceberg, or written by engines that keep their own names,
+        hold the column under another name with the same id. A file without field ids is
+        read by physical name (as deltalake 1.6.6 reads every file: by name only). Nested
+        fields are resolved by physical name.
+        """
+        physical = self._names(column)[0]
+        if self.field_ids is None or column not in self.field_ids:
+            return physical
+        by_id = self._by_id.get(path) if path is not None else None
+        if by_id is None:
+            by_id = {}
+            for field in handle.file.schema_arrow:
+                raw = (field.metadata or {}).get(_PARQUET_FIELD_ID)
+                if raw is not None and raw.strip().lstrip(b"-").isdigit():
+                    by_id[int(raw)] = field.name
+            if path is not None:
+                if len(self._by_id) >= 1024:
+                    self._by_id.clear()
+                self._by_id[path] = by_id
+        return by_id.get(self.field_ids[column], physical) if by_id else physical
+
     def _logical(self, handle: Any, unit: Unit, data_file: DataFile | None,
                  columns: list[str]) -> pa.Table:
         rows = handle.row_group_rows[unit.row_group]
         in_file = set(handle.file.schema_arrow.names)
-        wanted = [self._names(c)[0] for c in columns if c not in self.partitions]
-        present = [p for p in wanted if p in in_file]
+        names = {c: self._file_name(handle, unit.path, c) for c in columns
+                 if c not in self.partitions}
+        present = list(dict.fromkeys(p for p in names.values() if p in in_file))
         read = (handle.file.read_row_group(unit.row_group, columns=present) if present
                 else None)
         values = dict(data_file.partition) if data_file is not None else {}
         arrays, fields = [], []
         for column in columns:
             field = pa.field(column, self.schema.field(column).type)
-            physical, nested = self._names(column)
+            nested = self._names(column)[1]
+            physical = names.get(column, column)
             if column in self.partitions:
                 arrays.append(self._constant(column, values.get(column), field.type, rows))
             elif read is not None and physical in read.column_names:
@@ -237,7 +271,7 @@ class DeltaRowGroupReader(RowGroupReader):
         if column in self.partitions:
             values = dict(data_file.partition) if data_file is not None else {}
             return 1 if values.get(column) is None else 0
-        physical = self._names(column)[0]
+        physical = self._file_name(handle, data_file.path if data_file else None, column)
         return physical if physical in handle.file.schema_arrow.names else 1
 
 
@@ -248,8 +282,11 @@ def _reader(dt: Any, identity: TableIdentity, version: int,
     schema = pa.schema([pa.field(f.name, f.type) for f in arrow])  # no mapping metadata
     mode = dt.metadata().configuration.get(_COLUMN_MAPPING_KEY, "none")
     physical = _physical_names(fields) if mode not in ("none", None) else None
+    ids = ({f["name"]: int(f["metadata"][_FIELD_ID_KEY]) for f in fields
+            if _FIELD_ID_KEY in f.get("metadata", {})} if mode == "id" else None)
     return DeltaRowGroupReader(identity, version, schema,
-                               list(dt.metadata().partition_columns), physical, storage)
+                               list(dt.metadata().partition_columns), physical, storage,
+                               field_ids=ids)
 
 
 def _physical_names(fields: list[dict[str, Any]]) -> dict[str, Any]:

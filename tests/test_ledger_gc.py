@@ -1,0 +1,74 @@
+"""``lakeckpt gc`` removes the ledger's orphan files (a commit that crashed before landing) and
+nothing else: live files, files a compaction replaced, young files are kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.cli import main
+from lakeckpt_tables.ledger import DeltaLedger
+from lakeckpt_tables.ledger.summary import SUMMARY_DIR
+
+SAVE = """
+import sys, torch
+from lakeckpt_tables.checkpoint import CheckpointManager
+manager = CheckpointManager(sys.argv[1], "r")
+for step in (1, 2):
+    manager.save(step, model=torch.nn.Linear(2, 1))
+"""
+
+
+def _files(root: Path) -> set[str]:
+    ledger = root / "_ledger"
+    return {p.relative_to(ledger).as_posix() for p in ledger.rglob("*.parquet")
+            if "_delta_log" not in p.parts}
+
+
+def _gc(root: Path, capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
+    capsys.readouterr()
+    assert main(["gc", str(root), "--output", "json", *args]) == 0
+    return sorted(r["location"].rsplit("/_ledger/", 1)[1]
+                  for r in json.loads(capsys.readouterr().out) if r["run_id"] == "(ledger)")
+
+
+@pytest.mark.timeout(90)
+def test_gc_removes_the_file_of_a_crashed_ledger_commit_and_nothing_else(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = {**os.environ, "LAKECKPT_CRASH_AT": "ledger:prepared#2", "OMP_NUM_THREADS": "1"}
+    crashed = subprocess.run([sys.executable, "-c", SAVE, str(tmp_path)], env=env,
+                             capture_output=True, text=True, timeout=80)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    ledger = DeltaLedger(str(tmp_path / "_ledger"))
+    committed = {p.rsplit("/", 1)[-1] for p in ledger._table.file_uris()}
+    (orphan,) = _files(tmp_path) - committed  # step 2's rows, written, never committed
+    job = CheckpointManager(tmp_path, "r")
+    assert job.restore(model=torch.nn.Linear(2, 1)) == 1
+    job.save(2, model=torch.nn.Linear(2, 1))
+    ledger.compact()  # replaced files: still named by the log, VACUUM's business
+    job.save(3, model=torch.nn.Linear(2, 1))
+    ledger.compact()  # the first compaction's summary is now stale
+    before = _files(tmp_path)
+    assert _gc(tmp_path, capsys) == []  # within the grace period: a commit may be writing it
+    assert _files(tmp_path) == before
+    stale = sorted(p for p in before if p.startswith(SUMMARY_DIR)
+                   and p.split("/")[1] not in {u.rsplit("/", 1)[-1]
+                                               for u in ledger._table.file_uris()})
+    assert len(stale) == 1
+    assert _gc(tmp_path, capsys, "--orphans-older-than-hours", "0", "--dry-run") == \
+        sorted([orphan, *stale])
+    assert _files(tmp_path) == before
+    assert _gc(tmp_path, capsys, "--orphans-older-than-hours", "0") == sorted([orphan, *stale])
+    assert _files(tmp_path) == before - {orphan, *stale}
+    fresh = CheckpointManager(tmp_path, "r")
+    assert fresh.restore(model=torch.nn.Linear(2, 1)) == 3
+    assert [r.step for r in fresh.checkpoints()] == [1, 2, 3]
+    assert ledger.to_arrow().num_rows == DeltaLedger(str(tmp_path / "_ledger")).to_arrow().num_rows

@@ -154,8 +154,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     from lakeckpt_tables.bench import planning
 
     planning.register(sub)
-
-
     from lakeckpt_tables.bench.read import FEATURE_ROWS
 
     tables = sub.add_parser("tables", help="what deletion vectors and partition columns cost",

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lakeckpt_tables.demo.ledger_proof import covered_twice
+from lakeckpt_tables.plan.check import check_exactly_once
 
 __all__ = [
     "FEATURES",
@@ -222,13 +223,8 @@ def redelivered_identically(dead: Attempt, successor: Attempt) -> bool:
 def check_ids(ids: Sequence[int], expected: np.ndarray[Any, Any],
               times: int = 1) -> tuple[int, int]:
     """(duplicated, missing) trainings of the rows ``expected``, each due ``times`` times."""
-    got = np.asarray(ids, dtype=np.int64)
-    universe = np.unique(expected)
-    known = np.isin(got, universe)
-    counts = np.bincount(np.searchsorted(universe, got[known]), minlength=len(universe))
-    duplicated = int(np.maximum(counts - times, 0).sum()) + int((~known).sum())
-    missing = int(np.maximum(times - counts, 0).sum())
-    return duplicated, missing
+    verdict = check_exactly_once(np.asarray(ids, dtype=np.int64), expected, times=times)
+    return verdict.surplus, verdict.shortfall
 
 
 @dataclass(frozen=True)

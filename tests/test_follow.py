@@ -433,30 +433,48 @@ def _two_ranks(written: Written) -> list[list[list[int]]]:
             for rank in range(2)]
 
 
-def test_rows_of_a_segment_too_small_for_every_rank_are_reported_not_delivered_silently(
+def test_the_tail_of_a_segment_too_small_for_every_rank_is_carried_into_the_next_segment(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # version 0: id 0, version 1: ids 1-3, version 2: id 4. Two ranks: the pinned snapshot's
+    # lone row goes to the head of segment 1 (4 rows, 2 per rank); segment 2's lone row is
+    # the tail the pass ends with: not delivered, said so once
     written = _short_segments_table(tmp_path)
     runs = _bounded(lambda: _two_ranks(written))
-    assert len(runs[0]) == len(runs[1]), "ranks in lockstep"
-    _assert_exactly_once(flat(b for run in runs for b in run), written.ids(0, 1))
+    assert [len(run) for run in runs] == [1, 1], "ranks in lockstep, one batch each"
+    _assert_exactly_once(flat(b for run in runs for b in run), written.ids(-1, 1))
     warned = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
-    assert len(warned) == 2 and all("1 row(s)" in m for m in warned), warned
+    assert len(warned) == 1 and "segment 2 epoch 0: 1 row(s)" in warned[0], warned
+    assert "as the pass ends here" in warned[0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN.md (lockstep): a segment tail too small to give every rank a row is, today, not "
-    "delivered but logged and recorded in the ledger ('undelivered' events, "
-    "tests/test_checkpoint_manager.py); carrying it into the next segment is not built: the "
-    "pinned snapshot's or the last segment's lone rows, and the remnant of a segment "
-    "re-planned by an elastic resume for more slices than it has rows"))
-@pytest.mark.parametrize("case", ["short segments", "elastic remnant"])
-def test_every_row_up_to_until_version_reaches_some_rank_even_when_rows_are_fewer_than_slices(
-        tmp_path: Path, case: str) -> None:
+def test_a_tail_the_pass_ended_with_is_delivered_first_when_following_resumes_past_it(
+        tmp_path: Path) -> None:
     written = _short_segments_table(tmp_path)
-    if case == "short segments":
-        runs = _bounded(lambda: _two_ranks(written))
-        _assert_exactly_once(flat(b for run in runs for b in run), written.ids())
-        return
+    states = []
+    for rank in range(2):  # each rank's pass ends at version 2, id 4 not delivered
+        loader = loader_for(LakeDataset(
+            DeltaSource(written.uri), columns=["id"], batch_size=2, version=0, follow=True,
+            until_version=written.end, min_segment_rows=2, rank=rank, world_size=2), 0)
+        head = _bounded(lambda loader=loader: take(loader))
+        states.append((head, _loader_state(loader)))
+    assert sorted(flat(b for head, _ in states for b in head)) == written.ids(-1, 1)
+    _append(written, 5, 8)  # version 3: segment 3 = id 4 carried + ids 5-7
+    rest = []
+    for rank, (_, saved) in enumerate(states):
+        dataset = LakeDataset(DeltaSource(written.uri), columns=["id"], batch_size=2,
+                              follow=True, until_version=written.end, min_segment_rows=2,
+                              rank=rank, world_size=2)
+        dataset.load_state_dict(saved)
+        rest.append(_bounded(lambda dataset=dataset: take(loader_for(dataset, 0))))
+    assert [len(run) for run in rest] == [1, 1], "ranks in lockstep"
+    assert 4 in flat(rest[0]) + flat(rest[1])
+    _assert_exactly_once(flat(b for head, _ in states for b in head) + flat(
+        b for run in rest for b in run), written.ids())
+
+
+def test_the_remnant_of_an_elastic_resume_too_small_for_the_new_ranks_is_carried(
+        tmp_path: Path) -> None:
+    written = _short_segments_table(tmp_path)
     _append(written, 5, 25)
 
     def follower(rank: int, world_size: int) -> LakeDataset:
@@ -468,11 +486,13 @@ def test_every_row_up_to_until_version_reaches_some_rank_even_when_rows_are_fewe
     loader = loader_for(follower(0, 1), 0)
     head = take(loader, 12)  # all but 1 row of segment 1: 3 ranks cannot share it
     saved = _loader_state(loader)
+    _append(written, 25, 31)  # segment 2 = the carried row + 6 rows: 7 rows over 3 ranks
     rest = []
     for rank in range(3):
         dataset = follower(rank, 3)
         dataset.load_state_dict(saved)
-        rest.append(take(loader_for(dataset, 0)))
+        rest.append(_bounded(lambda dataset=dataset: take(loader_for(dataset, 0))))
+    assert [len(run) for run in rest] == [2, 2, 2], "ranks in lockstep"
     _assert_exactly_once(flat(head + [b for run in rest for b in run]), written.ids())
 
 
@@ -888,3 +908,34 @@ def test_iceberg_appends_committed_while_following_are_delivered_exactly_once(
     thread.join()
     assert len(written.appended) == 13
     _assert_exactly_once(delivered, written.ids())
+
+
+def test_the_ledger_names_a_carried_tail_where_it_was_left_and_where_it_was_read(
+        tmp_path: Path) -> None:
+    from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
+
+    written = _short_segments_table(tmp_path)
+    states, datasets = [], []
+    for rank in range(2):
+        dataset = LakeDataset(DeltaSource(written.uri), columns=["id"], batch_size=2,
+                              version=0, follow=True, until_version=written.end,
+                              min_segment_rows=2, rank=rank, world_size=2)
+        loader = loader_for(dataset, 0)
+        _bounded(lambda loader=loader: take(loader))
+        states.extend(states_from_loader(loader.state_dict()))
+        datasets.append(dataset)
+    after = merge_states(states)
+    v0 = DeltaSource(written.uri).snapshot(0).units[0].path
+    events = segment_events(datasets[0], None, after)
+    left = [e for name, e in events if name == "undelivered"]
+    assert [(e["segment"], e["rows"], e.get("carried"), e["ranges"]) for e in left] == [
+        (0, 1, True, [[v0, 0, 0, 1]]),   # the pinned snapshot's lone row: carried on
+        (2, 1, True, [[left[1]["ranges"][0][0], 0, 0, 1]])]  # the one the pass ends with
+    rounds = [e for name, e in events if name == "round"]
+    assert [(e["round"], e["rows"], e["delivered"]) for e in rounds] == [
+        (0, 1, 0), (1, 4, 4), (2, 1, 0)]
+    records = consumed_between(datasets[0], None, after)
+    from_v0 = [(r.segment, r.file, r.row_group, r.row_start, r.row_end, r.rows)
+               for r in records if r.file == v0]
+    assert from_v0 == [(1, v0, 0, 0, 1, 1)], "read once, in segment 1"
+    assert sum(r.rows for r in records) == 4

@@ -63,7 +63,7 @@ def segment_events(dataset: LakeDataset, before: ReaderState | None,
                                           default=0)
     known = {**(before.rounds if before is not None else {}), **after.rounds}
     for index in range(since + 1, reached + 1):
-        rnd = dataset.rounds.get(index, known, wait=False)
+        rnd = dataset.round_at(index, after.plan, after.layouts, known)
         if rnd is None:
             break
         known[index] = rnd
@@ -80,7 +80,7 @@ def segment_events(dataset: LakeDataset, before: ReaderState | None,
             events.extend(("skipped_commit", {"segment": rnd.segment, "version": version,
                                               "reason": reason})
                           for version, reason in rnd.skipped)
-        events.extend(_undelivered(plan, units))
+        events.extend(_undelivered(plan, units, carried=dataset.follow is not None))
     return events
 
 
@@ -96,24 +96,29 @@ def _policy_changes(before: ReaderState | None,
             if before.policy.get(key) != after.policy.get(key)]
 
 
-def _undelivered(plan: EpochPlan, units: RoundUnits) -> list[tuple[str, dict[str, Any]]]:
+def _undelivered(plan: EpochPlan, units: RoundUnits, *,
+                 carried: bool) -> list[tuple[str, dict[str, Any]]]:
     """NOTE [ lockstep ] in lakeckpt_tables.plan: a remainder no slice can take in lockstep,
-    and with drop_last each slice's partial last batch, are not delivered: name their rows."""
+    and with drop_last each slice's partial last batch, are not delivered in this round: name
+    their rows. A follow round's remainder is ``carried`` into the next segment, if the pass
+    goes on (NOTE [ segment tails are carried ] in lakeckpt_tables.reader.rounds)."""
     reasons = [("lockstep remainder", plan.tail())]
     if plan.policy.drop_last:
         reasons.append(("drop_last", [p for g in range(plan.policy.slices)
                                       for p in plan.remaining(g, plan.delivered_rows(g))]))
     events = []
     for reason, pieces in reasons:
-        rows = np.sort(np.concatenate([p.rows() for p in pieces] or [np.empty(0, np.int64)]))
-        if not len(rows):
+        found = units.ranges(plan, pieces)
+        if not found:
             continue
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        spans = [(int(run[0]), int(run[-1]) + 1) for run in np.split(rows, breaks)]
-        ranges = [[unit.path, unit.row_group, first, end]
-                  for unit, first, end in (units.at(*c) for c in plan.locate(spans))]
-        events.append(("undelivered", {"segment": plan.segment, "epoch": plan.epoch,
-                                       "reason": reason, "rows": len(rows), "ranges": ranges}))
+        detail: dict[str, Any] = {
+            "segment": plan.segment, "epoch": plan.epoch, "reason": reason,
+            "rows": sum(end - first for _, first, end in found),
+            "ranges": [[units.units[i].path, units.units[i].row_group, first, end]
+                       for i, first, end in found]}
+        if carried and reason == "lockstep remainder":
+            detail["carried"] = True  # to the head of the next segment, when one is formed
+        events.append(("undelivered", detail))
     return events
 
 

@@ -24,6 +24,7 @@ from lakeckpt_tables.demo.ledger_proof import LedgerProof
 from lakeckpt_tables.demo.runner import Attempt
 from lakeckpt_tables.demo.steplog import StepRecord, read_steps
 from lakeckpt_tables.demo.train import FINAL_PARAMS
+from lakeckpt_tables.plan.check import check_exactly_once
 
 __all__ = ["Crash", "IdProof", "Proof", "crashes", "delivered", "prove_ids"]
 
@@ -124,15 +125,13 @@ def prove_ids(rows_total: int, epochs: int, reference: Attempt,
     """Compare a crashed-and-resumed run (``attempts``, in order) with the reference run."""
     ref = read_steps(reference.step_log)
     got = delivered(attempts)
-    ids = _ids(got)
-    known = (ids >= 0) & (ids < rows_total)
-    counts = np.bincount(ids[known], minlength=rows_total)
+    verdict = check_exactly_once(_ids(got), np.arange(rows_total), times=epochs)
     return IdProof(
         rows_total=rows_total,
         epochs=epochs,
-        rows_trained=len(ids),
-        duplicated=int(np.maximum(counts - epochs, 0).sum()) + int((~known).sum()),
-        missing=int(np.maximum(epochs - counts, 0).sum()),
+        rows_trained=verdict.delivered,
+        duplicated=verdict.surplus,
+        missing=verdict.shortfall,
         crashes=crashes(attempts),
         batches=len(got),
         reference_batches=len(ref),

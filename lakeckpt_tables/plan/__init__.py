@@ -21,7 +21,9 @@ collective per step). Batch ``j`` of a slice of ``s`` rows cut into ``n`` batche
 short gives up one row in its last batch (or its last two). Sizes then differ by at most one
 row across ranks, never in number. When that is impossible (batch size 1 with uneven slices,
 or fewer rows than slices) the last ``rows mod slices`` rows of the layout form the epoch's
-*tail*: not delivered, reported by :meth:`EpochPlan.tail`, and re-planned by an elastic resume.
+*tail*: reported by :meth:`EpochPlan.tail`, re-planned by an elastic resume, and in follow
+mode carried into the next segment (NOTE [ segment tails are carried ] in
+``lakeckpt_tables.reader.rounds``); an epoch's tail is not delivered.
 """
 
 from __future__ import annotations
@@ -411,8 +413,14 @@ def replan_rounds(
     plan_for: Callable[[int, Sequence[Piece] | None], EpochPlan],
     layouts: dict[int, tuple[Piece, ...]],
     positions: Sequence[SlicePosition],
+    *,
+    carried: bool = False,
 ) -> tuple[int, dict[int, tuple[Piece, ...]]]:
     """:func:`replan` over rounds: ``plan_for(round, layout)`` gives a round's old plan.
+
+    ``carried``: a round's tail went to the round after it (follow segments: NOTE [ segment
+    tails are carried ] in ``lakeckpt_tables.reader.rounds``), so only the last round's tail,
+    not carried yet, is re-planned; otherwise every round's tail is.
 
     Returns:
         The round to start at, and a layout for every round some slice had begun.
@@ -428,6 +436,7 @@ def replan_rounds(
         for g, (e, pos) in enumerate(positions):
             if e <= epoch:
                 pieces.extend(plan.remaining(g, pos if e == epoch else 0))
-        pieces.extend(plan.tail())
+        if not carried or epoch == last:
+            pieces.extend(plan.tail())
         new_layouts[epoch] = coalesce(pieces)
     return first, new_layouts

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,6 +49,7 @@ from lakeckpt_tables.reader.rounds import (
     Round,
     RoundSequence,
     RoundUnits,
+    Tails,
 )
 from lakeckpt_tables.reader.state import (
     STATE_FORMAT,
@@ -312,6 +313,7 @@ class LakeDataset(IterableDataset[Batch]):
         if state.plan is None:
             return
         policy = self._policy(state.plan)
+        tails = Tails(policy, state.layouts)
         known = dict(state.rounds)
         problems = [f"round descriptor {key} names round {rnd.index}"
                     for key, rnd in known.items() if rnd.index != key]
@@ -322,7 +324,7 @@ class LakeDataset(IterableDataset[Batch]):
                 continue
             if self.refresh is not None and index not in known:
                 continue  # a re-pinned epoch not begun: pinned by set_epoch later
-            rnd = self._known_round(index, known)
+            rnd = self._known_round(index, known, tails)
             known[index] = rnd
             units = self.rounds.units(rnd)
             layout = state.layouts.get(index)
@@ -345,7 +347,8 @@ class LakeDataset(IterableDataset[Batch]):
         handed its state by ``loader.load_state_dict``; if its slice has delivered its whole
         pass, torchdata may be about to start the pass again in fresh workers."""
         cursor = self._start_cursor()
-        rnd = self.rounds.get(cursor.epoch, cursor.rounds, wait=False)
+        rnd = self.rounds.get(cursor.epoch, cursor.rounds, wait=False,
+                              tails=Tails(self._policy(cursor.shape), cursor.layouts))
         if rnd is not None:
             plan = self._round_plan(self._policy(cursor.shape), rnd,
                                     cursor.layouts.get(cursor.epoch))
@@ -527,13 +530,15 @@ class LakeDataset(IterableDataset[Batch]):
                 f"this reader runs {shape}; re-planning for another shape needs the merged "
                 "state of every rank and worker (CheckpointManager saves it; or merge_states)")
         old = self._policy(state.plan)
+        tails = Tails(old, state.layouts)
         known = dict(state.rounds)
 
         def plan_for(index: int, layout: Sequence[Piece] | None) -> EpochPlan:
-            rnd = known[index] = self._known_round(index, known)
+            rnd = known[index] = self._known_round(index, known, tails)
             return self._round_plan(old, rnd, layout)
 
-        first, layouts = replan_rounds(plan_for, dict(state.layouts), state.positions())
+        first, layouts = replan_rounds(plan_for, dict(state.layouts), state.positions(),
+                                       carried=self.follow is not None)
         rounds = {r: d for r, d in known.items()
                   if r >= first and self.rounds.needs_descriptor(d)}
         return ReaderState(state.table, state.version, state.config, shape,
@@ -542,13 +547,21 @@ class LakeDataset(IterableDataset[Batch]):
     def round_plan(self, index: int, shape: PlanShape, layouts: dict[int, tuple[Piece, ...]],
                    known: dict[int, Round]) -> tuple[EpochPlan, RoundUnits]:
         """Round ``index``'s plan for ``shape`` and its units (for consumption records)."""
-        rnd = self._known_round(index, known)
+        rnd = self._known_round(index, known, Tails(self._policy(shape), layouts))
         return (self._round_plan(self._policy(shape), rnd, layouts.get(index)),
                 self.rounds.units(rnd))
 
-    def _known_round(self, index: int, known: dict[int, Round]) -> Round:
+    def round_at(self, index: int, shape: PlanShape, layouts: Mapping[int, tuple[Piece, ...]],
+                 known: Mapping[int, Round]) -> Round | None:
+        """Round ``index`` as a reader of ``shape`` with ``layouts`` forms it (follow segments
+        carry the tail of the round before: NOTE [ segment tails are carried ]), listed
+        without waiting for new commits; None when it is not formed yet or past the end."""
+        return self.rounds.get(index, known, wait=False,
+                               tails=Tails(self._policy(shape), layouts))
+
+    def _known_round(self, index: int, known: Mapping[int, Round], tails: Tails) -> Round:
         """Round ``index`` of a reader state, listed again without waiting for new commits."""
-        rnd = self.rounds.get(index, known, wait=False)
+        rnd = self.rounds.get(index, known, wait=False, tails=tails)
         if rnd is None:
             raise StateMismatchError(f"{self.snapshot.describe()}: round {index} of the reader "
                                      "state cannot be listed again from the table")
@@ -595,9 +608,10 @@ class LakeDataset(IterableDataset[Batch]):
         pinned = self.follow is None and self.refresh is None
         last = self.epochs - 1 if pinned else max(e for e, _ in mine)
         policy, known = self._policy(shape), dict(resume.rounds)
+        tails = Tails(policy, resume.layouts)
         plans = []  # (round index, plan): a follow segment's plan.epoch is always 0
         for index in range(origin, last + 1):
-            rnd = self.rounds.get(index, known, wait=False)
+            rnd = self.rounds.get(index, known, wait=False, tails=tails)
             if rnd is not None:
                 plans.append((index, self._round_plan(policy, rnd, resume.layouts.get(index))))
         done, due = [], []
@@ -623,33 +637,52 @@ class LakeDataset(IterableDataset[Batch]):
     # -------------------------------------------------------------------------- reading
 
     def __iter__(self) -> Iterator[Batch]:
+        for table in self._tables():
+            batch = convert(table, self.output, self.nulls)
+            yield self.transform(batch) if self.transform is not None else batch
+
+    def _tables(self) -> Iterator[pa.Table]:
+        """The batches as Arrow tables, the cursor at each one's end (the worker hand-off,
+        ``reader/handoff.py``, converts them in the main process)."""
         cursor = self._start_cursor()
         self._cursor = cursor
         if get_worker_info() is None or self._resume_own:
             # a later pass in this process starts afresh (persistent workers: in this worker)
             self._resume = None
         policy = self._policy(cursor.shape)
+        tails = Tails(policy, cursor.layouts)
         index = cursor.epoch
-        while (rnd := self.rounds.get(index, cursor.rounds, wait=True)) is not None:
+        plan: EpochPlan | None = None
+        while (rnd := self.rounds.get(index, cursor.rounds, wait=True, tails=tails)) is not None:
             plan = self._round_plan(policy, rnd, cursor.layouts.get(index))
             units = self.rounds.units(rnd)
-            self._warn_tail(plan, cursor)
+            if self.follow is None:
+                self._warn_tail(plan, cursor)
             start = cursor.position if index == cursor.epoch else 0
             own = self._own_round({index: rnd}, index)
+            if index != cursor.epoch and plan.batch_count(cursor.slice_index) == 0:
+                # a round this slice has nothing of (all of it a tail, carried or not) is
+                # passed, and the state says so: the ledger then names its tail
+                cursor.epoch, cursor.position, cursor.rounds = index, 0, own
             for table, position in self._batches(plan, units, cursor.slice_index, start):
                 cursor.epoch, cursor.position, cursor.rounds = index, position, own
-                batch = convert(table, self.output, self.nulls)
-                yield self.transform(batch) if self.transform is not None else batch
+                yield table
             index += 1
+        if self.follow is not None and plan is not None:
+            self._warn_tail(plan, cursor)
 
     def _warn_tail(self, plan: EpochPlan, cursor: _Cursor) -> None:
+        """An epoch's tail, or the tail of the follow segment a pass ends with, is not
+        delivered (a follow segment's tail is carried into the next one, if any)."""
         tail = sum(p.size for p in plan.tail())
         if tail and cursor.slice_index == 0:
             log.warning("%s segment %d epoch %d: %d row(s) cannot be split in lockstep over "
-                        "%d slices with batch size %d; they are not delivered (CheckpointManager "
-                        "records them in the ledger as an 'undelivered' event)",
-                        self.snapshot.describe(), plan.segment, plan.epoch, tail,
-                        plan.policy.slices, plan.policy.batch_size)
+                        "%d slices with batch size %d; they are not delivered%s "
+                        "(CheckpointManager records them in the ledger as an 'undelivered' "
+                        "event)", self.snapshot.describe(), plan.segment, plan.epoch, tail,
+                        plan.policy.slices, plan.policy.batch_size,
+                        "" if self.follow is None else " as the pass ends here; following "
+                        "on past this version (a later until_version) delivers them first")
 
     def _batches(self, plan: EpochPlan, units: RoundUnits, g: int,
                  start: int) -> Iterator[tuple[pa.Table, int]]:

@@ -6,6 +6,18 @@ snapshot and round ``k`` is segment ``k``: the rows appended by the commits afte
 ``k - 1``'s last version. With ``refresh="epoch"``, round ``e`` is epoch ``e`` of the version
 pinned for it by ``LakeDataset.set_epoch`` (NOTE [ re-pinned epochs ] there).
 
+NOTE [ segment tails are carried ]
+With several ranks a round's rows must split in lockstep (NOTE [ lockstep ] in
+``lakeckpt_tables.plan``); when they cannot (fewer rows than slices, or batch size 1 with
+uneven slices) the last ``rows mod slices`` rows of its layout form its *tail*. A follow round's
+tail is not dropped: it is *carried* to the next segment, whose units start with the carried
+row ranges (``Round.carry``, each naming the round of origin so any process can list it again).
+The carry is a function of the previous round's plan (shape, layout), so every process forms
+the same one; an elastic re-plan leaves the tail of every round but the last to the segment it
+was carried into (``replan_rounds(carried=True)``). When the pass ends (``until_version``) with
+a tail, those rows are not delivered: logged, and recorded as ``undelivered`` with the round;
+a run resumed with a later ``until_version`` delivers them first in its next segment.
+
 NOTE [ segment boundaries ]
 Every DataLoader worker of every rank forms segments on its own (workers cannot run
 collectives), so a boundary must not depend on when a process looks. Segment ``k`` therefore
@@ -17,31 +29,41 @@ pass, and the same segment is formed, identically, when reading resumes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from lakeckpt_tables.errors import SourceChangedError
+from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy
 from lakeckpt_tables.sources.base import Snapshot, units_from_files
 from lakeckpt_tables.sources.commits import Commit
 from lakeckpt_tables.types import Unit
 
-__all__ = ["DEFAULT_UNIT_ROWS", "FollowPolicy", "Round", "RoundSequence", "RoundUnits"]
+__all__ = ["DEFAULT_UNIT_ROWS", "Carry", "FollowPolicy", "Round", "RoundSequence", "RoundUnits",
+           "Tails"]
 
 log = logging.getLogger(__name__)
 
 OnChange = Literal["fail", "skip"]
 
+Origin = tuple[int | None, int]
+"""The round rows come from, as (base version or None for a whole snapshot, to version)."""
+
+Carry = tuple[int | None, int, str, int, int, int]
+"""Carried rows: (origin base, origin to, data file path, row group, first live row, end)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Round:
     """One round. ``base is None``: the whole snapshot at ``to``; else rows appended in
-    commits ``(base, to]``, minus ``skipped`` commits (version, reason)."""
+    commits ``(base, to]``, minus ``skipped`` commits (version, reason), after the rows
+    ``carry`` carries from earlier rounds (NOTE [ segment tails are carried ])."""
 
     index: int
     segment: int
@@ -49,16 +71,46 @@ class Round:
     base: int | None
     to: int
     skipped: tuple[tuple[int, str], ...] = ()
+    carry: tuple[Carry, ...] = ()
 
     def to_json(self) -> list[Any]:
-        return [self.index, self.segment, self.epoch, self.base, self.to,
-                [list(s) for s in self.skipped]]
+        value = [self.index, self.segment, self.epoch, self.base, self.to,
+                 [list(s) for s in self.skipped]]
+        return [*value, [list(c) for c in self.carry]] if self.carry else value
 
     @classmethod
     def from_json(cls, value: Any) -> Round:
-        index, segment, epoch, base, to, skipped = value
+        index, segment, epoch, base, to, skipped, *rest = value
+        if len(rest) > 1:
+            raise ValueError(f"malformed round {value!r}")
+        carry = tuple((None if b is None else int(b), int(t), str(path), int(group), int(lo),
+                       int(hi)) for b, t, path, group, lo, hi in (rest[0] if rest else ()))
+        if any(not 0 <= c[4] < c[5] for c in carry):
+            raise ValueError(f"malformed carried rows in round {value!r}")
         return cls(int(index), int(segment), int(epoch), None if base is None else int(base),
-                   int(to), tuple((int(v), str(r)) for v, r in skipped))
+                   int(to), tuple((int(v), str(r)) for v, r in skipped), carry)
+
+
+@dataclass(frozen=True)
+class Tails:
+    """How rounds are planned (policy, layouts of re-planned rounds): what a round's tail
+    is, carried into the next follow segment (NOTE [ segment tails are carried ])."""
+
+    policy: PlanPolicy
+    layouts: Mapping[int, tuple[Piece, ...]]
+
+    def key(self, index: int) -> Hashable:
+        """What round ``index``'s plan depends on besides the round itself."""
+        return (self.policy, self.layouts.get(index))
+
+    def plan(self, rnd: Round, units: RoundUnits) -> EpochPlan:
+        """Round ``rnd``'s plan, its units ``units``."""
+        return EpochPlan(units.rows, self.policy, segment=rnd.segment, epoch=rnd.epoch,
+                         layout=self.layouts.get(rnd.index), groups=units.source)
+
+    def carry(self, rnd: Round, units: RoundUnits) -> tuple[Carry, ...]:
+        """The rows of round ``rnd``'s tail, to carry into the next segment."""
+        return units.carry(self.plan(rnd, units))
 
 
 DEFAULT_UNIT_ROWS = 4096
@@ -76,32 +128,82 @@ class RoundUnits:
     the parts of one row group together (groups are permuted, then parts within a group), so
     a slice's range, and so its shuffle windows, touch few row groups, and the reader keeps
     those few decoded (``reader/_cache.py``) instead of decoding a row group per part.
+
+    Carried rows (NOTE [ segment tails are carried ]) come first: one plan unit per carried
+    range, and in ``units`` their row group with ``rows`` counting the rows carried (what the
+    round gives of it, as the audit counts), read through ``reading``, the whole row group.
     """
 
     units: tuple[Unit, ...]
     rows: np.ndarray[Any, np.dtype[np.int64]]
     source: np.ndarray[Any, np.dtype[np.int64]]
     first: np.ndarray[Any, np.dtype[np.int64]]
+    reading: tuple[Unit, ...] = ()
+    origins: tuple[Origin, ...] = ()
 
     @classmethod
-    def of(cls, units: Sequence[Unit], unit_rows: int = DEFAULT_UNIT_ROWS) -> RoundUnits:
+    def of(cls, units: Sequence[Unit], unit_rows: int = DEFAULT_UNIT_ROWS, *,
+           origin: Origin = (None, 0),
+           carried: Sequence[tuple[Unit, int, int, Origin]] = ()) -> RoundUnits:
+        """Plan units of ``units`` (row groups, canonical order) after ``carried`` ranges
+        (row group read whole, first and end live row, round of origin)."""
+        groups: dict[tuple[str, int], tuple[Unit, Origin, list[tuple[int, int]]]] = {}
+        for unit, lo, hi, where in sorted(carried, key=lambda c: (c[0].path, c[0].row_group,
+                                                                  c[1])):
+            ranges = groups.setdefault((unit.path, unit.row_group), (unit, where, []))[2]
+            if ranges and ranges[-1][1] == lo:
+                ranges[-1] = (ranges[-1][0], hi)
+            else:
+                ranges.append((lo, hi))
         sizes = np.array([u.rows for u in units], dtype=np.int64)
-        if not len(sizes):
-            empty = np.zeros(0, dtype=np.int64)
-            return cls((), empty, empty, empty)
-        parts = np.maximum(-(-sizes // unit_rows), 1)
-        source = np.repeat(np.arange(len(units), dtype=np.int64), parts)
-        start = np.concatenate([[0], np.cumsum(parts)[:-1]]).astype(np.int64)
-        k = np.arange(len(source), dtype=np.int64) - np.repeat(start, parts)
-        # parts of equal size (+-1 row) rather than a small remainder at the end
-        first = (k * sizes[source]) // parts[source]
-        end = ((k + 1) * sizes[source]) // parts[source]
-        return cls(tuple(units), (end - first).astype(np.int64), source, first)
+        source = first = end = np.zeros(0, dtype=np.int64)
+        if len(sizes):
+            parts = np.maximum(-(-sizes // unit_rows), 1)
+            source = np.repeat(np.arange(len(units), dtype=np.int64), parts)
+            start = np.concatenate([[0], np.cumsum(parts)[:-1]]).astype(np.int64)
+            k = np.arange(len(source), dtype=np.int64) - np.repeat(start, parts)
+            # parts of equal size (+-1 row) rather than a small remainder at the end
+            first = (k * sizes[source]) // parts[source]
+            end = ((k + 1) * sizes[source]) // parts[source]
+        head = [(i, lo, hi) for i, (_, _, ranges) in enumerate(groups.values())
+                for lo, hi in ranges]
+        n = len(groups)
+        return cls(
+            tuple(dataclasses.replace(u, rows=sum(hi - lo for lo, hi in r))
+                  for u, _, r in groups.values()) + tuple(units),
+            np.array([hi - lo for _, lo, hi in head] + list(end - first), dtype=np.int64),
+            np.array([i for i, _, _ in head] + list(source + n), dtype=np.int64),
+            np.array([lo for _, lo, _ in head] + list(first), dtype=np.int64),
+            tuple(u for u, _, _ in groups.values()) + tuple(units),
+            tuple(w for _, w, _ in groups.values()) + (origin,) * len(units))
 
     def at(self, u: int, r0: int, r1: int) -> tuple[Unit, int, int]:
-        """Plan unit ``u``'s rows ``[r0, r1)`` as (row group, first row, end row) of it."""
+        """Plan unit ``u``'s rows ``[r0, r1)`` as (row group to read, first row, end row)."""
         first = int(self.first[u])
-        return self.units[int(self.source[u])], first + r0, first + r1
+        return self.reading[int(self.source[u])], first + r0, first + r1
+
+    def ranges(self, plan: EpochPlan, pieces: Sequence[Piece]) -> list[tuple[int, int, int]]:
+        """The rows of ``pieces`` (of ``plan``'s base space) as sorted, merged
+        (row group index in ``units``, first row, end row) ranges."""
+        rows = np.sort(np.concatenate([p.rows() for p in pieces] or [np.empty(0, np.int64)]))
+        if not len(rows):
+            return []
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        spans = [(int(run[0]), int(run[-1]) + 1) for run in np.split(rows, breaks)]
+        out: list[tuple[int, int, int]] = []
+        for u, r0, r1 in sorted(plan.locate(spans), key=lambda c: (int(self.source[c[0]]),
+                                                                   int(self.first[c[0]]) + c[1])):
+            group, first = int(self.source[u]), int(self.first[u])
+            if out and out[-1][0] == group and out[-1][2] == first + r0:
+                out[-1] = (group, out[-1][1], first + r1)
+            else:
+                out.append((group, first + r0, first + r1))
+        return out
+
+    def carry(self, plan: EpochPlan) -> tuple[Carry, ...]:
+        """The tail of ``plan`` (this round's plan) as rows to carry."""
+        return tuple((*self.origins[i], self.reading[i].path, self.reading[i].row_group, lo, hi)
+                     for i, lo, hi in self.ranges(plan, plan.tail()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,15 +247,20 @@ class RoundSequence:
         self.epochs = epochs
         self.follow = follow
         self.refresh = refresh
-        self._units: dict[int, RoundUnits] = {0: RoundUnits.of(snapshot.units, unit_rows)}
-        self._formed: dict[int, Round] = {}
+        self._units: dict[Round, RoundUnits] = {}  # follow segments, by descriptor
+        self._formed: dict[tuple[int, Hashable], Round] = {}
         self._pinned: dict[int, Round] = {}  # refresh="epoch": epochs pinned by set_epoch
-        self._versions: dict[int, RoundUnits] = {snapshot.version: self._units[0]}
+        self._versions: dict[int, RoundUnits] = {
+            snapshot.version: RoundUnits.of(snapshot.units, unit_rows,
+                                            origin=(None, snapshot.version))}
+        self._origins: dict[Origin, dict[tuple[str, int], Unit]] = {}
+        self._listed: dict[tuple[int, int], list[Unit]] = {}  # units of commits (base, to]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_units"] = {0: self._units[0]}  # other rounds are cheap to list again
-        state["_formed"] = {}
+        # other rounds are cheap to list again
+        state["_versions"] = {self.snapshot.version: self._versions[self.snapshot.version]}
+        state["_units"], state["_formed"], state["_origins"], state["_listed"] = {}, {}, {}, {}
         return state
 
     def pin(self, index: int, snapshot: Snapshot) -> Round:
@@ -161,7 +268,8 @@ class RoundSequence:
         in the main process, since resolving a Delta snapshot is not fork-safe)."""
         rnd = Round(index, index, index, None, snapshot.version)
         self._pinned[index] = rnd
-        self._versions[snapshot.version] = RoundUnits.of(snapshot.units, self.unit_rows)
+        self._versions[snapshot.version] = RoundUnits.of(snapshot.units, self.unit_rows,
+                                                         origin=(None, snapshot.version))
         return rnd
 
     def needs_descriptor(self, rnd: Round) -> bool:
@@ -171,9 +279,12 @@ class RoundSequence:
     def first(self) -> Round:
         return Round(0, 0, 0, None, self.snapshot.version)
 
-    def get(self, index: int, known: Mapping[int, Round], *, wait: bool) -> Round | None:
+    def get(self, index: int, known: Mapping[int, Round], *, wait: bool,
+            tails: Tails | None = None) -> Round | None:
         """Round ``index``; None when the pass ends before it (epochs done, end version,
-        idle). ``known`` holds rounds named by a reader state."""
+        idle). ``known`` holds rounds named by a reader state; ``tails`` says how the round
+        before a follow segment is planned, to carry its tail (none carried when None: for
+        a look at the commits only)."""
         if self.refresh:
             return known.get(index, self._pinned.get(index))
         if self.follow is None:
@@ -183,14 +294,17 @@ class RoundSequence:
             return self.first()
         if index in known:
             return known[index]
-        if index in self._formed:
-            return self._formed[index]
-        prev = self.get(index - 1, known, wait=wait)
+        key = (index, None if tails is None else tails.key(index - 1))
+        if key in self._formed:
+            return self._formed[key]
+        prev = self.get(index - 1, known, wait=wait, tails=tails)
         if prev is None:
             return None
         formed = self._form(prev, wait)
         if formed is not None:
-            self._formed[index] = formed
+            if tails is not None:
+                formed = dataclasses.replace(formed, carry=tails.carry(prev, self.units(prev)))
+            self._formed[key] = formed
         return formed
 
     def units(self, rnd: Round) -> RoundUnits:
@@ -198,12 +312,32 @@ class RoundSequence:
         if rnd.base is None:
             if rnd.to not in self._versions:  # a re-pinned epoch named by a reader state
                 self._versions[rnd.to] = RoundUnits.of(self.source.snapshot(rnd.to).units,
-                                                            self.unit_rows)
+                                                       self.unit_rows, origin=(None, rnd.to))
             return self._versions[rnd.to]
-        key = rnd.index
-        if key not in self._units:
-            self._units[key] = RoundUnits.of(self._segment_units(rnd), self.unit_rows)
-        return self._units[key]
+        if rnd not in self._units:
+            carried = [(self._origin_unit(c), c[4], c[5], (c[0], c[1])) for c in rnd.carry]
+            self._units[rnd] = RoundUnits.of(self._segment_units(rnd.base, rnd.to, rnd.skipped),
+                                             self.unit_rows, origin=(rnd.base, rnd.to),
+                                             carried=carried)
+        return self._units[rnd]
+
+    def _origin_unit(self, carry: Carry) -> Unit:
+        """The whole row group carried rows come from, listed again from their round."""
+        base, to, path, group = carry[:4]
+        origin = (base, to)
+        if origin not in self._origins:
+            if base is None:
+                units = self.units(Round(0, 0, 0, None, to)).units
+            else:
+                units = tuple(self._segment_units(base, to, ()))
+            self._origins[origin] = {(u.path, u.row_group): u for u in units}
+        unit = self._origins[origin].get((path, group))
+        if unit is None or not 0 <= carry[4] < carry[5] <= unit.rows:
+            raise SourceChangedError(
+                f"{self.snapshot.identity.describe()}: rows [{carry[4]}, {carry[5]}) of row "
+                f"group {group} of {path}, carried from versions ({base}, {to}], are not in "
+                "the table's log; the log was rewritten or the reader state is damaged")
+        return unit
 
     # ------------------------------------------------------------------------ follow
 
@@ -260,9 +394,8 @@ class RoundSequence:
                 break
         if version == prev.to:
             return None  # at the end version already
-        formed = Round(prev.index + 1, prev.segment + 1, 0, prev.to, version, tuple(skipped))
-        self._units[formed.index] = RoundUnits.of(sorted(units), self.unit_rows)
-        return formed
+        self._listed[(prev.to, version)] = sorted(units)
+        return Round(prev.index + 1, prev.segment + 1, 0, prev.to, version, tuple(skipped))
 
     def _skip_reason(self, commit: Commit) -> str:
         assert self.follow is not None
@@ -276,23 +409,27 @@ class RoundSequence:
                 "Pass on_change='skip' to go on without that commit's rows.")
         return f"{commit.kind} {commit.operation}: {commit.detail}"
 
-    def _segment_units(self, rnd: Round) -> list[Unit]:
-        """List a known segment's units again (in another process, or after a resume)."""
-        assert rnd.base is not None
-        skipped = {v for v, _ in rnd.skipped}
-        version, units = rnd.base, list[Unit]()
-        while version != rnd.to:
+    def _segment_units(self, base: int, to: int,
+                       skipped_commits: Sequence[tuple[int, str]]) -> list[Unit]:
+        """List the units appended in commits ``(base, to]`` (in another process, after a
+        resume, or for rows carried from there)."""
+        if (base, to) in self._listed:
+            return self._listed[(base, to)]
+        skipped = {v for v, _ in skipped_commits}
+        version, units = base, list[Unit]()
+        while version != to:
             commit = self.source.commit_after(version, self.snapshot, self.columns)
             if commit is None:
                 raise SourceChangedError(
                     f"{self.snapshot.identity.describe()}: the commit after version {version} "
-                    f"is gone, but segment {rnd.segment} of the reader state covers versions "
-                    f"({rnd.base}, {rnd.to}]; the log was cleaned up or rewritten")
+                    f"is gone, but the reader state covers versions ({base}, {to}]; the log "
+                    "was cleaned up or rewritten")
             version = commit.version
             if commit.kind == "append" and version not in skipped:
                 units.extend(units_from_files(self.snapshot.identity, version, commit.files,
                                               self.snapshot.row_reader().storage)[0])
-        return sorted(units)
+        self._listed[(base, to)] = sorted(units)
+        return self._listed[(base, to)]
 
 
 def _in_dataloader_worker() -> bool:

@@ -64,7 +64,9 @@ def test_three_jobs_compacting_after_every_commit_never_duplicate_a_record(
 @pytest.mark.timeout(240)
 def test_a_job_that_restores_a_run_fences_the_job_still_writing_it(
         table: Path, tmp_path: Path) -> None:
-    old = _saver(table, tmp_path, "run", 20, "100", "--pause", "0.4")
+    # the old job must still be saving when the new one (a fresh interpreter) has restored:
+    # 20 saves 0.8 s apart leave it 14 s after step 3, also on a loaded machine
+    old = _saver(table, tmp_path, "run", 20, "100", "--pause", "0.8")
     assert old.stdout is not None
     while (line := old.stdout.readline()) and line.strip() != "saved 3":
         pass

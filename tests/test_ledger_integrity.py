@@ -194,3 +194,22 @@ def test_iceberg_a_damaged_ledger_file_is_named_with_the_way_out_which_works(
     job = _iceberg_manager(tmp_path, ledger)
     assert job.restore(model=torch.nn.Linear(2, 1)) == 10
     assert job.save(11, model=torch.nn.Linear(2, 1)).parent_id == ids[0]
+
+
+def test_a_flipped_row_group_statistic_is_named_not_trusted_to_hide_records(
+        tmp_path: Path) -> None:
+    """Page checksums do not cover the footer; its statistics decide which row groups a
+    filtered read skips. Found by ``lakeckpt chaos``: "run" -> "rwn" in a min statistic hid a
+    checkpoint and its consumption from every read of the run (restore went back to 10)."""
+    manager = CheckpointManager(tmp_path, "zz9")
+    ids = [manager.save(step, model=torch.nn.Linear(2, 1)).checkpoint_id for step in (10, 20)]
+    path = _file_of(tmp_path, ids[1])
+    data = path.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - length:-8]
+    assert footer.count(b"zz9") >= 2  # the run_id column's min and max
+    path.write_bytes(data[:-8 - length] + footer.replace(b"zz9", b"zz1") + data[-8:])
+    # the footer fails its digest: the file is read whole, its statistics unused
+    job = CheckpointManager(tmp_path, "zz9")
+    assert [r.step for r in job.checkpoints()] == [10, 20]
+    assert job.restore(model=torch.nn.Linear(2, 1)) == 20

@@ -268,7 +268,7 @@ def _check(trial: Trial, table: Path, root: Path, outs: list[Path]) -> None:
         trial.skipped = len(set(range(_ROWS)) - set(trained))
 
     ledger = DeltaLedger(str(root / "_ledger"))
-    chain = {r.checkpoint_id for r in ledger.checkpoints("run")}
+    chain = _lineage(ledger)
     consumed: Counter[tuple[str, int]] = Counter()
     for rec in ledger.consumption(run_id="run").to_pylist():
         if rec["checkpoint_id"] in chain:
@@ -282,6 +282,29 @@ def _check(trial: Trial, table: Path, root: Path, outs: list[Path]) -> None:
         diff = consumed[key] - expected[key]
         trial.ledger_duplicated += max(diff, 0)
         trial.ledger_skipped += max(-diff, 0)
+
+
+def _lineage(ledger: Any) -> set[str]:
+    """Ids of the newest committed checkpoint and its ancestors: what trained the final model.
+
+    Followed through every checkpoint row, damaged ones included: a record that fails its
+    checksum is ignored by restore, but when it is an ancestor of the newest checkpoint its
+    training was not lost, and its (intact) consumption records count.
+    """
+    import pyarrow.compute as pc
+
+    committed = ledger.checkpoints("run")
+    if not committed:
+        return set()
+    rows = ledger.to_arrow().filter(pc.field("record") == "checkpoint")
+    parents = dict(zip(rows["checkpoint_id"].to_pylist(), rows["parent_id"].to_pylist(),
+                       strict=True))
+    chain: set[str] = set()
+    current: str | None = committed[-1].checkpoint_id
+    while current is not None and current not in chain:
+        chain.add(current)
+        current = parents.get(current)
+    return chain
 
 
 def _scratch_table(path: Path) -> None:

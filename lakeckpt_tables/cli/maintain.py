@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
 from lakeckpt_tables.cli._output import add_output, add_target, emit
+
+if TYPE_CHECKING:
+    from lakeckpt_tables.audit._target import LedgerSnapshot
 
 __all__ = ["register", "run"]
 
@@ -15,17 +19,23 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_output(parser)
 
 
+def _count(snapshot: LedgerSnapshot) -> int:
+    """Rows of a ledger version; a Delta ledger's from its files' footers, not read whole."""
+    if snapshot.dataset is not None:
+        return int(snapshot.dataset.count_rows())
+    return int(snapshot.rows.num_rows)
+
+
 def run(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit._target import read_ledger
     from lakeckpt_tables.cli._ledger import existing_ledger
 
     ledger = existing_ledger(args.target, args.catalog)
-    before = read_ledger(ledger)
+    before = _count(read_ledger(args.target, catalog=getattr(ledger, "_catalog", None)))
     started = time.perf_counter()
     ledger.compact()
-    after = read_ledger(ledger)
-    emit([{"ledger": ledger.describe(), "rows_before": before.rows.num_rows,
-           "rows_after": after.rows.num_rows,
+    after = _count(read_ledger(args.target, catalog=getattr(ledger, "_catalog", None)))
+    emit([{"ledger": ledger.describe(), "rows_before": before, "rows_after": after,
            "seconds": round(time.perf_counter() - started, 3)}], args.output,
          title="compacted")
     return 0

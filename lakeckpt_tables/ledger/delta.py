@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import operator
@@ -75,6 +76,7 @@ class DeltaLedger(LedgerBase[AddAction]):
                        else DeltaTable(uri, storage_options=storage_options))
         _check_format(self._table, self.describe())
         self._fs, self._base = _filesystem(uri, storage_options)
+        self._verified: set[str] = set()  # data files whose footer matched its digest
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -149,9 +151,10 @@ class DeltaLedger(LedgerBase[AddAction]):
         """Check that every data file is there, at its logged size, with a readable footer.
 
         Returns:
-            True when every file stores the ledger's exact column types, so that filters can
-            be pushed into a scan; False when one was rewritten by another writer (e.g. a
-            delta-rs DELETE writes ``string_view``), which only a full read casts.
+            True when every file stores the ledger's exact column types and has a footer
+            that can be trusted (NOTE [ footer digest ]), so that filters can be pushed into a
+            scan; False when one was rewritten by another writer (e.g. a delta-rs DELETE
+            writes ``string_view``), which only a full read casts, or fails its digest.
 
         Raises:
             LedgerCorruptError: one is not (named, with the way out).
@@ -162,6 +165,7 @@ class DeltaLedger(LedgerBase[AddAction]):
                 found = self._fs.get_file_info(path).size
                 if found != size:
                     raise OSError(f"{found} bytes on disk, the log says {size}")
+                exact = exact and not self._suspect_footers([path])
                 stored = pq.read_schema(path, filesystem=self._fs)
             except (OSError, pa.ArrowException) as e:
                 raise self.damaged([path], e) from e
@@ -169,6 +173,48 @@ class DeltaLedger(LedgerBase[AddAction]):
                 f.name not in stored.names or stored.field(f.name).type == f.type
                 for f in s.LEDGER_SCHEMA)
         return exact
+
+    def _suspect_footers(self, paths: list[str]) -> set[str]:
+        """The data files whose footer does not match the digest their name carries (checked
+        once per file and process: data files are immutable).
+
+        NOTE [ footer digest ]
+        Page checksums cover page data, not the footer, and the footer's row-group
+        statistics decide which row groups a filtered read skips: one flipped bit in a
+        statistic ("run" -> "rwn") made a checkpoint and its consumption records silently
+        invisible to every read filtered on the run (found by ``lakeckpt chaos``). So the
+        ledger names each file it writes after a digest of its footer. A file whose footer
+        does not match is read whole, its statistics unused, and its rows are judged by their
+        own checksums (a rewritten record is then skipped by restore like any damaged one).
+        Files of other writers (or older ledgers) carry no digest and are trusted, as before.
+        """
+        suspect = set()
+        for path in paths:
+            if path in self._verified:
+                continue
+            try:
+                self._check_footer_digest(path)
+            except ValueError as e:
+                log.warning("ledger %s: data file %s: %s; it is read whole, its statistics "
+                            "unused", self.describe(), path, e)
+                suspect.add(path)
+                continue
+            except (OSError, pa.ArrowException) as e:
+                raise self.damaged([path], e) from e
+            self._verified.add(path)
+        return suspect
+
+    def _check_footer_digest(self, path: str) -> None:
+        want = _named_digest(path)
+        if want is None:
+            return
+        with self._fs.open_input_file(path) as f:
+            size = f.size()
+            length = int.from_bytes(bytes(f.read_at(8, size - 8))[:4], "little")
+            footer = bytes(f.read_at(length, size - 8 - length))
+        if _digest(footer) != want:
+            raise ValueError("its footer (schema and row-group statistics, which no page "
+                             "checksum covers) does not match the digest in its name")
 
     def read_files(self, paths: list[str]) -> pa.Table:
         """Every row of these data files, in :data:`LEDGER_SCHEMA`.
@@ -271,8 +317,13 @@ class DeltaLedger(LedgerBase[AddAction]):
         conditions = [pc.field(name) == v for name, v in wanted.items() if v is not None]
         where = functools.reduce(operator.and_, conditions) if conditions else None
         paths = [self._path(uri) for uri in self._table.file_uris()]
+        suspect = self._suspect_footers(paths)
+        trusted = [p for p in paths if p not in suspect]
         try:
-            rows = _dataset(paths, self._fs).to_table(filter=where)
+            rows = _dataset(trusted, self._fs).to_table(filter=where)
+            if suspect:  # NOTE [ footer digest ]: no statistics used, filtered here
+                whole = _dataset(sorted(suspect), self._fs).to_table()
+                rows = pa.concat_tables([rows, whole if where is None else whole.filter(where)])
         except (OSError, pa.ArrowException) as e:
             raise self.damaged(paths, e) from e
         return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
@@ -282,7 +333,7 @@ class DeltaLedger(LedgerBase[AddAction]):
         for path in paths:
             try:
                 _dataset([path], self._fs).to_table()
-            except (OSError, pa.ArrowException) as e:
+            except (OSError, pa.ArrowException, ValueError) as e:
                 return LedgerCorruptError(
                     f"ledger {self.describe()}: data file {path} is missing, truncated or "
                     f"damaged ({' '.join(str(e).split())}). The way out: move the file aside "
@@ -310,13 +361,17 @@ class DeltaLedger(LedgerBase[AddAction]):
         return None if token is None else str(token)
 
     def _prepare(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
-        path = f"lakeckpt-{uuid.uuid4().hex}.parquet"
+        buffer = pa.BufferOutputStream()
+        pq.write_table(rows, buffer, write_page_checksum=True, row_group_size=_ROW_GROUP_ROWS)
+        data = buffer.getvalue()
+        # NOTE [ footer digest ]: the name carries the footer's digest (see _footer_digest)
+        path = f"lakeckpt-{uuid.uuid4().hex}-{_footer_digest(data)}.parquet"
         where = f"{self._base}/{path}" if self._base else path
-        pq.write_table(rows, where, filesystem=self._fs, write_page_checksum=True,
-                       row_group_size=_ROW_GROUP_ROWS)
+        with self._fs.open_output_stream(where) as out:
+            out.write(data)
         return AddAction(
             path=path,
-            size=self._fs.get_file_info(where).size,
+            size=data.size,
             partition_values={},
             modification_time=int(time.time() * 1000),
             data_change=data_change,
@@ -358,6 +413,29 @@ class DeltaLedger(LedgerBase[AddAction]):
         # A file we fail to delete is an orphan, which maintenance removes.
         with contextlib.suppress(OSError):
             self._fs.delete_file(f"{self._base}/{prepared.path}" if self._base else prepared.path)
+
+
+_DIGEST_CHARS = 16
+
+
+def _digest(footer: bytes) -> str:
+    return hashlib.sha256(footer).hexdigest()[:_DIGEST_CHARS]
+
+
+def _footer_digest(data: pa.Buffer) -> str:
+    """Digest of a Parquet file's footer (its last ``8 + length`` bytes hold it)."""
+    raw = data.to_pybytes()
+    length = int.from_bytes(raw[-8:-4], "little")
+    return _digest(raw[-8 - length:-8])
+
+
+def _named_digest(path: str) -> str | None:
+    """The footer digest a ledger file's name carries, None for names without one."""
+    stem = path.rsplit("/", 1)[-1].removesuffix(".parquet")
+    parts = stem.split("-")
+    if len(parts) == 3 and parts[0] == "lakeckpt" and len(parts[2]) == _DIGEST_CHARS:
+        return parts[2]
+    return None
 
 
 def _open_or_create(uri: str, storage_options: dict[str, str] | None) -> DeltaTable:

@@ -30,7 +30,7 @@ from lakeckpt_tables.plan import (
     EpochPlan,
     Piece,
     PlanPolicy,
-    _cut_spans,
+    cut_spans,
     permutation,
     replan_rounds,
 )
@@ -251,6 +251,11 @@ class LakeDataset(IterableDataset[Batch]):
         if self.follow is not None:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows}
         return config
+
+    @property
+    def follows(self) -> bool:
+        """Whether this reader follows its table (rounds are follow segments)."""
+        return self.follow is not None
 
     @property
     def policy(self) -> dict[str, Any]:
@@ -544,8 +549,9 @@ class LakeDataset(IterableDataset[Batch]):
         return ReaderState(state.table, state.version, state.config, shape,
                            layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy)
 
-    def round_plan(self, index: int, shape: PlanShape, layouts: dict[int, tuple[Piece, ...]],
-                   known: dict[int, Round]) -> tuple[EpochPlan, RoundUnits]:
+    def round_plan(self, index: int, shape: PlanShape,
+                   layouts: Mapping[int, tuple[Piece, ...]],
+                   known: Mapping[int, Round]) -> tuple[EpochPlan, RoundUnits]:
         """Round ``index``'s plan for ``shape`` and its units (for consumption records)."""
         rnd = self._known_round(index, known, Tails(self._policy(shape), layouts))
         return (self._round_plan(self._policy(shape), rnd, layouts.get(index)),
@@ -716,7 +722,7 @@ class LakeDataset(IterableDataset[Batch]):
                      skip: int) -> pa.Table:
         """The window's rows in emission order, from its ``skip``-th on."""
         if window.seed is None:
-            return self._read_spans(plan, units, _cut_spans(window.spans, skip, window.size))
+            return self._read_spans(plan, units, cut_spans(window.spans, skip, window.size))
         table = self._read_spans(plan, units, window.spans)
         order = permutation(table.num_rows, window.seed)[window.lo + skip : window.hi]
         return table.take(pa.array(order))

@@ -42,10 +42,10 @@ from lakeckpt_tables.reader._torchdata import (
     states_from_loader,
 )
 from lakeckpt_tables.reader.convert import check_convertible, convert
+from lakeckpt_tables.reader.options import ReaderOptions
 from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH, ReadAhead
 from lakeckpt_tables.reader.rounds import (
     DEFAULT_UNIT_ROWS,
-    FollowPolicy,
     Round,
     RoundSequence,
     RoundUnits,
@@ -180,49 +180,37 @@ class LakeDataset(IterableDataset[Batch]):
         read_ahead: int = DEFAULT_DEPTH,
     ) -> None:
         super().__init__()
-        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-            raise ValueError(f"epochs must be a positive int, got {epochs!r}")
-        PlanPolicy(batch_size=batch_size, shuffle_window=shuffle_window)  # validates both
-        if not isinstance(unit_rows, int) or isinstance(unit_rows, bool) or unit_rows < 1:
-            raise ValueError(f"unit_rows must be a positive int, got {unit_rows!r}")
-        self.unit_rows = unit_rows
-        if not isinstance(read_ahead, int) or isinstance(read_ahead, bool) or read_ahead < 0:
-            raise ValueError(f"read_ahead must be a non-negative int, got {read_ahead!r}")
-        self.read_ahead = read_ahead
+        rank, world_size = _rank_and_world(rank, world_size)
+        # every option, and every combination, refused with its reason before any I/O
+        options = ReaderOptions(
+            columns=columns, batch_size=batch_size, shuffle=shuffle, seed=seed, version=version,
+            epochs=epochs, rank=rank, world_size=world_size, drop_last=drop_last,
+            shuffle_window=shuffle_window, transform=transform, follow=follow,
+            poll_interval=poll_interval, max_idle=max_idle, until_version=until_version,
+            on_change=on_change, min_segment_rows=min_segment_rows, refresh=refresh,
+            output=output, nulls=nulls, decimals=decimals, filter=filter, unit_rows=unit_rows,
+            read_ahead=read_ahead)
+        self.options = options
+        self.unit_rows, self.read_ahead = options.unit_rows, options.read_ahead
         self.source = source
         self._requested_version = version
         self._requested_min_segment_rows = min_segment_rows
         self.snapshot: Snapshot = source.snapshot(version)
         self.filter = filter
         if filter is not None:
-            if follow or refresh is not None:
-                raise ValueError("filter= is decided when the snapshot is pinned; follow=True "
-                                 "and refresh='epoch' pin versions later and take no filter")
             self.snapshot = filtered(self.snapshot, filter)
         if self.snapshot.rows == 0 and not follow:
             raise EmptySourceError(f"{self.snapshot.describe()} holds no rows; nothing to read")
-        self.columns = _check_columns(self.snapshot, columns)
+        self.columns = _check_columns(self.snapshot, options.columns)
         self.output, self.nulls, self.decimals = output, nulls, decimals
         self._check_output()
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epochs = epochs
-        self.drop_last = drop_last
-        self.shuffle_window = shuffle_window
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.epochs, self.drop_last, self.shuffle_window = epochs, drop_last, shuffle_window
         self.transform = transform
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
-        self.follow = _follow_policy(follow, epochs, self.world_size, batch_size,
-                                     poll_interval=poll_interval, max_idle=max_idle,
-                                     until_version=until_version, on_change=on_change,
-                                     min_segment_rows=min_segment_rows)
+        self.rank, self.world_size = rank, world_size
+        self.follow = options.follow_policy()
         if self.follow is not None and until_version is not None:
             _check_end_exists(source, until_version)
-        if refresh not in (None, "epoch"):
-            raise ValueError(f"refresh must be None or 'epoch', got {refresh!r}")
-        if refresh is not None and (follow or epochs != 1):
-            raise ValueError("refresh='epoch' reads one epoch per pass (call set_epoch(e) "
-                             "before each); it takes neither follow=True nor epochs")
         self.refresh = refresh
         self.rounds = RoundSequence(source, self.snapshot, self.columns, epochs=epochs,
                                     follow=self.follow, refresh=refresh is not None,
@@ -804,8 +792,6 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
         world_size = dist.get_world_size() if initialized else 1
     if rank is None:
         rank = dist.get_rank() if initialized else 0
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside world_size {world_size}")
     return rank, world_size
 
 
@@ -825,19 +811,3 @@ def _broadcast_from_rank0(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _follow_policy(follow: bool, epochs: int, world_size: int, batch_size: int,
-                   **options: Any) -> FollowPolicy | None:
-    if not follow:
-        return None
-    if epochs != 1:
-        raise ValueError("follow mode has no epochs: leave epochs=1")
-    if options["max_idle"] is not None and world_size > 1:
-        raise ValueError(
-            "max_idle ends a pass when no commit came for a while, which each rank would "
-            "notice at a different step; with several ranks use until_version, or stop all "
-            "ranks together from the training loop")
-    if options["min_segment_rows"] is None:
-        options["min_segment_rows"] = world_size * batch_size
-    return FollowPolicy(**options)

@@ -30,8 +30,6 @@ from lakeckpt_tables.plan import (
     EpochPlan,
     Piece,
     PlanPolicy,
-    cut_spans,
-    permutation,
     replan_rounds,
 )
 from lakeckpt_tables.plan.validate import layout_problem, position_problem
@@ -42,8 +40,9 @@ from lakeckpt_tables.reader._torchdata import (
     states_from_loader,
 )
 from lakeckpt_tables.reader.convert import check_convertible, convert
+from lakeckpt_tables.reader.loop import batches
 from lakeckpt_tables.reader.options import ReaderOptions
-from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH, ReadAhead
+from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH
 from lakeckpt_tables.reader.rounds import (
     DEFAULT_UNIT_ROWS,
     Round,
@@ -651,7 +650,10 @@ class LakeDataset(IterableDataset[Batch]):
                 # a round this slice has nothing of (all of it a tail, carried or not) is
                 # passed, and the state says so: the ledger then names its tail
                 cursor.epoch, cursor.position, cursor.rounds = index, 0, own
-            for table, position in self._batches(plan, units, cursor.slice_index, start):
+            for table, position in batches(plan, units, cursor.slice_index, start,
+                                           row_group=self._cache.get,
+                                           expect=self._prefetch.expect,
+                                           read_ahead=self.read_ahead):
                 cursor.epoch, cursor.position, cursor.rounds = index, position, own
                 batch = convert(table, self.output, self.nulls)
                 yield self.transform(batch) if self.transform is not None else batch
@@ -671,56 +673,6 @@ class LakeDataset(IterableDataset[Batch]):
                         plan.policy.slices, plan.policy.batch_size,
                         "" if self.follow is None else " as the pass ends here; following "
                         "on past this version (a later until_version) delivers them first")
-
-    def _batches(self, plan: EpochPlan, units: RoundUnits, g: int,
-                 start: int) -> Iterator[tuple[pa.Table, int]]:
-        """Slice ``g``'s batches after ``start`` rows, each with the position after it."""
-        ends = plan.batch_ends(g)
-        j = int(np.searchsorted(ends, start, side="right"))
-        if j >= len(ends):
-            return
-        emitted = start  # rows of the slice read into batches (pending included)
-        pending: list[pa.Table] = []
-        jobs: list[tuple[Piece, int]] = []  # windows still to read, and rows of each to skip
-        offset = 0
-        for window in plan.windows(g):
-            if offset + window.size > emitted:
-                jobs.append((window, max(emitted - offset, 0)))
-            offset += window.size
-        # NOTE [ read-ahead ] in reader/readahead.py: later windows decode on threads while
-        # this one is cut into batches; the position still counts rows yielded, nothing else.
-        tables = ReadAhead(lambda job: self._read_window(plan, units, *job), jobs,
-                           depth=self.read_ahead, size=lambda table: int(table.nbytes))
-        for table in tables:
-            taken = 0
-            while j < len(ends) and taken < table.num_rows:
-                need = int(ends[j]) - emitted
-                part = table.slice(taken, min(need, table.num_rows - taken))
-                pending.append(part)
-                taken += part.num_rows
-                emitted += part.num_rows
-                if emitted == ends[j]:
-                    yield _concat(pending), emitted
-                    pending = []
-                    j += 1
-            if j >= len(ends):
-                return
-
-    def _read_window(self, plan: EpochPlan, units: RoundUnits, window: Piece,
-                     skip: int) -> pa.Table:
-        """The window's rows in emission order, from its ``skip``-th on."""
-        if window.seed is None:
-            return self._read_spans(plan, units, cut_spans(window.spans, skip, window.size))
-        table = self._read_spans(plan, units, window.spans)
-        order = permutation(table.num_rows, window.seed)[window.lo + skip : window.hi]
-        return table.take(pa.array(order))
-
-    def _read_spans(self, plan: EpochPlan, units: RoundUnits,
-                    spans: Sequence[tuple[int, int]]) -> pa.Table:
-        located = [units.at(u, r0, r1) for u, r0, r1 in plan.locate(spans)]
-        self._prefetch.expect(unit for unit, _, _ in located)  # NOTE [ prefetch ] (io)
-        return _concat([self._cache.get(unit).slice(first, end - first)
-                        for unit, first, end in located])
 
     def _read_row_group(self, unit: Unit) -> pa.Table:
         return self._prefetch.get(unit)
@@ -744,15 +696,6 @@ def _unit_key(unit: Unit) -> tuple[str, int]:
 def _same_json(a: Any, b: Any) -> bool:
     """Equal as JSON values: ``True`` is not ``1`` (Python's ``==`` says it is)."""
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def _concat(tables: list[pa.Table]) -> pa.Table:
-    if len(tables) == 1:
-        return tables[0]
-    try:
-        return pa.concat_tables(tables)
-    except pa.ArrowInvalid:
-        return pa.concat_tables(tables, promote_options="permissive")
 
 
 def _check_columns(snapshot: Snapshot, columns: Sequence[str] | None) -> list[str]:

@@ -14,6 +14,7 @@ from audit_helpers import SimulatedRun, write_table
 
 from lakeckpt_tables.audit import connect
 from lakeckpt_tables.audit._target import read_ledger
+from lakeckpt_tables.cli import main
 from lakeckpt_tables.errors import LedgerCorruptError
 from lakeckpt_tables.ledger import DeltaLedger
 from lakeckpt_tables.ledger.summary import SUMMARY_DIR, summarize
@@ -113,3 +114,45 @@ def test_a_truncated_ledger_file_is_named_before_any_view_is_read(table: Path,
     data.write_bytes(data.read_bytes()[:-100])
     with pytest.raises(LedgerCorruptError, match=rf"{data.name} is missing, truncated or damaged"):
         read_ledger(str(tmp_path))
+
+
+def test_a_damaged_page_met_inside_a_query_is_a_named_error_naming_the_file(
+        table: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "_ledger"
+    ledger = DeltaLedger(str(root))
+    _two_runs(table, ledger)
+    ledger.compact()
+    data = _live_file(root)
+    damaged = bytearray(data.read_bytes())
+    for k in range(8, len(damaged) // 2, 97):  # pages, not the footer: the file still opens
+        damaged[k] ^= 0x10
+    data.write_bytes(bytes(damaged))
+    read_ledger(str(tmp_path))  # the footer is intact: the damage is met by the scan
+    capsys.readouterr()
+    assert main(["checkpoints", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"data file {data} is missing, truncated or damaged" in err
+    assert "The way out: move the file aside" in err and "Traceback" not in err
+
+
+def test_damage_met_by_duckdb_inside_a_view_is_named_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lakeckpt_tables.bench.audit import _build
+
+    where = tmp_path / "ledger"
+    _build(where, 1_100, lambda _: None)  # 71,500 rows: consumption spills into row group 1
+    DeltaLedger(str(where)).compact()
+    data = _live_file(where)
+    chunk = pq.read_metadata(data).row_group(1).column(
+        pq.read_schema(data).get_field_index("row_start"))
+    damaged = bytearray(data.read_bytes())
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    for k in (1, 2, 3):
+        damaged[start + chunk.total_compressed_size * k // 4] ^= 0x10
+    data.write_bytes(bytes(damaged))
+    capsys.readouterr()
+    assert main(["progress", f"delta:{where}", "--output", "json"]) == 0  # summaries: unharmed
+    assert main(["sql", f"delta:{where}", "SELECT max(row_start) FROM consumption"]) == 2
+    err = capsys.readouterr().err
+    assert f"data file {data} is missing, truncated or damaged" in err, err
+    assert "Traceback" not in err

@@ -12,13 +12,12 @@ import torch
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.bench.data import ensure_synthetic_table
 from lakeckpt_tables.bench.read import (
-    STATE_TARGET_BYTES,
     format_report,
     interleaved_pass,
-    measure_state_size,
     raw_batches,
     run_read_bench,
 )
+from lakeckpt_tables.bench.state import STATE_TARGET_BYTES, measure_state_size
 from lakeckpt_tables.cli import main
 from lakeckpt_tables.reader.state import decode_state, encode_state
 
@@ -64,8 +63,8 @@ def test_run_read_bench_reports_every_figure_with_its_target(bench_root: Path) -
     assert throughput["rows"] == ROWS and throughput["rounds"] == 1
     assert throughput["raw"] > 0 and throughput["reader"] > 0 and throughput["shuffled"] > 0
     # Every pass decodes: a dataset reused across rounds served its second pass from its
-    # row-group cache, and "reader / raw" read 3-4x.
-    assert throughput["ratio"] < 2.0
+    # row-group cache, and "reader / raw" read 3-4x (2.1 on this small table).
+    assert throughput["ratio"] < 1.4  # measured 0.64-0.75 here; 2.1 with the cache serving
     assert [r["shuffle"] for r in data["resume"]] == [False, True]
     for resume in data["resume"]:
         assert resume["fractions"] == [0.0, 0.5, 0.9]
@@ -102,7 +101,7 @@ def test_reader_state_for_128_ranks_by_8_workers_is_under_64_kb() -> None:
 
 
 def test_the_simulated_state_round_trips_through_its_encoding() -> None:
-    from lakeckpt_tables.bench.read import simulated_state
+    from lakeckpt_tables.bench.state import simulated_state
     from lakeckpt_tables.reader.state import ReaderState
 
     state, _ = simulated_state()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -79,3 +81,18 @@ def test_the_cost_figures_pair_every_read_with_the_plain_one(tables: FeatureTabl
     data = cost.to_json()
     assert data["dv_cost"] == pytest.approx(1 - cost.dv_ratio)
     assert data["partition_cost"] == pytest.approx(1 - cost.partition_vs_stored)
+
+
+def test_the_cli_measures_the_table_features_alone(tables: FeatureTables,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from lakeckpt_tables.cli import main
+
+    code = main(["bench", "tables", "--rows", str(ROWS), "--dir",
+                 str(Path(tables.plain).parent), "--rounds", "1", "--min-seconds", "0",
+                 "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == (0 if data["passed"] else 1)
+    assert data["tables"] == asdict(tables)  # the module's tables, reused
+    assert data["table_features"]["rounds"] == 1
+    assert [f["name"] for f in data["figures"] if f["target"]] == [
+        "deletion vectors / plain read", "partition column from the log / same column stored"]

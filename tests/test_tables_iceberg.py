@@ -103,12 +103,13 @@ def _write_data_file(path: Path, columns: dict[str, tuple[int, pa.Array]]) -> in
 
 
 def _add_file(table: Any, path: Path, rows: int, partition: Any, content: Any = None,
-              equality_ids: list[int] | None = None) -> None:
+              equality_ids: list[int] | None = None, file_format: Any = None) -> None:
     from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 
     data_file = DataFile.from_args(
         content=content if content is not None else DataFileContent.DATA,
-        file_path=f"file://{path}", file_format=FileFormat.PARQUET, partition=partition,
+        file_path=f"file://{path}", file_format=file_format or FileFormat.PARQUET,
+        partition=partition,
         record_count=rows, file_size_in_bytes=path.stat().st_size,
         equality_ids=equality_ids)
     data_file.spec_id = table.metadata.default_spec_id
@@ -165,10 +166,16 @@ def test_positional_deletes_are_applied_with_lockstep_and_exact_resume(tmp_path:
     live = [i for i in range(40) if i not in deleted]
     snap = IcebergSource("ns.parted", catalog=catalog).snapshot()
     assert snap.rows == len(live)
+    _lockstep_exactly_once_and_exact_resume(catalog, live, batch_size=3, seed=5)
 
+
+def _lockstep_exactly_once_and_exact_resume(catalog: Any, live: list[int], *, batch_size: int,
+                                            seed: int) -> list[list[list[int]]]:
+    """Two ranks read ``ns.parted``: equal batch counts, every live id once, and rank 1
+    resumed after two batches gives the rest of its uninterrupted run. Returns the runs."""
     def dataset(rank: int) -> LakeDataset:
         return LakeDataset(IcebergSource("ns.parted", catalog=catalog), columns=["id"],
-                           batch_size=3, rank=rank, world_size=2, seed=5)
+                           batch_size=batch_size, rank=rank, world_size=2, seed=seed)
 
     runs = [[b["id"].tolist() for b in loader_for(dataset(r), 0)] for r in range(2)]
     assert len(runs[0]) == len(runs[1])
@@ -178,6 +185,7 @@ def test_positional_deletes_are_applied_with_lockstep_and_exact_resume(tmp_path:
     resumed = loader_for(dataset(1), 0)
     resumed.load_state_dict(loader.state_dict())
     assert head + [b["id"].tolist() for b in resumed] == runs[1]
+    return runs
 
 
 def test_equality_deletes_are_refused_up_front_naming_the_file(tmp_path: Path) -> None:
@@ -248,7 +256,7 @@ def test_a_followed_append_with_equality_deletes_is_a_named_error(tmp_path: Path
     assert "snapshot" in str(info.value)
 
 
-def _puffin_deletion_vector(path: Path, data_file: str, deleted: list[int]) -> int:
+def _puffin_deletion_vector(path: Path, data_file: str, deleted: list[int]) -> None:
     """A Puffin file holding one ``deletion-vector-v1`` blob, as Iceberg v3 writers store a
     data file's deleted rows: length (big-endian), magic, 64-bit roaring bitmap, CRC-32."""
     import struct
@@ -265,7 +273,6 @@ def _puffin_deletion_vector(path: Path, data_file: str, deleted: list[int]) -> i
               f'"{data_file}", "cardinality": "{len(deleted)}"}}}}]}}').encode()
     path.write_bytes(b"PFA1" + blob + b"PFA1" + footer + struct.pack("<i", len(footer))
                      + bytes(4) + b"PFA1")
-    return path.stat().st_size
 
 
 def test_puffin_deletion_vectors_are_applied_as_pyiceberg_applies_them(tmp_path: Path) -> None:
@@ -273,7 +280,7 @@ def test_puffin_deletion_vectors_are_applied_as_pyiceberg_applies_them(tmp_path:
     pyiceberg's ``_read_deletes`` like positional delete files. pyiceberg 0.12 writes no v3
     manifests, so the Puffin file is registered in a v2 table: the delete file is what is
     tested, not v3 table metadata."""
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.manifest import DataFileContent, FileFormat
     from pyiceberg.typedef import Record
 
     catalog, _table = _partitioned(tmp_path)
@@ -282,33 +289,16 @@ def test_puffin_deletion_vectors_are_applied_as_pyiceberg_applies_them(tmp_path:
     _add_file(catalog.load_table("ns.parted"), data, 40, Record("eu"))
     deleted = [1, 2, 8, 21, 22, 38]
     puffin = tmp_path / "eu-dv.puffin"
-    size = _puffin_deletion_vector(puffin, f"file://{data}", deleted)
-    table = catalog.load_table("ns.parted")
-    dv = DataFile.from_args(content=DataFileContent.POSITION_DELETES,
-                            file_path=f"file://{puffin}", file_format=FileFormat.PUFFIN,
-                            partition=Record("eu"), record_count=len(deleted),
-                            file_size_in_bytes=size)
-    dv.spec_id = table.metadata.default_spec_id
-    with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
-        append.append_data_file(dv)
+    _puffin_deletion_vector(puffin, f"file://{data}", deleted)
+    _add_file(catalog.load_table("ns.parted"), puffin, len(deleted), Record("eu"),
+              DataFileContent.POSITION_DELETES, file_format=FileFormat.PUFFIN)
     live = [i for i in range(40) if i not in deleted]
     reference = catalog.load_table("ns.parted").scan().to_arrow()
     assert sorted(reference["id"].to_pylist()) == live  # pyiceberg applies the vector
     assert _every_snapshot_reads_as_pyiceberg_reads_it(catalog, "ns.parted") == 2
     assert IcebergSource("ns.parted", catalog=catalog).snapshot().rows == len(live)
-
-    def dataset(rank: int) -> LakeDataset:
-        return LakeDataset(IcebergSource("ns.parted", catalog=catalog), columns=["id"],
-                           batch_size=4, rank=rank, world_size=2, seed=3)
-
-    runs = [[b["id"].tolist() for b in loader_for(dataset(r), 0)] for r in range(2)]
-    assert len(runs[0]) == len(runs[1]) == 5  # 34 live rows, 17 a rank, batches of 4
-    assert sorted(i for run in runs for b in run for i in b) == live
-    loader = loader_for(dataset(0), 0)
-    head = [b["id"].tolist() for b in itertools.islice(loader, 3)]
-    resumed = loader_for(dataset(0), 0)
-    resumed.load_state_dict(loader.state_dict())
-    assert head + [b["id"].tolist() for b in resumed] == runs[0]
+    runs = _lockstep_exactly_once_and_exact_resume(catalog, live, batch_size=4, seed=3)
+    assert len(runs[0]) == 5  # 34 live rows, 17 a rank, batches of 4
 
 
 def test_pyiceberg_is_pinned_to_the_minor_version_whose_internals_are_called() -> None:

@@ -21,7 +21,7 @@ import pyarrow.dataset as pa_ds
 from lakeckpt_tables.errors import LedgerCorruptError, LedgerError
 from lakeckpt_tables.ledger import schema as s
 
-__all__ = ["LedgerSnapshot", "read_ledger"]
+__all__ = ["LedgerSnapshot", "damage_error", "read_ledger"]
 
 
 class LedgerSnapshot:
@@ -42,12 +42,14 @@ class LedgerSnapshot:
 
     def __init__(self, where: str, version: int | None, rows: pa.Table | None = None,
                  catalog: Any = None, *, dataset: pa_ds.Dataset | None = None,
-                 consumed: Callable[[], pa.Table] | None = None) -> None:
+                 consumed: Callable[[], pa.Table] | None = None,
+                 damaged: Callable[[Exception], LedgerCorruptError] | None = None) -> None:
         if (rows is None) == (dataset is None):
             raise ValueError("a ledger snapshot holds either rows or a dataset")
         self.where, self.version, self.catalog, self.dataset = where, version, catalog, dataset
         self._rows = rows
         self._consumed = consumed
+        self._damaged = damaged
 
     @functools.cached_property
     def rows(self) -> pa.Table:
@@ -69,9 +71,14 @@ class LedgerSnapshot:
         try:
             return self.dataset.to_table(filter=filter, columns=columns)
         except (OSError, pa.ArrowException) as e:
-            raise LedgerCorruptError(
-                f"ledger {self.where} version {self.version}: a data file is damaged "
-                f"({' '.join(str(e).split())}); `lakeckpt maintain` names it") from e
+            raise self.damage(e) from e
+
+    def damage(self, cause: Exception) -> LedgerCorruptError:
+        """The named error for a failed read of this ledger: which file, and the way out."""
+        if self._damaged is not None:
+            return self._damaged(cause)
+        return LedgerCorruptError(f"ledger {self.where} version {self.version} could not be "
+                                  f"read: {' '.join(str(cause).split())}")
 
     def consumed(self) -> pa.Table:
         """Consumption totals per (run, checkpoint, step, segment, epoch), in
@@ -144,7 +151,32 @@ def _delta(uri: str, storage_options: dict[str, str] | None) -> LedgerSnapshot:
         return LedgerSnapshot(f"delta:{uri}", version, ledger.read_files(paths))
     return LedgerSnapshot(f"delta:{uri}", version,
                           dataset=ledger.dataset(paths),
-                          consumed=functools.partial(ledger.consumed, files))
+                          consumed=functools.partial(ledger.consumed, files),
+                          damaged=functools.partial(ledger.damaged, paths))
+
+
+def damage_error(target: Any, cause: Exception, *,
+                 storage_options: dict[str, str] | None = None) -> LedgerCorruptError:
+    """The named error for a query that failed reading a lazily scanned ledger: the damaged
+    data file found file by file (a Delta ledger's pages are checked as they are scanned, so
+    damage surfaces inside DuckDB, which cannot say which file it was reading)."""
+    from deltalake.exceptions import DeltaError
+
+    from lakeckpt_tables.ledger.delta import DeltaLedger
+
+    where = os.fspath(target) if isinstance(target, str | os.PathLike) else None
+    if where is not None and not where.startswith("iceberg:"):
+        uri = where.removeprefix("delta:")
+        from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR
+
+        for candidate in (f"{uri.rstrip('/')}/{DEFAULT_LEDGER_DIR}", uri):
+            try:
+                ledger = DeltaLedger(candidate, storage_options=storage_options, create=False)
+            except (LedgerError, DeltaError, OSError):  # not a ledger there: the next one
+                continue
+            _, files = ledger.loaded_files()
+            return ledger.damaged([path for path, _ in files], cause)
+    return LedgerCorruptError(f"ledger {target} could not be read: {cause}")
 
 
 def _iceberg(identifier: str, catalog: Any) -> LedgerSnapshot:

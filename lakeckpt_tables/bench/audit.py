@@ -8,6 +8,7 @@ then compacted): committing 100,000 checkpoints one by one would take hours.
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -43,11 +44,17 @@ class AuditReport:
     """CPU seconds of the progress query (this process): what wall time would be on an idle
     machine; the wall figures rise with the load of a shared machine."""
     verify_cpu_s: float = 0.0
+    load: float = 0.0
+    """The machine's 1-minute load average when the figures were taken."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.__dict__)
         out["passed"] = (self.progress_s < 1.0 and self.verify_s < 10.0
                          and self.commit_p50_ms <= 100.0)
+        # on a shared machine wall time is mostly waiting for a core: CPU time is what the
+        # same run takes on an idle one (a single-threaded query; DuckDB's threads only help)
+        out["passed_cpu"] = (self.progress_cpu_s < 1.0 and self.verify_cpu_s < 10.0
+                             and self.commit_p50_ms <= 100.0)
         return out
 
 
@@ -89,7 +96,7 @@ def run_audit_bench(*, checkpoints: int = DEFAULT_CHECKPOINTS, root: str | None 
         p50 = statistics.median(latencies) * 1000
         progress(f"commit p50: {p50:.1f} ms")
     return AuditReport(checkpoints, RECORDS, rows, build_s, maintain_s, progress_s, verify_s, p50,
-                       progress_cpu, verify_cpu)
+                       progress_cpu, verify_cpu, os.getloadavg()[0])
 
 
 def _build(where: Path, checkpoints: int, progress: Callable[[str], None]) -> int:
@@ -180,5 +187,7 @@ def format_report(report: AuditReport) -> str:
         f"  verify one run           {report.verify_s:8.2f} s   target < 10 s "
         f"({report.verify_cpu_s:.2f} s CPU)",
         f"  commit p50               {report.commit_p50_ms:8.1f} ms  target <= 100 ms",
-        f"{'PASSED' if r['passed'] else 'NOT MET'}",
+        f"{'PASSED' if r['passed'] else 'NOT MET'} on wall time (load average "
+        f"{report.load:.1f} on {os.cpu_count()} cores); "
+        f"{'PASSED' if r['passed_cpu'] else 'NOT MET'} on CPU time",
     ])

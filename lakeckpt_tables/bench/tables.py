@@ -43,8 +43,12 @@ from lakeckpt_tables.bench._common import (
     Figure,
     LoopTime,
     Progress,
+    figure_lines,
     interleaved_rounds,
+    machine_note,
+    passed,
     quiet,
+    scratch,
     write_delta,
 )
 from lakeckpt_tables.bench.data import (
@@ -62,10 +66,13 @@ __all__ = [
     "DELETED_SHARE",
     "FeatureCost",
     "FeatureTables",
+    "TablesReport",
     "add_deletion_vectors",
     "ensure_feature_tables",
     "feature_figures",
+    "format_report",
     "measure_feature_cost",
+    "run_tables_bench",
 ]
 
 COST_TARGET = 0.05
@@ -350,3 +357,36 @@ def feature_figures(cost: FeatureCost) -> list[Figure]:
                cost.layer("partition") / cost.layer("stored"), "x", "", None,
                f"(id, x, day from the log) / (id, x) {cost.layer('partition'):.2f}x"),
     ]
+
+
+@dataclass
+class TablesReport:
+    """What ``lakeckpt bench tables`` measured."""
+
+    tables: FeatureTables
+    cost: FeatureCost
+    figures: list[Figure]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tables": asdict(self.tables), "table_features": self.cost.to_json(),
+                "figures": [f.to_json() for f in self.figures],
+                "passed": passed(self.figures)}
+
+
+def run_tables_bench(*, rows: int, root: str | Path | None = None, rounds: int = 5,
+                     min_seconds: float = 3.0, batch_size: int = 8192,
+                     progress: Progress = quiet) -> TablesReport:
+    """Build (or reuse under ``root``) the four tables and measure what the features cost."""
+    with scratch(root, "lakeckpt-bench-tables-") as path:
+        tables = ensure_feature_tables(path, rows)
+        cost = measure_feature_cost(tables, batch_size=batch_size, rounds=rounds,
+                                    min_seconds=min_seconds, progress=progress)
+    return TablesReport(tables, cost, feature_figures(cost))
+
+
+def format_report(report: TablesReport) -> str:
+    """The figures as a plain-text table, like ``lakeckpt bench read``."""
+    verdict = "all targets met" if report.to_json()["passed"] else "some targets MISSED"
+    return "\n".join([*figure_lines(report.figures), "",
+                      f"{report.tables.rows:,} rows a table; local disk, {machine_note()}; "
+                      f"{verdict}"])

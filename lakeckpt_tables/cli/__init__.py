@@ -66,6 +66,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not _ledger_scan_failed(exc):
+            raise
+        from lakeckpt_tables.audit._target import damage_error
+
+        named = damage_error(getattr(cmd_args, "target", None), exc)
+        print(f"lakeckpt {args.command}: error: {named}", file=sys.stderr)
+        return 2
+
+
+def _ledger_scan_failed(exc: Exception) -> bool:
+    """A DuckDB query failed reading the lazily scanned ledger (a damaged page)."""
+    return type(exc).__module__.lstrip("_").startswith("duckdb") and \
+        "registered as 'ledger' failed" in str(exc)
 
 
 def _silence_stdout() -> None:

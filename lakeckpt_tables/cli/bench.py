@@ -13,6 +13,9 @@ and async saves, reader tracking cost, and ledger bytes per checkpoint.
 delay from an append's commit to its first row in a batch (p50/p99), and the cost of forming a
 segment over a backlog of 10,000 commits (1,000 with ``--quick``).
 
+``lakeckpt bench tables [--rows N] [--dir PATH] [--json]``: the cost of deletion vectors and
+partition columns alone (also part of ``bench read``).
+
 ``lakeckpt bench peers [--rows N | --quick] [--dir PATH] [--json-out FILE]``: one token table
 read by raw pyarrow, a plain IterableDataset, naive skip-ahead resume, Hugging Face datasets
 streaming and the library, under StatefulDataLoader at 0 and 2 workers; a markdown table of
@@ -150,6 +153,26 @@ def register(parser: argparse.ArgumentParser) -> None:
                        help="also write the report as JSON to FILE")
 
 
+    from lakeckpt_tables.bench.read import FEATURE_ROWS
+
+    tables = sub.add_parser("tables", help="what deletion vectors and partition columns cost",
+                            description="The cost figures of `bench read` alone (issue 9 item "
+                            "8): the reader over the same rows with 1% of them deleted by "
+                            "deletion vectors, and with a partition column from the log, "
+                            "against the same data without them; CPU-time ratios of "
+                            "interleaved passes.")
+    tables.add_argument("--rows", type=_positive, default=FEATURE_ROWS,
+                        help=f"rows of each table (default {FEATURE_ROWS:,})")
+    tables.add_argument("--rounds", type=_positive, default=5,
+                        help="least interleaved rounds (default 5)")
+    tables.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
+                        help="keep adding rounds (up to 50) until S seconds are spent "
+                        "(default 3)")
+    tables.add_argument("--dir", metavar="PATH", default=None,
+                        help="keep the tables under PATH and reuse them (default: temporary)")
+    tables.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark; exit status 0 when every target is met, 1 otherwise."""
     if args.bench == "read":
@@ -160,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         return _follow(args)
     if args.bench == "audit":
         return _audit(args)
+    if args.bench == "tables":
+        return _tables(args)
     if args.bench == "peers":
         return _peers(args)
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
@@ -217,6 +242,14 @@ def _audit(args: argparse.Namespace) -> int:
     from lakeckpt_tables.bench.audit import format_report, run_audit_bench
 
     report = run_audit_bench(checkpoints=args.checkpoints, root=args.dir, progress=_progress)
+    return _emit(report, args.json, format_report)
+
+
+def _tables(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.bench.tables import format_report, run_tables_bench
+
+    report = run_tables_bench(rows=args.rows, root=args.dir, rounds=args.rounds,
+                              min_seconds=args.min_seconds, progress=_progress)
     return _emit(report, args.json, format_report)
 
 

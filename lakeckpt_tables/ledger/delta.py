@@ -39,6 +39,7 @@ from lakeckpt_tables.ledger.summary import (
     SUMMARY_SCHEMA,
     read_summary,
     summarize,
+    summary_path,
     write_summary,
 )
 
@@ -110,6 +111,8 @@ class DeltaLedger(LedgerBase[AddAction]):
                         commit_properties=properties)
                 except CommitFailedError:
                     self._discard(prepared)
+                    with contextlib.suppress(OSError):
+                        self._fs.delete_file(summary_path(self._base, prepared.path))
                     log.info("ledger %s: a concurrent commit won over compaction; giving way",
                              self.describe())
                     return
@@ -161,7 +164,7 @@ class DeltaLedger(LedgerBase[AddAction]):
                     raise OSError(f"{found} bytes on disk, the log says {size}")
                 stored = pq.read_schema(path, filesystem=self._fs)
             except (OSError, pa.ArrowException) as e:
-                raise self._damaged([path], e) from e
+                raise self.damaged([path], e) from e
             exact = exact and all(
                 f.name not in stored.names or stored.field(f.name).type == f.type
                 for f in s.LEDGER_SCHEMA)
@@ -176,7 +179,7 @@ class DeltaLedger(LedgerBase[AddAction]):
         try:
             rows = _dataset(paths, self._fs).to_table()
         except (OSError, pa.ArrowException) as e:
-            raise self._damaged(paths, e) from e
+            raise self.damaged(paths, e) from e
         return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
 
     def consumed(self, files: list[tuple[str, int]]) -> pa.Table:
@@ -200,7 +203,7 @@ class DeltaLedger(LedgerBase[AddAction]):
                 rows = _dataset(unsummarized, self._fs).to_table(
                     columns=columns, filter=pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
             except (OSError, pa.ArrowException) as e:
-                raise self._damaged(unsummarized, e) from e
+                raise self.damaged(unsummarized, e) from e
             parts.append(summarize(rows))
         return pa.concat_tables(parts) if parts else SUMMARY_SCHEMA.empty_table()
 
@@ -271,10 +274,10 @@ class DeltaLedger(LedgerBase[AddAction]):
         try:
             rows = _dataset(paths, self._fs).to_table(filter=where)
         except (OSError, pa.ArrowException) as e:
-            raise self._damaged(paths, e) from e
+            raise self.damaged(paths, e) from e
         return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
 
-    def _damaged(self, paths: list[str], cause: Exception) -> LedgerCorruptError:
+    def damaged(self, paths: list[str], cause: Exception) -> LedgerCorruptError:
         """The named error for a ledger file that cannot be read, found file by file."""
         for path in paths:
             try:

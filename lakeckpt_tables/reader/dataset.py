@@ -630,6 +630,13 @@ class LakeDataset(IterableDataset[Batch]):
     # -------------------------------------------------------------------------- reading
 
     def __iter__(self) -> Iterator[Batch]:
+        for table in self._tables():
+            batch = convert(table, self.output, self.nulls)
+            yield self.transform(batch) if self.transform is not None else batch
+
+    def _tables(self) -> Iterator[pa.Table]:
+        """The batches as Arrow tables, the cursor at each one's end (the worker hand-off,
+        ``reader/handoff.py``, converts them in the main process)."""
         cursor = self._start_cursor()
         self._cursor = cursor
         if get_worker_info() is None or self._resume_own:
@@ -655,8 +662,7 @@ class LakeDataset(IterableDataset[Batch]):
                                            expect=self._prefetch.expect,
                                            read_ahead=self.read_ahead):
                 cursor.epoch, cursor.position, cursor.rounds = index, position, own
-                batch = convert(table, self.output, self.nulls)
-                yield self.transform(batch) if self.transform is not None else batch
+                yield table
             index += 1
         if self.follow is not None and plan is not None:
             self._warn_tail(plan, cursor)

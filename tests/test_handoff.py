@@ -1,0 +1,188 @@
+"""Workers that hand batches over in chunks (issue 12 item 4, NOTE [ chunked hand-off ] in
+``reader/handoff.py``): the same batches in the same order as a ``StatefulDataLoader`` with as
+many workers, and a position that counts rows delivered to the loop, not rows handed over:
+exact under abandoned iterators, both resume paths, ``CheckpointManager`` and a real SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import Table
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.reader.handoff import ChunkedLoader
+
+ARGS: dict[str, Any] = {"batch_size": 7, "seed": 11, "epochs": 2, "shuffle_window": 2}
+
+
+def _ids(batches: Any) -> list[list[int]]:
+    return [b["id"].tolist() for b in batches]
+
+
+def _reference(table: Table, workers: int = 2, **kwargs: Any) -> list[list[int]]:
+    loader = StatefulDataLoader(table.dataset(**{**ARGS, **kwargs}), batch_size=None,
+                                num_workers=workers)
+    return _ids(loader)
+
+
+@pytest.fixture(scope="module")
+def reference(delta_table: Table) -> list[list[int]]:
+    """Batch ids of a StatefulDataLoader with 2 workers: the order to match."""
+    return _reference(delta_table)
+
+
+def _chunked(table: Table, chunk_rows: int = 30, **kwargs: Any) -> ChunkedLoader:
+    return ChunkedLoader(table.dataset(**{**ARGS, **kwargs}), num_workers=2,
+                         chunk_rows=chunk_rows)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_chunks_give_the_batches_and_order_of_a_stateful_dataloader(
+    delta_table: Table, rank: int,
+) -> None:
+    ranks = {"rank": rank, "world_size": 2}
+    assert _ids(_chunked(delta_table, **ranks)) == _reference(delta_table, **ranks)
+
+
+def test_the_position_counts_rows_delivered_not_rows_handed_over(delta_table: Table) -> None:
+    loader = _chunked(delta_table, chunk_rows=10_000, epochs=1)  # a whole slice per chunk
+    it = iter(loader)
+    delivered = [next(it)["id"].tolist() for _ in range(5)]  # 3 from worker 0, 2 from 1
+    state = loader.state_dict()["dataset_state"]
+    assert state["slices"] == [[0, 21], [0, 14]]
+    assert sum(len(b) for b in delivered) == 35
+
+
+@pytest.mark.parametrize("stop", [1, 55, 112])
+def test_an_abandoned_iterator_resumes_exactly_where_the_loop_stood(
+    delta_table: Table, stop: int, reference: list[list[int]],
+) -> None:
+    assert len(reference) == 112
+    loader = _chunked(delta_table)
+    it = iter(loader)
+    head = [next(it)["id"].tolist() for _ in range(stop)]
+    state = loader.state_dict()
+    del it
+    resumed = _chunked(delta_table)
+    resumed.load_state_dict(state)
+    assert head + _ids(resumed) == reference  # every row once, in the uninterrupted order
+
+
+def test_its_state_resumes_a_stateful_dataloader_and_another_worker_count(
+    delta_table: Table, reference: list[list[int]],
+) -> None:
+    loader = _chunked(delta_table)
+    it = iter(loader)
+    head = [next(it)["id"].tolist() for _ in range(40)]
+    state = loader.state_dict()
+    del it
+    for workers in (2, 0):
+        dataset = delta_table.dataset(**ARGS)
+        dataset.load_state_dict(state)
+        rest = _ids(StatefulDataLoader(dataset, batch_size=None, num_workers=workers))
+        if workers == 2:
+            assert head + rest == reference
+        got = sorted(i for b in head + rest for i in b)
+        assert got == sorted(delta_table.ids.tolist() * 2)  # two epochs, each row once in each
+
+
+def test_checkpoint_manager_saves_and_restores_a_chunked_loader(
+    delta_table: Table, tmp_path: Path, reference: list[list[int]],
+) -> None:
+    loader = _chunked(delta_table)
+    it = iter(loader)
+    head = [next(it)["id"].tolist() for _ in range(33)]
+    CheckpointManager(tmp_path, "chunks").save(33, dataloader=loader)
+    del it
+    resumed = _chunked(delta_table)
+    assert CheckpointManager(tmp_path, "chunks").restore(dataloader=resumed) == 33
+    assert head + _ids(resumed) == reference
+
+
+_KILLED_JOB = textwrap.dedent("""
+    import json, os, sys, time
+    from lakeckpt_tables import DeltaSource, LakeDataset
+    from lakeckpt_tables.reader.handoff import ChunkedLoader
+    uri, out, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    loader = ChunkedLoader(LakeDataset(DeltaSource(uri), columns=["id"], **args),
+                           num_workers=2, chunk_rows=30)
+    with open(out + "/ids.jsonl", "a") as log:
+        for n, batch in enumerate(loader, 1):
+            log.write(json.dumps(batch["id"].tolist()) + "\\n")
+            log.flush()
+            if n % 5 == 0:  # a checkpoint: the batches logged so far are trained for good
+                with open(out + "/state.tmp", "w") as f:
+                    json.dump({"state": loader.state_dict(), "logged": n}, f)
+                os.replace(out + "/state.tmp", out + "/state.json")
+            time.sleep(0.02)  # a training step: the kill lands mid-pass
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_sigkilled_job_resumes_from_its_last_state_exactly_once(
+    delta_table: Table, tmp_path: Path, reference: list[list[int]],
+) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(_KILLED_JOB)
+    cmd = [sys.executable, str(script), delta_table.location, str(tmp_path), json.dumps(ARGS)]
+    job = subprocess.Popen(cmd)
+    saved = tmp_path / "state.json"
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and job.poll() is None:
+        if saved.exists() and json.loads(saved.read_text())["logged"] >= 10:
+            break
+        time.sleep(0.01)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    checkpoint = json.loads(saved.read_text())
+    logged = (tmp_path / "ids.jsonl").read_text().splitlines()
+    assert 10 <= checkpoint["logged"] < 112 and len(logged) >= checkpoint["logged"]
+    # training after the last state is lost with the crash: keep the checkpointed batches
+    head = [json.loads(line) for line in logged[:checkpoint["logged"]]]
+    resumed = _chunked(delta_table)
+    resumed.load_state_dict(checkpoint["state"])
+    assert head + _ids(resumed) == reference
+
+
+def test_it_refuses_no_workers(delta_table: Table) -> None:
+    with pytest.raises(ValueError, match="num_workers must be >= 1"):
+        ChunkedLoader(delta_table.dataset(**ARGS), num_workers=0)
+
+
+def test_a_transform_runs_in_the_main_process(
+    delta_table: Table, reference: list[list[int]],
+) -> None:
+    pids = set()
+
+    def transform(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        pids.add(os.getpid())
+        return batch
+
+    got = _ids(_chunked(delta_table, transform=transform))
+    assert got == reference and pids == {os.getpid()}
+
+
+def test_a_chunk_carries_its_rows_only_not_the_window_it_was_cut_from() -> None:
+    import pickle
+
+    import numpy as np
+    import pyarrow as pa
+
+    from lakeckpt_tables.reader.handoff import _concat
+
+    window = pa.table({"id": np.arange(200_000), "t": pa.array([[1, 2]] * 200_000)})
+    for parts in ([window.slice(10, 1000)], [window.slice(10, 500), window.slice(900, 500)]):
+        chunk = _concat(parts)
+        assert chunk.column("id").to_pylist() == [i for p in parts for i in p["id"].to_pylist()]
+        assert len(pickle.dumps(chunk, protocol=5)) < 2 * 1000 * (8 + 2 * 8 + 4)

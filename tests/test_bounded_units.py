@@ -97,3 +97,23 @@ def test_every_consumption_record_is_an_exact_range_inside_its_row_group(
     assert sum(r["rows"] for r in records) == ROWS
     if not shuffle:
         assert covered.tolist() == [1] * ROWS
+
+
+def test_the_audit_names_the_rows_a_checkpoint_trained_inside_a_row_group_of_many_units(
+        one_row_group: str, tmp_path: Path) -> None:
+    from lakeckpt_tables.audit import rows
+
+    root = tmp_path / "ckpt"
+    loader = loader_for(reader(one_row_group, 0, epochs=1, world_size=1), 0)
+    manager = CheckpointManager(str(root), run_id="run")
+    delivered: list[list[int]] = []
+    for step, batch in enumerate(loader, 1):
+        delivered.append(batch["id"].tolist())
+        if step % 7 == 0:
+            manager.save(step, dataloader=loader)
+    records = DeltaLedger(str(root / "_ledger")).checkpoints("run")
+    assert [r.step for r in records] == [7, 14, 21, 28]
+    for record in records:  # the ids are the rows of the one row group
+        got = rows(str(root), checkpoint=record.checkpoint_id)
+        assert set(got["row_group"].to_pylist()) == {0}
+        assert got["row"].to_pylist() == flat(delivered[record.step - 7 : record.step])

@@ -939,3 +939,20 @@ def test_the_ledger_names_a_carried_tail_where_it_was_left_and_where_it_was_read
                for r in records if r.file == v0]
     assert from_v0 == [(1, v0, 0, 0, 1, 1)], "read once, in segment 1"
     assert sum(r.rows for r in records) == 4
+
+
+def test_dataloader_workers_of_two_ranks_carry_the_same_tail_exactly_once(
+        tmp_path: Path) -> None:
+    # 2 ranks x 2 workers = 4 slices: version 0's lone row is carried into segment 1
+    # (versions 1-2: 4 rows, + 1 carried: 5 rows, 1 batch per slice), segment 2 (version 3)
+    # gives each slice 1 row; every worker forms the segments and the carry on its own
+    written = _short_segments_table(tmp_path)  # versions 0-2: 1, 3, 1 rows
+    _append(written, 5, 9)  # version 3: 4 rows
+    runs = []
+    for rank in range(2):
+        dataset = LakeDataset(DeltaSource(written.uri), columns=["id"], batch_size=2,
+                              version=0, follow=True, until_version=written.end,
+                              min_segment_rows=4, rank=rank, world_size=2)
+        runs.append(_bounded(lambda dataset=dataset: take(loader_for(dataset, 2))))
+    assert [len(run) for run in runs] == [4, 4], "ranks in lockstep"
+    _assert_exactly_once(flat(b for run in runs for b in run), written.ids())

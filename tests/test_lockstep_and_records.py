@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import Table, flat, loader_for, take
 
-from lakeckpt_tables.checkpoint.consumption import _coalesce
-from lakeckpt_tables.ledger.records import ConsumptionRecord
+from lakeckpt_tables.plan.accounting import Consumed, coalesce_ranges
 
 
 @pytest.mark.parametrize(("world", "batch", "batches"), [
@@ -27,13 +26,13 @@ def test_drop_last_gives_every_rank_the_same_number_of_full_batches(
 
 
 def _rec(start: int, end: int, rows: int | None = None, *, group: int = 0,
-         worker: int = 0) -> ConsumptionRecord:
+         worker: int = 0, segment: int = 0) -> Consumed:
     n = end - start if rows is None else rows
-    return ConsumptionRecord(0, worker, 0, 0, "f.parquet", group, start, end, n)
+    return Consumed(0, worker, segment, 0, "f.parquet", group, start, end, n)
 
 
 def test_only_adjacent_exact_ranges_of_one_row_group_and_worker_are_coalesced() -> None:
-    got = _coalesce([_rec(0, 5), _rec(5, 9), _rec(10, 12), _rec(12, 14, group=1),
+    got = coalesce_ranges([_rec(0, 5), _rec(5, 9), _rec(10, 12), _rec(12, 14, group=1),
                      _rec(14, 16, group=1, worker=1), _rec(16, 20, 2), _rec(20, 22)])
     assert [(r.row_group, r.worker, r.row_start, r.row_end, r.rows) for r in got] == [
         (0, 0, 0, 9, 9),      # adjacent, exact: one record
@@ -43,3 +42,11 @@ def test_only_adjacent_exact_ranges_of_one_row_group_and_worker_are_coalesced() 
         (0, 0, 16, 20, 2),    # a partial (shuffled) count: never merged
         (0, 0, 20, 22, 2),
     ]
+
+
+def test_ranges_of_two_segments_are_never_coalesced_even_when_adjacent() -> None:
+    # a follow segment's carried tail is read in the next segment (NOTE [ segment tails are
+    # carried ]): the ledger must keep the rows of each segment under that segment
+    got = coalesce_ranges([_rec(0, 3), _rec(3, 4, segment=1)])
+    assert [(r.segment, r.row_start, r.row_end, r.rows) for r in got] == [
+        (0, 0, 3, 3), (1, 3, 4, 1)]

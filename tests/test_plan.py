@@ -343,3 +343,13 @@ def test_the_exactly_once_checker_names_duplicated_missing_and_unexpected_ids() 
     assert (verdict.duplicated, verdict.missing, verdict.unexpected) == ((1,), (3,), (9,))
     assert verdict.delivered == 4
     assert "1 duplicated [1], 1 missing [3], 1 unexpected [9]" in str(verdict)
+
+
+def test_the_exactly_once_checker_counts_each_id_due_once_per_epoch() -> None:
+    from lakeckpt_tables.plan.check import check_exactly_once
+
+    assert check_exactly_once([1, 2, 3, 3, 2, 1], [1, 2, 3], times=2)
+    # id 1 three times, id 3 once: in one epoch twice, missing from the other
+    verdict = check_exactly_once([1, 1, 1, 2, 2, 3, 7], [1, 2, 3], times=2)
+    assert (verdict.duplicated, verdict.missing, verdict.unexpected) == ((1,), (3,), (7,))
+    assert (verdict.surplus, verdict.shortfall, verdict.delivered) == (2, 1, 7)

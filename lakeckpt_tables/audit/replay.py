@@ -20,6 +20,8 @@ import pyarrow as pa
 from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
+from lakeckpt_tables.plan.accounting import slice_spans
+from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
 
 __all__ = ["ROWS_SCHEMA", "CheckpointRows", "checkpoint_rows", "dataset_for", "lineage", "rows"]
 
@@ -124,30 +126,16 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
 
 def _replay(dataset: Any, before: Any, after: Any) -> Iterator[
         tuple[int, int, int, int, tuple[Any, ...], np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
-    """Every slice's rows between two states: the walk ``consumed_between`` makes for ranges
-    (lakeckpt_tables.checkpoint.consumption), here row by row."""
-    if before is not None:
-        before = dataset.reshape(before, after.plan)
-    known = {**(before.rounds if before is not None else {}), **after.rounds}
-    plans: dict[int, Any] = {}
+    """Every slice's rows between two states: the walk of ranges
+    (:func:`lakeckpt_tables.plan.accounting.slice_spans`), here row by row."""
     workers = after.plan[1]
-    for g, end in enumerate(after.slices):
-        if end is None:
-            continue
-        start = (0, 0) if before is None or before.slices[g] is None else before.slices[g]
-        for index in range(start[0], end[0] + 1):
-            if index not in plans:
-                plans[index] = dataset.round_plan(index, after.plan, dict(after.layouts), known)
-            plan, units = plans[index]
-            lo = start[1] if index == start[0] else 0
-            hi = end[1] if index == end[0] else plan.delivered_rows(g)
-            if hi <= lo:
-                continue
-            base = _slice_rows(plan, g, lo, hi)
-            position = np.searchsorted(plan.offsets, base, "right") - 1
-            rank, worker = divmod(g, workers)
-            yield (rank, worker, plan.segment, plan.epoch, units.units,
-                   plan.order[position], base - plan.offsets[position])
+    for g, plan, units, lo, hi in slice_spans(dataset, before, after):
+        base = _slice_rows(plan, g, lo, hi)
+        position = np.searchsorted(plan.offsets, base, "right") - 1
+        unit = plan.order[position]  # a plan unit: rows [first, first + rows) of a row group
+        rank, worker = divmod(g, workers)
+        yield (rank, worker, plan.segment, plan.epoch, units.units, units.source[unit],
+               units.first[unit] + base - plan.offsets[position])
 
 
 def _slice_rows(plan: Any, g: int, lo: int, hi: int) -> np.ndarray[Any, Any]:
@@ -194,7 +182,8 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                           shuffle=bool(config.get("shuffle", True)),
                           seed=int(config.get("seed", 0)), version=state.version, rank=0,
                           world_size=world, drop_last=bool(config.get("drop_last", False)),
-                          shuffle_window=int(config.get("shuffle_window", 4)), **kwargs)
+                          shuffle_window=int(config.get("shuffle_window", 4)),
+                          unit_rows=int(config.get("unit_rows", DEFAULT_UNIT_ROWS)), **kwargs)
     if cache is not None:
         cache[key] = dataset
     return dataset

@@ -40,6 +40,7 @@ __all__ = [
     "EpochPlan",
     "Piece",
     "PlanPolicy",
+    "cut_spans",
     "derive_seed",
     "permutation",
     "replan",
@@ -133,7 +134,7 @@ class Piece:
         """Rows ``[start, stop)`` of this piece's order, as a piece."""
         if self.seed is not None:
             return Piece(self.spans, self.seed, self.lo + start, self.lo + stop)
-        return Piece.plain(_cut_spans(self.spans, self.lo + start, self.lo + stop))
+        return Piece.plain(cut_spans(self.spans, self.lo + start, self.lo + stop))
 
     def rows(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Base-space row numbers in emission order (for tests and audits; O(rows))."""
@@ -159,7 +160,8 @@ class Piece:
         return piece
 
 
-def _cut_spans(spans: Sequence[Span], start: int, stop: int) -> list[Span]:
+def cut_spans(spans: Sequence[Span], start: int, stop: int) -> list[Span]:
+    """Rows ``[start, stop)`` of ``spans`` laid end to end, as spans."""
     out: list[Span] = []
     offset = 0
     for a, b in spans:

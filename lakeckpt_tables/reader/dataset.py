@@ -30,8 +30,6 @@ from lakeckpt_tables.plan import (
     EpochPlan,
     Piece,
     PlanPolicy,
-    _cut_spans,
-    permutation,
     replan_rounds,
 )
 from lakeckpt_tables.plan.validate import layout_problem, position_problem
@@ -42,10 +40,11 @@ from lakeckpt_tables.reader._torchdata import (
     states_from_loader,
 )
 from lakeckpt_tables.reader.convert import check_convertible, convert
-from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH, ReadAhead, read_pieces
+from lakeckpt_tables.reader.loop import batches
+from lakeckpt_tables.reader.options import ReaderOptions
+from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH
 from lakeckpt_tables.reader.rounds import (
     DEFAULT_UNIT_ROWS,
-    FollowPolicy,
     Round,
     RoundSequence,
     RoundUnits,
@@ -180,49 +179,37 @@ class LakeDataset(IterableDataset[Batch]):
         read_ahead: int = DEFAULT_DEPTH,
     ) -> None:
         super().__init__()
-        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-            raise ValueError(f"epochs must be a positive int, got {epochs!r}")
-        PlanPolicy(batch_size=batch_size, shuffle_window=shuffle_window)  # validates both
-        if not isinstance(unit_rows, int) or isinstance(unit_rows, bool) or unit_rows < 1:
-            raise ValueError(f"unit_rows must be a positive int, got {unit_rows!r}")
-        self.unit_rows = unit_rows
-        if not isinstance(read_ahead, int) or isinstance(read_ahead, bool) or read_ahead < 0:
-            raise ValueError(f"read_ahead must be a non-negative int, got {read_ahead!r}")
-        self.read_ahead = read_ahead
+        rank, world_size = _rank_and_world(rank, world_size)
+        # every option, and every combination, refused with its reason before any I/O
+        options = ReaderOptions(
+            columns=columns, batch_size=batch_size, shuffle=shuffle, seed=seed, version=version,
+            epochs=epochs, rank=rank, world_size=world_size, drop_last=drop_last,
+            shuffle_window=shuffle_window, transform=transform, follow=follow,
+            poll_interval=poll_interval, max_idle=max_idle, until_version=until_version,
+            on_change=on_change, min_segment_rows=min_segment_rows, refresh=refresh,
+            output=output, nulls=nulls, decimals=decimals, filter=filter, unit_rows=unit_rows,
+            read_ahead=read_ahead)
+        self.options = options
+        self.unit_rows, self.read_ahead = options.unit_rows, options.read_ahead
         self.source = source
         self._requested_version = version
         self._requested_min_segment_rows = min_segment_rows
         self.snapshot: Snapshot = source.snapshot(version)
         self.filter = filter
         if filter is not None:
-            if follow or refresh is not None:
-                raise ValueError("filter= is decided when the snapshot is pinned; follow=True "
-                                 "and refresh='epoch' pin versions later and take no filter")
             self.snapshot = filtered(self.snapshot, filter)
         if self.snapshot.rows == 0 and not follow:
             raise EmptySourceError(f"{self.snapshot.describe()} holds no rows; nothing to read")
-        self.columns = _check_columns(self.snapshot, columns)
+        self.columns = _check_columns(self.snapshot, options.columns)
         self.output, self.nulls, self.decimals = output, nulls, decimals
         self._check_output()
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epochs = epochs
-        self.drop_last = drop_last
-        self.shuffle_window = shuffle_window
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.epochs, self.drop_last, self.shuffle_window = epochs, drop_last, shuffle_window
         self.transform = transform
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
-        self.follow = _follow_policy(follow, epochs, self.world_size, batch_size,
-                                     poll_interval=poll_interval, max_idle=max_idle,
-                                     until_version=until_version, on_change=on_change,
-                                     min_segment_rows=min_segment_rows)
+        self.rank, self.world_size = rank, world_size
+        self.follow = options.follow_policy()
         if self.follow is not None and until_version is not None:
             _check_end_exists(source, until_version)
-        if refresh not in (None, "epoch"):
-            raise ValueError(f"refresh must be None or 'epoch', got {refresh!r}")
-        if refresh is not None and (follow or epochs != 1):
-            raise ValueError("refresh='epoch' reads one epoch per pass (call set_epoch(e) "
-                             "before each); it takes neither follow=True nor epochs")
         self.refresh = refresh
         self.rounds = RoundSequence(source, self.snapshot, self.columns, epochs=epochs,
                                     follow=self.follow, refresh=refresh is not None,
@@ -251,6 +238,11 @@ class LakeDataset(IterableDataset[Batch]):
         if self.follow is not None:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows}
         return config
+
+    @property
+    def follows(self) -> bool:
+        """Whether this reader follows its table (rounds are follow segments)."""
+        return self.follow is not None
 
     @property
     def policy(self) -> dict[str, Any]:
@@ -544,8 +536,9 @@ class LakeDataset(IterableDataset[Batch]):
         return ReaderState(state.table, state.version, state.config, shape,
                            layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy)
 
-    def round_plan(self, index: int, shape: PlanShape, layouts: dict[int, tuple[Piece, ...]],
-                   known: dict[int, Round]) -> tuple[EpochPlan, RoundUnits]:
+    def round_plan(self, index: int, shape: PlanShape,
+                   layouts: Mapping[int, tuple[Piece, ...]],
+                   known: Mapping[int, Round]) -> tuple[EpochPlan, RoundUnits]:
         """Round ``index``'s plan for ``shape`` and its units (for consumption records)."""
         rnd = self._known_round(index, known, Tails(self._policy(shape), layouts))
         return (self._round_plan(self._policy(shape), rnd, layouts.get(index)),
@@ -664,7 +657,11 @@ class LakeDataset(IterableDataset[Batch]):
                 # a round this slice has nothing of (all of it a tail, carried or not) is
                 # passed, and the state says so: the ledger then names its tail
                 cursor.epoch, cursor.position, cursor.rounds = index, 0, own
-            for table, position in self._batches(plan, units, cursor.slice_index, start):
+            for table, position in batches(plan, units, cursor.slice_index, start,
+                                           row_group=self._cache.get,
+                                           expect=self._prefetch.expect,
+                                           read_ahead=self.read_ahead,
+                                           unit_rows=self.unit_rows):
                 cursor.epoch, cursor.position, cursor.rounds = index, position, own
                 yield table
             index += 1
@@ -683,57 +680,6 @@ class LakeDataset(IterableDataset[Batch]):
                         plan.policy.slices, plan.policy.batch_size,
                         "" if self.follow is None else " as the pass ends here; following "
                         "on past this version (a later until_version) delivers them first")
-
-    def _batches(self, plan: EpochPlan, units: RoundUnits, g: int,
-                 start: int) -> Iterator[tuple[pa.Table, int]]:
-        """Slice ``g``'s batches after ``start`` rows, each with the position after it."""
-        ends = plan.batch_ends(g)
-        j = int(np.searchsorted(ends, start, side="right"))
-        if j >= len(ends):
-            return
-        emitted = start  # rows of the slice read into batches (pending included)
-        pending: list[pa.Table] = []
-        jobs: list[tuple[Piece, int]] = []  # windows still to read, and rows of each to skip
-        offset = 0
-        for window in plan.windows(g):
-            for piece in read_pieces(window, self.unit_rows):
-                if offset + piece.size > emitted:
-                    jobs.append((piece, max(emitted - offset, 0)))
-                offset += piece.size
-        # NOTE [ read-ahead ] in reader/readahead.py: later windows decode on threads while
-        # this one is cut into batches; the position still counts rows yielded, nothing else.
-        tables = ReadAhead(lambda job: self._read_window(plan, units, *job), jobs,
-                           depth=self.read_ahead, size=lambda table: int(table.nbytes))
-        for table in tables:
-            taken = 0
-            while j < len(ends) and taken < table.num_rows:
-                need = int(ends[j]) - emitted
-                part = table.slice(taken, min(need, table.num_rows - taken))
-                pending.append(part)
-                taken += part.num_rows
-                emitted += part.num_rows
-                if emitted == ends[j]:
-                    yield _concat(pending), emitted
-                    pending = []
-                    j += 1
-            if j >= len(ends):
-                return
-
-    def _read_window(self, plan: EpochPlan, units: RoundUnits, window: Piece,
-                     skip: int) -> pa.Table:
-        """The window's rows in emission order, from its ``skip``-th on."""
-        if window.seed is None:
-            return self._read_spans(plan, units, _cut_spans(window.spans, skip, window.size))
-        table = self._read_spans(plan, units, window.spans)
-        order = permutation(table.num_rows, window.seed)[window.lo + skip : window.hi]
-        return table.take(pa.array(order))
-
-    def _read_spans(self, plan: EpochPlan, units: RoundUnits,
-                    spans: Sequence[tuple[int, int]]) -> pa.Table:
-        located = [units.at(u, r0, r1) for u, r0, r1 in plan.locate(spans)]
-        self._prefetch.expect(unit for unit, _, _ in located)  # NOTE [ prefetch ] (io)
-        return _concat([self._cache.get(unit).slice(first, end - first)
-                        for unit, first, end in located])
 
     def _read_row_group(self, unit: Unit) -> pa.Table:
         return self._prefetch.get(unit)
@@ -757,15 +703,6 @@ def _unit_key(unit: Unit) -> tuple[str, int]:
 def _same_json(a: Any, b: Any) -> bool:
     """Equal as JSON values: ``True`` is not ``1`` (Python's ``==`` says it is)."""
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def _concat(tables: list[pa.Table]) -> pa.Table:
-    if len(tables) == 1:
-        return tables[0]
-    try:
-        return pa.concat_tables(tables)
-    except pa.ArrowInvalid:
-        return pa.concat_tables(tables, promote_options="permissive")
 
 
 def _check_columns(snapshot: Snapshot, columns: Sequence[str] | None) -> list[str]:
@@ -805,8 +742,6 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
         world_size = dist.get_world_size() if initialized else 1
     if rank is None:
         rank = dist.get_rank() if initialized else 0
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside world_size {world_size}")
     return rank, world_size
 
 
@@ -826,19 +761,3 @@ def _broadcast_from_rank0(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _follow_policy(follow: bool, epochs: int, world_size: int, batch_size: int,
-                   **options: Any) -> FollowPolicy | None:
-    if not follow:
-        return None
-    if epochs != 1:
-        raise ValueError("follow mode has no epochs: leave epochs=1")
-    if options["max_idle"] is not None and world_size > 1:
-        raise ValueError(
-            "max_idle ends a pass when no commit came for a while, which each rank would "
-            "notice at a different step; with several ranks use until_version, or stop all "
-            "ranks together from the training loop")
-    if options["min_segment_rows"] is None:
-        options["min_segment_rows"] = world_size * batch_size
-    return FollowPolicy(**options)

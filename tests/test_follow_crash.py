@@ -37,7 +37,8 @@ from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.ledger import DeltaLedger
 from lakeckpt_tables.plan.check import check_exactly_once
 
-pytestmark = pytest.mark.slow
+# ~80 s a case on an idle machine: three torchrun jobs, a writer and a reference follower.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 JOBS = Path(__file__).parent / "jobs"
 FIRST_ROWS = 40  # version 0: 40 rows, 3 steps of 2 ranks x batch 8

@@ -55,6 +55,26 @@ def test_chunks_give_the_batches_and_order_of_a_stateful_dataloader(
     assert _ids(_chunked(delta_table, **ranks)) == _reference(delta_table, **ranks)
 
 
+@pytest.mark.parametrize("chunk_rows", [1, 50])
+def test_workers_that_run_dry_at_different_times_keep_the_loader_order(
+    delta_table: Table, chunk_rows: int,
+) -> None:
+    # 387 rows over 4 slices (96, 97, 97, 97) in batches of 32, no lockstep: worker 0 has 3
+    # batches an epoch, the others 4, so it runs dry first; chunks of 1 or 2 batches
+    args = {"batch_size": 32, "seed": 2, "shuffle_window": 3, "epochs": 2}
+    loader = StatefulDataLoader(delta_table.dataset(**args), batch_size=None, num_workers=4)
+    expected = _ids(loader)
+    assert len(expected) == 2 * (3 + 4 + 4 + 4)  # worker 0 has one batch less, each epoch
+    chunked = ChunkedLoader(delta_table.dataset(**args), num_workers=4, chunk_rows=chunk_rows)
+    it = iter(chunked)
+    head = [next(it)["id"].tolist() for _ in range(17)]
+    state = chunked.state_dict()
+    assert head + _ids(it) == expected
+    resumed = ChunkedLoader(delta_table.dataset(**args), num_workers=4, chunk_rows=chunk_rows)
+    resumed.load_state_dict(state)
+    assert head + _ids(resumed) == expected
+
+
 def test_the_position_counts_rows_delivered_not_rows_handed_over(delta_table: Table) -> None:
     loader = _chunked(delta_table, chunk_rows=10_000, epochs=1)  # a whole slice per chunk
     it = iter(loader)
@@ -155,9 +175,12 @@ def test_a_sigkilled_job_resumes_from_its_last_state_exactly_once(
     assert head + _ids(resumed) == reference
 
 
-def test_it_refuses_no_workers(delta_table: Table) -> None:
+def test_it_refuses_no_workers_and_follow_mode(delta_table: Table) -> None:
     with pytest.raises(ValueError, match="num_workers must be >= 1"):
         ChunkedLoader(delta_table.dataset(**ARGS), num_workers=0)
+    follower = delta_table.dataset(batch_size=7, follow=True, until_version=0)
+    with pytest.raises(ValueError, match="follow=True: a chunk would wait"):
+        ChunkedLoader(follower, num_workers=2)
 
 
 def test_a_transform_runs_in_the_main_process(

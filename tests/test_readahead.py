@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,30 @@ def test_leaving_the_loop_early_stops_reading_and_ends_the_threads() -> None:
 def test_negative_bounds_are_refused(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="must be >= 0"):
         ReadAhead(lambda i: i, range(3), **bad)
+
+
+def test_an_unshuffled_window_is_read_in_small_pieces_so_the_first_batch_waits_for_less(
+    delta_table: Any,
+) -> None:
+    # 17-row row groups cut into 5-row units: a piece is 4 units (20 rows), at most 2 row groups
+    dataset = delta_table.dataset(batch_size=4, shuffle=False, unit_rows=5, read_ahead=0)
+    batches = iter(dataset)
+    first = next(batches)["id"].tolist()
+    assert len(dataset._cache._tables) <= 2  # not the window's 23 row groups
+    rest = [i for b in batches for i in b["id"].tolist()]
+    # the same rows in the same order as one read of the whole window (units of 4096 rows)
+    whole = delta_table.dataset(batch_size=4, shuffle=False, read_ahead=0)
+    assert first + rest == [i for b in whole for i in b["id"].tolist()]
+    assert sorted(first + rest) == delta_table.ids.tolist()
+
+
+def test_read_pieces_cut_only_unshuffled_windows_and_keep_their_rows_in_order() -> None:
+    from lakeckpt_tables.plan import Piece
+    from lakeckpt_tables.reader.readahead import read_pieces
+
+    plain = Piece.plain([(0, 10), (20, 45), (50, 51)])
+    pieces = read_pieces(plain, unit_rows=3)
+    assert [p.size for p in pieces] == [12, 12, 12]
+    assert [r for p in pieces for r in p.rows().tolist()] == plain.rows().tolist()
+    shuffled = Piece(plain.spans, 7, 0, plain.size)
+    assert read_pieces(shuffled, unit_rows=3) == [shuffled]

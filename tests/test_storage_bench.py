@@ -1,15 +1,19 @@
-"""``lakeckpt bench read --uri``: its request and footer figures on the local S3 server."""
+"""``lakeckpt bench read --uri`` and ``bench planning``: their figures on the local S3 server."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import _s3server
 import pytest
 from _s3server import S3Server
 
+from lakeckpt_tables import DeltaSource
+from lakeckpt_tables.bench.planning import TARGET_S
 from lakeckpt_tables.bench.storage import format_report, run_store_read_bench
 from lakeckpt_tables.cli import main
+from lakeckpt_tables.sources import _footers
 
 s3 = _s3server.s3  # the fixture of the module
 
@@ -20,7 +24,7 @@ def test_the_object_store_bench_counts_one_get_per_row_group_and_one_footer_per_
     report = run_store_read_bench(uri, s3.options(), rows=40_000, rounds=1)
     assert report.rows == 40_000 and report.files == 4 and report.row_groups == 4
     assert report.requests_per_row_group == 1.0  # id and x: one coalesced range
-    assert report.heads_per_file == 1.0
+    assert report.heads_per_file == 0.0  # the files opened for their footers are reused
     assert (report.footer_reads_first, report.footer_reads_again) == (4, 0)
     assert "requests per row group read  1.00" in format_report(report)
 
@@ -34,3 +38,21 @@ def test_the_cli_runs_the_object_store_bench(s3: S3Server,
     assert out["uri"] == uri and out["rows"] == 20_000 and out["requests_per_row_group"] == 1.0
     assert code == (0 if out["passed"] else 1)
     assert s3.secret not in json.dumps(out)
+
+
+def test_the_planning_bench_pins_a_table_of_many_files_locally_and_on_s3(
+        s3: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    uri = f"s3://{s3.bucket('planning')}/many"
+    code = main(["bench", "planning", "--files", "60", "--dir", str(tmp_path), "--uri", uri,
+                 "--storage-options", json.dumps(s3.options()), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    local, remote = out["figures"]
+    assert (local["uri"], remote["uri"]) == (str(tmp_path / "many"), uri)
+    assert local["files"] == remote["files"] == 60
+    assert local["footer_reads"] == remote["footer_reads"] == 60  # cold: every footer once
+    assert out["target_s"] == TARGET_S and code == (0 if out["passed"] else 1)
+    assert s3.secret not in json.dumps(out)
+    _footers.forget()
+    s3.reset()
+    assert len(DeltaSource(uri, storage_options=s3.options()).snapshot().units) == 60
+    assert s3.peak() >= 8  # the footers are read in parallel

@@ -9,6 +9,7 @@ before anything is reported saved, and restore must refuse before any rank loads
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -83,8 +84,9 @@ def _bucket_bytes(server: S3Server, bucket: str) -> bytes:
 
 def test_a_checkpoint_on_s3_saves_restores_and_retires_through_its_options_only(
         s3_table: str, s3: S3Server, shadow_env: S3Server, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.chdir(tmp_path)  # a root misread as a local path would land here
+    caplog.set_level(logging.INFO)
     bucket = s3.bucket("ckpt")
     root = f"s3://{bucket}/ckpt"
     options = s3.options()
@@ -119,6 +121,7 @@ def test_a_checkpoint_on_s3_saves_restores_and_retires_through_its_options_only(
     assert shadow_env.requests() == []
     stored = _bucket_bytes(s3, bucket)
     assert s3.secret.encode() not in stored and s3.key.encode() not in stored
+    assert s3.secret not in caplog.text and s3.key not in caplog.text
 
 
 def test_gc_on_s3_removes_only_what_no_checkpoint_names(s3: S3Server) -> None:
@@ -135,7 +138,8 @@ def test_gc_on_s3_removes_only_what_no_checkpoint_names(s3: S3Server) -> None:
 
 
 def test_a_checkpoint_root_on_a_server_that_is_down_saves_nothing_and_a_retry_commits(
-        s3: S3Server) -> None:
+        s3: S3Server, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     root = f"s3://{s3.bucket('down')}/ckpt"
     options = s3.options(max_attempts="1")
     manager = CheckpointManager(root, "run", storage_options=options)
@@ -143,6 +147,7 @@ def test_a_checkpoint_root_on_a_server_that_is_down_saves_nothing_and_a_retry_co
     with s3.down(), pytest.raises((StorageError, CheckpointError)) as caught:
         manager.save(1, model=model)
     assert s3.secret not in str(caught.value)
+    assert s3.secret not in caplog.text and s3.key not in caplog.text
     assert manager.checkpoints() == []
     record = manager.save(1, model=model)
     assert record is not None and [c.step for c in manager.checkpoints()] == [1]
@@ -151,7 +156,9 @@ def test_a_checkpoint_root_on_a_server_that_is_down_saves_nothing_and_a_retry_co
     assert torch.equal(restored.weight, model.weight)
 
 
-def test_restore_checks_files_through_the_options(s3: S3Server) -> None:
+def test_restore_checks_files_through_the_options(s3: S3Server,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     root = f"s3://{s3.bucket('verify')}/ckpt"
     options = s3.options()
     manager = CheckpointManager(root, "run", storage_options=options, keep_last=2)
@@ -163,6 +170,9 @@ def test_restore_checks_files_through_the_options(s3: S3Server) -> None:
     name = next(n for n in store.list(second.model_location) if n.endswith(".distcp"))
     store.put(f"{second.model_location}/{name}", b"corrupted")
     assert CheckpointManager(root, "run", storage_options=options).restore(model=model) == 1
+    warned = [r.getMessage() for r in caplog.records if r.name.startswith("lakeckpt_tables")]
+    assert any("fails verification" in m and root in m for m in warned)
+    assert s3.secret not in caplog.text and s3.key not in caplog.text  # credentials never logged
 
 
 # -------------------------------------------------------------------- torchrun jobs

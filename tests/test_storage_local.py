@@ -116,6 +116,24 @@ def test_iceberg_storage_uses_s3_properties_only_for_s3_tables() -> None:
     assert not iceberg_storage("file:///tmp/wh/t", props).has_options
 
 
+def test_iceberg_gcs_and_adls_properties_become_the_fsspec_keywords_pyiceberg_uses() -> None:
+    props = {"uri": "sqlite://", "gcs.project-id": "p", "gcs.oauth2.token": "ya29.tok",
+             "adls.account-name": "acct", "adls.sas-token": "sv=2024&sig=abcd",
+             "adls.connection-string": "DefaultEndpointsProtocol=https;AccountKey=c2VjcmV0",
+             "adls.anon": "false"}
+    gcs = iceberg_storage("gs://b/wh/t", props)
+    assert gcs.fsspec_options() == {"project": "p", "token": "ya29.tok"}
+    azure = iceberg_storage("abfs://c@acct.dfs.core.windows.net/wh/t", props)
+    assert azure.fsspec_options() == {
+        "account_name": "acct", "sas_token": "sv=2024&sig=abcd", "anon": False,
+        "connection_string": "DefaultEndpointsProtocol=https;AccountKey=c2VjcmV0"}
+    assert not iceberg_storage("gs://b/wh/t", {"uri": "sqlite://"}).has_options
+    text = f"{azure!r} failed with {props}"
+    assert all(secret not in azure.redact(text) for secret in (
+        "sv=2024&sig=abcd", "DefaultEndpointsProtocol=https;AccountKey=c2VjcmV0"))
+    assert "ya29.tok" not in gcs.redact(text)
+
+
 def test_checkpoint_checksums_and_verification(tmp_path: Path) -> None:
     store = CheckpointStorage(str(tmp_path))
     store.store.put("run/step/a", b"aaa")
@@ -158,4 +176,4 @@ def test_gcs_and_azure_options_become_fsspec_keywords() -> None:
         "AZURE_STORAGE_ACCOUNT_NAME": "acct", "AZURE_STORAGE_ACCOUNT_KEY": "k",
         "anon": "false"})
     assert azure.fsspec_options() == {"account_name": "acct", "account_key": "k",
-                                      "anon": "false"}
+                                      "anon": False}  # a bool: the string "false" is truthy

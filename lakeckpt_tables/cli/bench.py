@@ -151,8 +151,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                        help="keep the token table under PATH and reuse it (default: temporary)")
     peers.add_argument("--json-out", metavar="FILE", default=None,
                        help="also write the report as JSON to FILE")
+    from lakeckpt_tables.bench import planning
 
-
+    planning.register(sub)
     from lakeckpt_tables.bench.read import FEATURE_ROWS
 
     tables = sub.add_parser("tables", help="what deletion vectors and partition columns cost",
@@ -187,6 +188,10 @@ def run(args: argparse.Namespace) -> int:
         return _tables(args)
     if args.bench == "peers":
         return _peers(args)
+    if args.bench == "planning":
+        from lakeckpt_tables.bench import planning
+
+        return planning.run(args)
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 

@@ -74,6 +74,21 @@ _AZURE_NAMES = {"azure_storage_account_name": "account_name",
                 "azure_storage_tenant_id": "tenant_id"}
 _FSSPEC_NAMES = {"gs": _GCS_NAMES, "gcs": _GCS_NAMES, "abfs": _AZURE_NAMES,
                  "abfss": _AZURE_NAMES, "az": _AZURE_NAMES}
+# fsspec keywords that take a bool: options are strings ("false" would be truthy)
+_FSSPEC_BOOLS = frozenset({"anon", "requester_pays", "version_aware", "use_ssl"})
+
+# pyiceberg FileIO properties of GCS and ADLS -> the gcsfs / adlfs keyword pyiceberg's own
+# fsspec FileIO gives them (pyiceberg/io/fsspec.py, _gs and _adls)
+_ICEBERG_GCS = {"gcs.project-id": "project", "gcs.oauth2.token": "token",
+                "gcs.service.host": "endpoint_url", "gcs.access": "access",
+                "gcs.requester-pays": "requester_pays", "gcs.version-aware": "version_aware"}
+_ICEBERG_ADLS = {"adls.account-name": "account_name", "adls.account-key": "account_key",
+                 "adls.sas-token": "sas_token", "adls.tenant-id": "tenant_id",
+                 "adls.client-id": "client_id", "adls.client-secret": "client_secret",
+                 "adls.connection-string": "connection_string",
+                 "adls.account-host": "account_host", "adls.anon": "anon"}
+_ICEBERG_NAMES = {"gs": _ICEBERG_GCS, "gcs": _ICEBERG_GCS, "abfs": _ICEBERG_ADLS,
+                  "abfss": _ICEBERG_ADLS, "az": _ICEBERG_ADLS}
 
 
 def _fsspec_names(options: Mapping[str, str], names: Mapping[str, str]) -> dict[str, Any]:
@@ -82,6 +97,8 @@ def _fsspec_names(options: Mapping[str, str], names: Mapping[str, str]) -> dict[
         name = names.get(key.lower(), key)
         if name == "token" and value.lstrip().startswith("{"):
             out[name] = json.loads(value)  # a service account key given inline
+        elif name in _FSSPEC_BOOLS and value.lower() in ("true", "false"):
+            out[name] = value.lower() == "true"
         else:
             out[name] = value
     return out
@@ -295,7 +312,7 @@ class Storage:
         values = [s3[k] for k in _SECRET_SETTINGS if k in s3]
         values += [v for k, v in self._options.items()
                    if any(w in k.lower() for w in ("secret", "token", "key", "password",
-                                                   "credential", "sas"))
+                                                   "credential", "sas", "connection"))
                    and not k.lower().endswith(("region", "endpoint"))]
         return [v for v in values if len(v) >= 4]
 
@@ -484,10 +501,15 @@ def _arrow_s3(s3: Mapping[str, str], *, allow_bucket_creation: bool = False
 def iceberg_storage(location: str, properties: Mapping[str, str]) -> Storage:
     """The store of an Iceberg table, from its FileIO properties (the catalog's and table's).
 
-    ``s3.*`` properties configure S3 explicitly (NOTE [ storage options ]); a table without
-    them is read with the environment's configuration, as pyiceberg's own FileIO would.
+    ``s3.*`` properties configure S3 explicitly (NOTE [ storage options ]), ``gcs.*`` and
+    ``adls.*`` ones GCS and Azure (as the gcsfs / adlfs keywords pyiceberg's fsspec FileIO
+    gives them); a table without them is read with the environment's configuration, as
+    pyiceberg's own FileIO would.
     """
+    scheme = urlparse(location).scheme.lower()
     s3 = {k: str(v) for k, v in properties.items() if k.startswith("s3.")}
-    if s3 and urlparse(location).scheme in ("s3", "s3a"):
+    if s3 and scheme in ("s3", "s3a"):
         return Storage(location, s3)
-    return Storage(location)
+    names = _ICEBERG_NAMES.get(scheme, {})
+    given = {names[k]: str(v) for k, v in properties.items() if k in names}
+    return Storage(location, given) if given else Storage(location)

@@ -42,7 +42,7 @@ from lakeckpt_tables.reader._torchdata import (
     states_from_loader,
 )
 from lakeckpt_tables.reader.convert import check_convertible, convert
-from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH, ReadAhead
+from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH, ReadAhead, read_pieces
 from lakeckpt_tables.reader.rounds import (
     DEFAULT_UNIT_ROWS,
     FollowPolicy,
@@ -696,9 +696,10 @@ class LakeDataset(IterableDataset[Batch]):
         jobs: list[tuple[Piece, int]] = []  # windows still to read, and rows of each to skip
         offset = 0
         for window in plan.windows(g):
-            if offset + window.size > emitted:
-                jobs.append((window, max(emitted - offset, 0)))
-            offset += window.size
+            for piece in read_pieces(window, self.unit_rows):
+                if offset + piece.size > emitted:
+                    jobs.append((piece, max(emitted - offset, 0)))
+                offset += piece.size
         # NOTE [ read-ahead ] in reader/readahead.py: later windows decode on threads while
         # this one is cut into batches; the position still counts rows yielded, nothing else.
         tables = ReadAhead(lambda job: self._read_window(plan, units, *job), jobs,

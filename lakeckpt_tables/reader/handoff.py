@@ -113,7 +113,7 @@ class ChunkedLoader:
             ~0.06 s; see DESIGN.md on deltalake and fork).
 
     Raises:
-        ValueError: ``num_workers`` < 1 or ``chunk_rows`` < 1.
+        ValueError: ``num_workers`` < 1, ``chunk_rows`` < 1, or a ``follow=True`` dataset.
     """
 
     batch_size = None  # the dataset makes the batches (CheckpointManager checks this)
@@ -126,6 +126,10 @@ class ChunkedLoader:
                              "iterate the dataset or a StatefulDataLoader over it)")
         if not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
+        if dataset.follow is not None:
+            # a worker waiting for the next commit would hold the end of the segment it read
+            raise ValueError("follow=True: a chunk would wait for the next commit to fill up; "
+                             "use StatefulDataLoader(dataset, batch_size=None) instead")
         self.dataset = dataset
         self.num_workers = num_workers
         self.chunk_rows = chunk_rows

@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar, cast
 
-__all__ = ["DEFAULT_DEPTH", "DEFAULT_MAX_BYTES", "ReadAhead"]
+from lakeckpt_tables.plan import Piece
+
+__all__ = ["DEFAULT_DEPTH", "DEFAULT_MAX_BYTES", "PLAIN_PIECE_UNITS", "ReadAhead", "read_pieces"]
 
 T = TypeVar("T")
 J = TypeVar("J")
@@ -29,6 +31,20 @@ DEFAULT_DEPTH = 2
 
 DEFAULT_MAX_BYTES = 256 << 20
 """Bytes of decoded windows waiting to be consumed before read-ahead pauses."""
+
+
+PLAIN_PIECE_UNITS = 4
+"""Units per read of an unshuffled window: its rows come out in order, so reading it in small
+pieces changes nothing but the wait for the first batch (one row group, not a whole window)."""
+
+
+def read_pieces(window: Piece, unit_rows: int) -> list[Piece]:
+    """The reads of one window: a shuffled window at once (its permutation spans all of it),
+    an unshuffled one in pieces of :data:`PLAIN_PIECE_UNITS` units, in order."""
+    step = PLAIN_PIECE_UNITS * unit_rows
+    if window.seed is not None or window.size <= step:
+        return [window]
+    return [window.cut(a, min(a + step, window.size)) for a in range(0, window.size, step)]
 
 
 class ReadAhead(Generic[J, T]):

@@ -367,7 +367,10 @@ class DeltaLedger(LedgerBase[AddAction]):
         # NOTE [ footer digest ]: the name carries the footer's digest (see _footer_digest)
         path = f"lakeckpt-{uuid.uuid4().hex}-{_footer_digest(data)}.parquet"
         where = f"{self._base}/{path}" if self._base else path
-        with self._fs.open_output_stream(where) as out:
+        # Through a buffered stream: delta-rs's file handler (object stores) takes bytes, and a
+        # raw stream hands it an Arrow buffer ("'Buffer' object is not an instance of 'bytes'").
+        with (self._fs.open_output_stream(where) as raw,
+              pa.BufferedOutputStream(raw, _WRITE_BUFFER_BYTES) as out):
             out.write(data)
         return AddAction(
             path=path,
@@ -469,6 +472,8 @@ def _check_format(table: DeltaTable, where: str) -> None:
 
 _COMPACT_ORDER = (s.RECORD, s.RUN_ID, s.STEP)
 _ROW_GROUP_ROWS = 65_536
+_WRITE_BUFFER_BYTES = 8 << 20
+"""A ledger file is written in pieces of this size (see ``_prepare``)."""
 
 COMPACTION_PROPERTY = "lakeckpt.compaction"
 """Commit metadata key marking the rewrite made by :meth:`DeltaLedger.compact`."""

@@ -124,6 +124,26 @@ def test_a_checkpoint_on_s3_saves_restores_and_retires_through_its_options_only(
     assert s3.secret not in caplog.text and s3.key not in caplog.text
 
 
+def test_a_ledger_file_larger_than_the_write_buffer_lands_on_s3(
+        s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    # delta-rs's file handler takes bytes: a ledger file written to it in one Arrow buffer
+    # failed every save on S3, and with a buffered stream every file above its buffer (a
+    # compaction of a long run). A 1 KiB buffer makes every ledger file such a file here.
+    from lakeckpt_tables.ledger import delta
+
+    monkeypatch.setattr(delta, "_WRITE_BUFFER_BYTES", 1024)
+    root = f"s3://{s3.bucket('bigfile')}/ckpt"
+    options = s3.options()
+    manager = CheckpointManager(root, "run", storage_options=options)
+    model = torch.nn.Linear(2, 1)
+    first, second = manager.save(1, model=model), manager.save(2, model=model)
+    assert first is not None and second is not None
+    ledger = DeltaLedger(f"{root}/_ledger", storage_options=options, create=False)
+    assert [r.step for r in ledger.checkpoints("run")] == [1, 2]
+    assert CheckpointManager(root, "run", storage_options=options).restore(
+        model=torch.nn.Linear(2, 1)) == 2
+
+
 def test_gc_on_s3_removes_only_what_no_checkpoint_names(s3: S3Server) -> None:
     root = f"s3://{s3.bucket('gc')}/ckpt"
     options = s3.options()

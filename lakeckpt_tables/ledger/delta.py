@@ -367,11 +367,14 @@ class DeltaLedger(LedgerBase[AddAction]):
         # NOTE [ footer digest ]: the name carries the footer's digest (see _footer_digest)
         path = f"lakeckpt-{uuid.uuid4().hex}-{_footer_digest(data)}.parquet"
         where = f"{self._base}/{path}" if self._base else path
-        # Through a buffered stream: delta-rs's file handler (object stores) takes bytes, and a
-        # raw stream hands it an Arrow buffer ("'Buffer' object is not an instance of 'bytes'").
+        # In pieces smaller than a buffered stream's buffer: delta-rs's file handler (object
+        # stores) takes bytes, and an Arrow buffer written straight through (a raw stream, or a
+        # write larger than the buffer) fails: "'Buffer' object is not an instance of 'bytes'".
+        piece = _WRITE_BUFFER_BYTES // 2
         with (self._fs.open_output_stream(where) as raw,
               pa.BufferedOutputStream(raw, _WRITE_BUFFER_BYTES) as out):
-            out.write(data)
+            for at in range(0, data.size, piece):
+                out.write(data.slice(at, min(piece, data.size - at)))
         return AddAction(
             path=path,
             size=data.size,
@@ -473,7 +476,7 @@ def _check_format(table: DeltaTable, where: str) -> None:
 _COMPACT_ORDER = (s.RECORD, s.RUN_ID, s.STEP)
 _ROW_GROUP_ROWS = 65_536
 _WRITE_BUFFER_BYTES = 8 << 20
-"""A ledger file is written in pieces of this size (see ``_prepare``)."""
+"""The buffer a ledger file is written through, in pieces of half its size (``_prepare``)."""
 
 COMPACTION_PROPERTY = "lakeckpt.compaction"
 """Commit metadata key marking the rewrite made by :meth:`DeltaLedger.compact`."""

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -22,6 +20,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+
+from lakeckpt_tables.io.s3server import spawn
 
 __all__ = ["S3Server", "s3", "shadow_env", "shadow_s3"]
 
@@ -31,15 +31,7 @@ class S3Server:
 
     def __init__(self, key: str, secret: str) -> None:
         self.key, self.secret = key, secret
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lakeckpt_tables.io.s3server", "--port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("ready "):
-            self.proc.kill()
-            raise RuntimeError(f"the S3 server did not start: {line!r}")
-        self.port = int(line.split()[1])
+        self.proc, self.port = spawn()
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def options(self, **extra: str) -> dict[str, str]:

@@ -25,7 +25,6 @@ import argparse
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lakeckpt_tables.io import Storage
+from lakeckpt_tables.io.s3server import spawn
 from lakeckpt_tables.sources import _footers
 from lakeckpt_tables.sources.delta import DeltaSource
 
@@ -176,16 +176,9 @@ class _LocalS3:
     """The local S3 test server (``python -m lakeckpt_tables.io.s3server``) for one run."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lakeckpt_tables.io.s3server", "--port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("ready "):
-            self.proc.kill()
-            raise RuntimeError(f"the local S3 server did not start: {line!r}")
+        self.proc, port = spawn()
         self.options = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
-                        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{line.split()[1]}",
+                        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
                         "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
         endpoint = self.options["AWS_ENDPOINT_URL"]
         urllib.request.urlopen(urllib.request.Request(f"{endpoint}/planning", method="PUT"),

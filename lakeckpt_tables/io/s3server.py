@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["Front", "main"]
+__all__ = ["Front", "main", "spawn"]
 
 _CONTROL = "/_lakeckpt/"
 
@@ -109,6 +111,25 @@ class Front:
         start("200 OK", [("Content-Type", "application/json"),
                          ("Content-Length", str(len(out)))])
         return [out]
+
+
+def spawn() -> tuple[subprocess.Popen[str], int]:
+    """Start this server in a process of its own on a free port of 127.0.0.1.
+
+    Returns:
+        The process (kill it to stop the server) and the port it listens on.
+
+    Raises:
+        RuntimeError: the server did not start (``moto[server]`` missing, say).
+    """
+    proc = subprocess.Popen([sys.executable, "-m", __name__, "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None  # stdout=PIPE
+    line = proc.stdout.readline()
+    if not line.startswith("ready "):
+        proc.kill()
+        raise RuntimeError(f"the local S3 server did not start: {line!r}")
+    return proc, int(line.split()[1])
 
 
 def main(argv: list[str] | None = None) -> None:

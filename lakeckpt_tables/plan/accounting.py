@@ -116,8 +116,8 @@ def slice_spans(planner: Planner[S], before: S | None,
     for g, end in enumerate(after.slices):
         if end is None:
             continue
-        start = (0, 0) if before is None or before.slices[g] is None else before.slices[g]
-        assert start is not None
+        prior = None if before is None else before.slices[g]
+        start = (0, 0) if prior is None else prior
         for index in range(start[0], end[0] + 1):
             if index not in plans:
                 plans[index] = planner.round_plan(index, shape, after.layouts, known)

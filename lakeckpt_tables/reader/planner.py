@@ -187,13 +187,10 @@ class RoundPlanner:
                       own: bool) -> int:
         """The slice DataLoader worker ``worker`` continues when resuming at the same shape.
 
-        NOTE [ worker rotation ]
-        A DataLoader polls its workers round-robin, skipping exhausted ones, from worker 0 in a
-        fresh loader. torchdata's own ``load_state_dict`` restores where the round-robin stood
-        and hands every worker its own state (``own``): such a worker keeps the slice it
-        holds. A state loaded into the dataset carries no round-robin position, so there
-        worker 0 takes the slice the old loader would have polled next, worker 1 the one
-        after, and so on: the rank's batch order stays that of an uninterrupted run.
+        A worker handed its own state by torchdata's ``load_state_dict`` (``own``) keeps the
+        slice it holds. A state loaded into the dataset carries no round-robin position, so
+        worker 0 takes the slice the old loader would have polled next, worker 1 the one after,
+        and so on (NOTE [ worker rotation ] in ``reader/_torchdata.py``).
         """
         workers = shape[1]
         mine = range(self.rank * workers, (self.rank + 1) * workers)

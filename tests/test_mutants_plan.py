@@ -50,3 +50,16 @@ def test_cut_spans_gives_exactly_the_rows_asked_for_as_non_empty_spans() -> None
             assert all(a < b for a, b in out), (start, stop, out)
             got = np.concatenate([np.arange(a, b) for a, b in out] or [np.empty(0, np.int64)])
             assert np.array_equal(got, rows[start:stop]), (start, stop, out)
+
+
+def test_one_rank_without_drop_last_delivers_every_row_in_full_batches_then_one_short() -> None:
+    # a batch count rounded down drops each slice's last partial batch: rows lost silently
+    for units, batch_size, workers in itertools.product(([5, 7, 1], [16] * 3, [1]), (1, 3, 4),
+                                                        (1, 2, 3)):
+        plan = EpochPlan(units, PlanPolicy(batch_size=batch_size, workers=workers))
+        assert sum(plan.delivered_rows(g) for g in range(workers)) == sum(units)
+        for g in range(workers):
+            s = plan.slice_rows(g)
+            sizes = np.diff(np.concatenate([[0], plan.batch_ends(g)])).tolist()
+            assert sizes == [batch_size] * (s // batch_size) + (
+                [s % batch_size] if s % batch_size else []), (units, batch_size, workers, g)

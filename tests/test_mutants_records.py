@@ -53,3 +53,26 @@ def test_with_drop_last_the_ledger_records_only_the_rows_delivered_in_each_epoch
     for epoch in range(2):
         assert sum(delivered[epoch].values()) == 560
         assert recorded[epoch] == delivered[epoch], epoch
+
+
+def test_each_record_names_the_rank_and_worker_that_delivered_its_rows(
+        one_row_group: str, tmp_path: Path) -> None:
+    # One rank, two DataLoader workers: slice g is (rank 0, worker g). A record naming rank g
+    # (slices split by world size instead of workers) blames the wrong process in an audit.
+    dataset = LakeDataset(DeltaSource(one_row_group), columns=["id"], batch_size=20,
+                          shuffle=False, unit_rows=50)
+    loader = loader_for(dataset, 2)
+    manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run")
+    delivered: dict[tuple[int, int], set[int]] = {(0, 0): set(), (0, 1): set()}
+    for step, batch in enumerate(loader, 1):
+        delivered[(0, (step - 1) % 2)].update(batch["id"].tolist())  # workers take turns
+        if step == 7:
+            manager.save(step, dataloader=loader)
+    manager.save(step + 1, dataloader=loader)
+    assert step == 30
+    recorded: dict[tuple[int, int], set[int]] = {}
+    for rec in DeltaLedger(str(tmp_path / "ckpt" / "_ledger")).consumption().to_pylist():
+        recorded.setdefault((rec["rank"], rec["worker"]), set()).update(
+            range(rec["row_start"], rec["row_end"]))
+    assert recorded == delivered
+    assert delivered[(0, 0)] == set(range(300))  # each worker's contiguous half

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from lakeckpt_tables.plan import EpochPlan, PlanPolicy, cut_spans
+from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy, cut_spans, replan_rounds
 
 
 def _pattern(rows: np.ndarray[Any, Any]) -> bytes:
@@ -63,3 +63,29 @@ def test_one_rank_without_drop_last_delivers_every_row_in_full_batches_then_one_
             sizes = np.diff(np.concatenate([[0], plan.batch_ends(g)])).tolist()
             assert sizes == [batch_size] * (s // batch_size) + (
                 [s % batch_size] if s % batch_size else []), (units, batch_size, workers, g)
+
+
+def _rows(pieces: tuple[Piece, ...]) -> list[int]:
+    return sorted(int(r) for p in pieces for r in p.rows())
+
+
+def test_an_elastic_replan_of_follow_rounds_keeps_the_last_rounds_tail_and_no_earlier_one() -> None:
+    # 9 rows, 2 ranks, batch size 1: 4 rows each and a 1-row tail (NOTE [ lockstep ]). In
+    # follow mode a round's tail is carried into the next segment: an earlier round's tail is
+    # already there, the last round's is not yet, so the re-plan must keep it or lose it.
+    policy = PlanPolicy(batch_size=1, world_size=2, shuffle=False)
+
+    def plan_for(index: int, layout: Any) -> EpochPlan:
+        return EpochPlan([5, 4], policy, segment=index, epoch=0, layout=layout)
+
+    assert _rows(tuple(plan_for(0, None).tail())) == [8]
+    delivered = [r for g in range(2) for r in plan_for(0, None).slice_layout(g)[0].rows()[:2]]
+    _, layouts = replan_rounds(plan_for, {}, [(0, 2), (0, 2)], carried=True)
+    assert sorted(_rows(layouts[0]) + [int(r) for r in delivered]) == list(range(9))
+    # two rounds begun: round 0's tail went to round 1 already; round 1's is kept
+    _, layouts = replan_rounds(plan_for, {}, [(1, 1), (0, 4)], carried=True)
+    assert _rows(layouts[0]) == []
+    assert _rows(layouts[1]) == list(range(1, 9))  # row 0: delivered by slice 0
+    # not carried (epochs of a pinned snapshot): every round's tail is re-planned
+    _, layouts = replan_rounds(plan_for, {}, [(1, 1), (0, 4)], carried=False)
+    assert _rows(layouts[0]) == [8]

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy, cut_spans, replan_rounds
+from lakeckpt_tables.plan.rounds import RoundUnits
+from lakeckpt_tables.types import Unit
 
 
 def _pattern(rows: np.ndarray[Any, Any]) -> bytes:
@@ -89,3 +91,26 @@ def test_an_elastic_replan_of_follow_rounds_keeps_the_last_rounds_tail_and_no_ea
     # not carried (epochs of a pinned snapshot): every round's tail is re-planned
     _, layouts = replan_rounds(plan_for, {}, [(1, 1), (0, 4)], carried=False)
     assert _rows(layouts[0]) == [8]
+
+
+def test_plan_units_are_at_most_unit_rows_and_as_equal_as_can_be() -> None:
+    # a row group cut into too few parts gives units larger than unit_rows: the shuffle window
+    # and the read-ahead hold more rows than they are sized for
+    groups = [Unit("a", 0, 620), Unit("a", 1, 50), Unit("b", 0, 1), Unit("b", 1, 101)]
+    units = RoundUnits.of(groups, unit_rows=50)
+    assert units.rows.tolist() == [47, 48, 48, 47, 48, 48, 47, 48, 48, 47, 48, 48, 48,
+                                   50, 1, 33, 34, 34]
+    assert units.source.tolist() == [0] * 13 + [1, 2, 3, 3, 3]
+    assert units.first.tolist()[:3] == [0, 47, 95] and units.first.tolist()[-3:] == [0, 33, 67]
+    assert all(units.at(u, 0, int(units.rows[u]))[2] - units.at(u, 0, 0)[1] == units.rows[u]
+               for u in range(len(units.rows)))
+
+
+def test_carried_ranges_of_one_row_group_merge_only_where_adjacent() -> None:
+    # merging (0, 2) and (5, 7) into (0, 7) would deliver rows 2-4 of the row group again
+    group = Unit("a", 0, 10)
+    carried = [(group, 5, 7, (None, 1)), (group, 0, 2, (None, 1)), (group, 2, 3, (None, 1))]
+    units = RoundUnits.of([], carried=carried)
+    assert [(int(f), int(f + r)) for f, r in zip(units.first, units.rows, strict=True)] == [
+        (0, 3), (5, 7)]
+    assert [u.rows for u in units.units] == [5]

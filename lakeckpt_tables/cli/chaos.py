@@ -4,9 +4,9 @@ Every trial trains a small job (``lakeckpt_tables.checkpoint._chaos_job``) from 
 table into a fresh checkpoint root, attacks it with one randomly chosen fault, then resumes
 until the job finishes (or gives up), and checks what trained the final model:
 
-- ``kill``: SIGKILL at a random crash point of the two-phase commit (``LAKECKPT_CRASH_AT``;
-  ``ledger:prepared`` leaves an orphan ledger file)
-  and save, one process; ``kill-torchrun``: the same in a random rank of a 2-rank torchrun job;
+- ``kill``: SIGKILL at a random crash point of the two-phase commit and save
+  (``LAKECKPT_CRASH_AT``; ``ledger:prepared`` leaves an orphan ledger file), one process;
+  ``kill-torchrun``: the same in a random rank of a 2-rank torchrun job;
 - ``model-bitflip``: bits flipped in the newest checkpoint's model files (restore must fall
   back); ``ledger-bitflip``: bits flipped in a random ledger file (a named error with the way
   out, which the campaign then takes); ``tampered-state``: the newest reader state rewritten in

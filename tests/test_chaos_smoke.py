@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +72,33 @@ def test_a_campaign_directory_takes_only_its_own_trials(tmp_path: Path) -> None:
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(SystemExit, match="another campaign is running in"):
             main([*base, "--seed", "3"])
+
+
+def _jobs_in(work: Path, campaign: int) -> list[int]:
+    """Processes other than the campaign whose command line names ``work``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != campaign:
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(work).encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_campaign_leaves_no_job_behind(tmp_path: Path) -> None:
+    campaign = subprocess.Popen(
+        [sys.executable, "-c", _CLI, "chaos", "--trials", "1", "--scenarios", "concurrent",
+         "--launch", "exec", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    while len(_jobs_in(tmp_path, campaign.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # both jobs of the trial running, each in a session of its own
+    assert len(_jobs_in(tmp_path, campaign.pid)) == 2
+    campaign.send_signal(signal.SIGTERM)
+    assert campaign.wait(timeout=60) == 130
+    assert _jobs_in(tmp_path, campaign.pid) == []
+    assert (tmp_path / "trials.jsonl").read_text() == ""  # the trial cut short runs again

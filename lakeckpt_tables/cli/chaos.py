@@ -114,9 +114,14 @@ class _Proc:
         return self.proc.exitcode is not None
 
     def kill(self) -> None:
-        if self.proc.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGKILL the job's process group and its descendants' (torchrun's ranks each start a
+        session of their own, so killing torchrun's group alone would orphan them)."""
+        if self.proc.pid is None:
+            return
+        groups = [self.proc.pid, *_descendants(self.proc.pid)]
+        for pid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
         self.wait(60.0)
 
     @property
@@ -126,12 +131,38 @@ class _Proc:
         return self.proc.exitcode
 
 
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            todo.extend(children)
+    return found
+
+
+class _Stopped(Exception):
+    """The campaign is stopping: no job starts any more."""
+
+
 class _Launcher:
     """Starts jobs: torchrun jobs always fresh; single-process ones forked or fresh."""
 
     def __init__(self, launch: str) -> None:
         self.server: ForkServerContext | None = None
         self.lock = threading.Lock()
+        self.live: set[_Proc] = set()
+        self.stopped = False
         if launch == "fork":
             from lakeckpt_tables.checkpoint._chaos_job import PRELOAD
 
@@ -140,12 +171,29 @@ class _Launcher:
             self.server.set_forkserver_preload(list(PRELOAD))
 
     def start(self, args: list[str], *, nproc: int, crash: str | None) -> _Proc:
+        with self.lock:
+            if self.stopped:
+                raise _Stopped
+            self.live = {p for p in self.live if p.returncode is None}
+            proc = self._start(args, nproc=nproc, crash=crash)
+            self.live.add(proc)
+            return proc
+
+    def stop(self) -> None:
+        """Kill every job still running: a trial cut short is run again by the next campaign,
+        and no job of this one may write into its directory then."""
+        with self.lock:
+            self.stopped = True
+            live = list(self.live)
+        for proc in live:
+            proc.kill()
+
+    def _start(self, args: list[str], *, nproc: int, crash: str | None) -> _Proc:
         if nproc == 1 and self.server is not None:
             from lakeckpt_tables.checkpoint._chaos_job import forked
 
             process = self.server.Process(target=forked, args=(args, crash), daemon=False)
-            with self.lock:  # the server starts once; Process.start is not thread-safe
-                process.start()
+            process.start()  # under the lock: the server starts once, and this is not thread-safe
             return _Proc(process)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         env.pop("LAKECKPT_CRASH_AT", None)
@@ -506,24 +554,30 @@ def run(args: argparse.Namespace) -> int:
     launcher = _Launcher(args.launch)
     t0 = time.monotonic()
     _end_line(base / _RESULTS)
+    # SIGTERM (as SIGINT) ends the campaign cleanly: its jobs are killed, its trials kept
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with lock, ThreadPoolExecutor(args.jobs) as pool, open(base / _RESULTS, "a") as results:
         running: set[Future[Trial]] = set()
-        while True:
-            for k in todo:
-                running.add(pool.submit(_run_one, k, args.seed, scenarios, base, args.timeout,
-                                        launcher))
-                if len(running) >= args.jobs:
+        try:
+            while True:
+                for k in todo:
+                    running.add(pool.submit(_run_one, k, args.seed, scenarios, base,
+                                            args.timeout, launcher))
+                    if len(running) >= args.jobs:
+                        break
+                if not running:
                     break
-            if not running:
-                break
-            ended, running = wait(running, return_when=FIRST_COMPLETED)
-            for future in ended:
-                trial = future.result()  # a failure of the campaign itself stops it
-                done[trial.index] = trial
-                results.write(json.dumps(asdict(trial)) + "\n")
-                results.flush()
-                if args.output == "table":
-                    _print(trial)
+                ended, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in ended:
+                    trial = future.result()  # a failure of the campaign itself stops it
+                    done[trial.index] = trial
+                    results.write(json.dumps(asdict(trial)) + "\n")
+                    results.flush()
+                    if args.output == "table":
+                        _print(trial)
+        except BaseException:
+            launcher.stop()
+            raise
     trials = [done[k] for k in sorted(done)]
     summary = _summary(trials, time.monotonic() - t0, resumed)
     if args.output == "json":

@@ -55,6 +55,7 @@ def test_a_short_chaos_campaign_finds_nothing_wrong_and_resumes(tmp_path: Path) 
     assert second["trials"][:2] == first["trials"]
     assert [t["index"] for t in second["trials"]] == [0, 1, 2]
     assert second["trials"][2]["fault"] == _kill_spec(_trial_rng(3, 2), 1)
+    assert all(t["code"] for t in second["trials"])  # which commit ran each trial
     lines = (tmp_path / "trials.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["index"] for line in lines) == [0, 1, 2]
 

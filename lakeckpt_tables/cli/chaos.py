@@ -84,6 +84,7 @@ class Trial:
     fault: str
     index: int = -1
     seconds: float = 0.0
+    code: str = ""  # the commit of lakeckpt_tables that ran the trial
     attempts: int = 0
     finished: bool = False
     named: list[str] = field(default_factory=list)
@@ -462,6 +463,7 @@ def _summary(trials: list[Trial], seconds: float, resumed: int) -> dict[str, Any
         "stuck_runs": sum(t.stuck for t in trials),
         "undetected_damage": sum(t.undetected_damage for t in trials),
         "by_scenario": dict(Counter(t.scenario for t in trials)),
+        "by_code": dict(Counter(t.code for t in trials)),
         "resumed": resumed,
         "seconds": round(seconds, 1),
         "trial_seconds": round(sum(t.seconds for t in trials), 1),
@@ -520,15 +522,28 @@ def _end_line(path: Path) -> None:
                 f.write(b"\n")
 
 
+def _code_version() -> str:
+    """The git commit of this package (``+`` when its files differ), or ``unknown``."""
+    here = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=30, check=True)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "."],
+                               capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
 def _run_one(k: int, seed: int, scenarios: list[str], base: Path, timeout: float,
-             launcher: _Launcher) -> Trial:
+             launcher: _Launcher, code: str) -> Trial:
     """Trial ``k``: its scenario and every random choice follow from ``(seed, k)`` alone."""
     rng = _trial_rng(seed, k)
     work = base / f"trial-{k:04d}"
     shutil.rmtree(work, ignore_errors=True)
     t0 = time.monotonic()
     trial = _trial(scenarios[k % len(scenarios)], rng, base / "table", work, timeout, launcher)
-    trial.index, trial.seconds = k, round(time.monotonic() - t0, 1)
+    trial.index, trial.seconds, trial.code = k, round(time.monotonic() - t0, 1), code
     return trial
 
 
@@ -552,6 +567,7 @@ def run(args: argparse.Namespace) -> int:
     resumed = len(done)
     todo = iter([k for k in range(args.trials) if k not in done])
     launcher = _Launcher(args.launch)
+    code = _code_version()
     t0 = time.monotonic()
     _end_line(base / _RESULTS)
     # SIGTERM (as SIGINT) ends the campaign cleanly: its jobs are killed, its trials kept
@@ -562,7 +578,7 @@ def run(args: argparse.Namespace) -> int:
             while True:
                 for k in todo:
                     running.add(pool.submit(_run_one, k, args.seed, scenarios, base,
-                                            args.timeout, launcher))
+                                            args.timeout, launcher, code))
                     if len(running) >= args.jobs:
                         break
                 if not running:

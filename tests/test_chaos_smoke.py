@@ -38,7 +38,8 @@ def _figures(summary: dict[str, Any]) -> tuple[int, ...]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # ~25 s on an idle machine: 3 trials, single-process jobs forked
-def test_a_short_chaos_campaign_finds_nothing_wrong_and_resumes(tmp_path: Path) -> None:
+def test_a_short_chaos_campaign_finds_nothing_wrong_and_resumes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = _chaos(tmp_path, "--trials", "2", "--jobs", "2")
     assert _figures(first["summary"]) == (2, 2, 0, 0, 0, 0, 0, 0)
     assert first["summary"]["by_scenario"] == {"kill": 1, "tampered-state": 1}
@@ -58,10 +59,17 @@ def test_a_short_chaos_campaign_finds_nothing_wrong_and_resumes(tmp_path: Path) 
     assert all(t["code"] for t in second["trials"])  # which commit ran each trial
     lines = (tmp_path / "trials.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["index"] for line in lines) == [0, 1, 2]
+    # --report reads the same figures back without running a trial
+    assert main(["chaos", "--dir", str(tmp_path), "--report", "--output", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert _figures(report["summary"]) == (3, 3, 0, 0, 0, 0, 0, 3)
+    assert report["trials"] == second["trials"]
 
 
 def test_a_campaign_directory_takes_only_its_own_trials(tmp_path: Path) -> None:
     base = ["chaos", "--trials", "0", "--launch", "exec", "--dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match=r"--report reads trials\.jsonl"):
+        main(["chaos", "--dir", str(tmp_path), "--report"])
     assert main([*base, "--seed", "3"]) == 0
     with pytest.raises(SystemExit, match="campaign with seed 3 and scenarios kill,"):
         main([*base, "--seed", "4"])

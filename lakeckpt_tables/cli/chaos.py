@@ -74,6 +74,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launch", choices=("fork", "exec"), default="fork",
                         help="start single-process jobs forked from a pre-imported server "
                              "(fork) or each in a fresh interpreter (exec)")
+    parser.add_argument("--report", action="store_true",
+                        help="print the summary of the trials recorded in --dir, run none "
+                             "(also while a campaign runs there)")
 
 
 @dataclass
@@ -556,6 +559,12 @@ def run(args: argparse.Namespace) -> int:
                          f"choose among {', '.join(SCENARIOS)}")
     if args.jobs < 1:
         raise SystemExit("lakeckpt chaos: --jobs must be at least 1")
+    if args.report:
+        if not args.dir or not (Path(args.dir) / _RESULTS).exists():
+            raise SystemExit(f"lakeckpt chaos: --report reads {_RESULTS} of a campaign's --dir; "
+                             f"{args.dir} has none")
+        recorded = _finished(Path(args.dir))
+        return _report([recorded[k] for k in sorted(recorded)], 0.0, len(recorded), args.output)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="lakeckpt-chaos-"))
     base.mkdir(parents=True, exist_ok=True)
     lock = _campaign(base, args.seed, scenarios)
@@ -591,12 +600,18 @@ def run(args: argparse.Namespace) -> int:
                     results.flush()
                     if args.output == "table":
                         _print(trial)
+                        if len(done) % 25 == 0:
+                            _tally(list(done.values()))
         except BaseException:
             launcher.stop()
             raise
-    trials = [done[k] for k in sorted(done)]
-    summary = _summary(trials, time.monotonic() - t0, resumed)
-    if args.output == "json":
+    return _report([done[k] for k in sorted(done)], time.monotonic() - t0, resumed, args.output)
+
+
+def _report(trials: list[Trial], seconds: float, resumed: int, output: str) -> int:
+    """Print the summary; 0 when nothing went wrong, 1 otherwise."""
+    summary = _summary(trials, seconds, resumed)
+    if output == "json":
         print(json.dumps({"summary": summary, "trials": [asdict(t) for t in trials]}))
     else:
         for key, value in summary.items():
@@ -605,6 +620,14 @@ def run(args: argparse.Namespace) -> int:
            or summary["stuck_runs"] or summary["undetected_damage"]
            or summary["finished"] != summary["trials"])
     return 1 if bad else 0
+
+
+def _tally(trials: list[Trial]) -> None:
+    s = _summary(trials, 0.0, 0)
+    print(f"so far: {s['trials']} trials, {s['finished']} finished, {s['duplicated_rows']} "
+          f"duplicated rows, {s['skipped_rows']} skipped rows, {s['unnamed_errors']} unnamed "
+          f"errors, {s['stuck_runs']} stuck runs, {s['undetected_damage']} undetected damage",
+          flush=True)
 
 
 def _print(trial: Trial) -> None:

@@ -46,6 +46,9 @@ def test_a_short_chaos_campaign_finds_nothing_wrong_and_resumes(
     kill, tampered = first["trials"]
     assert kill["attempts"] >= 2 and tampered["attempts"] >= 2
     assert "reader state of step" in tampered["fault"]
+    # each job's output is kept: the restart said what it skipped and why
+    restart = (tmp_path / "trial-0001" / "job2.log").read_text()
+    assert "fails its checksum and is ignored" in restart
     # trial k's faults follow from (seed, k) alone, whoever runs it and whenever
     assert kill["fault"] == _kill_spec(_trial_rng(3, 0), 1)
 

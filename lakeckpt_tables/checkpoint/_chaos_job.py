@@ -98,17 +98,19 @@ def _train(a: argparse.Namespace, rank: int, world: int) -> int:
     return step
 
 
-def forked(argv: list[str], crash: str | None) -> None:
+def forked(argv: list[str], crash: str | None, log: str) -> None:
     """Run the job in a process forked from the campaign's pre-imported server.
 
     Args:
         argv: the job's arguments, as on its command line.
         crash: the ``LAKECKPT_CRASH_AT`` of this job, or None.
+        log: the file its stdout and stderr are appended to.
     """
     os.setsid()  # its own process group, which the campaign kills when the job is stuck
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for fd in (1, 2):
+        os.dup2(output, fd)
     os.environ.pop(_CRASH_ENV, None)
     if crash:
         os.environ[_CRASH_ENV] = crash

@@ -174,12 +174,13 @@ class _Launcher:
             self.server = multiprocessing.get_context("forkserver")
             self.server.set_forkserver_preload(list(PRELOAD))
 
-    def start(self, args: list[str], *, nproc: int, crash: str | None) -> _Proc:
+    def start(self, args: list[str], *, nproc: int, crash: str | None, log: Path) -> _Proc:
+        """Start a job; its stdout and stderr (warnings, tracebacks) go to ``log``."""
         with self.lock:
             if self.stopped:
                 raise _Stopped
             self.live = {p for p in self.live if p.returncode is None}
-            proc = self._start(args, nproc=nproc, crash=crash)
+            proc = self._start(args, nproc=nproc, crash=crash, log=log)
             self.live.add(proc)
             return proc
 
@@ -192,11 +193,12 @@ class _Launcher:
         for proc in live:
             proc.kill()
 
-    def _start(self, args: list[str], *, nproc: int, crash: str | None) -> _Proc:
+    def _start(self, args: list[str], *, nproc: int, crash: str | None, log: Path) -> _Proc:
         if nproc == 1 and self.server is not None:
             from lakeckpt_tables.checkpoint._chaos_job import forked
 
-            process = self.server.Process(target=forked, args=(args, crash), daemon=False)
+            process = self.server.Process(target=forked, args=(args, crash, str(log)),
+                                          daemon=False)
             process.start()  # under the lock: the server starts once, and this is not thread-safe
             return _Proc(process)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -209,8 +211,9 @@ class _Launcher:
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={nproc}", "--max-restarts=0", *module, *args]
-        return _Proc(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True))
+        with open(log, "ab") as output:
+            return _Proc(subprocess.Popen(cmd, env=env, stdout=output, stderr=output,
+                                          start_new_session=True))
 
 
 class _Job:
@@ -219,6 +222,7 @@ class _Job:
     def __init__(self, launcher: _Launcher, table: Path, root: Path, out: Path,
                  timeout: float) -> None:
         self.launcher = launcher
+        self.starts = 0
         self.table, self.root, self.out, self.timeout = table, root, out, timeout
 
     def start(self, *, nproc: int = 1, crash: str | None = None, out: Path | None = None,
@@ -228,7 +232,9 @@ class _Job:
         (out or self.out).mkdir(parents=True, exist_ok=True)
         for old in (out or self.out).glob("outcome*.txt"):
             old.unlink()
-        return self.launcher.start(args, nproc=nproc, crash=crash)
+        self.starts += 1
+        log = (out or self.out).parent / f"job{self.starts}.log"
+        return self.launcher.start(args, nproc=nproc, crash=crash, log=log)
 
     def wait(self, proc: _Proc, trial: Trial, *, crash: bool, out: Path | None = None) -> bool:
         """Wait for a job; record its errors; True when every rank finished."""

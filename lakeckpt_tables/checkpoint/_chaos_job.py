@@ -23,7 +23,8 @@ from typing import Any
 
 __all__ = ["PRELOAD", "forked", "main"]
 
-# what a forked job would otherwise import itself; none starts a thread or a tokio runtime
+# what a forked job would otherwise import itself: no tokio runtime exists before a fork, and
+# the only threads started are jemalloc's and OpenBLAS's, which their fork handlers account for
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint",
            "torchdata.stateful_dataloader", "pyarrow.parquet", "deltalake",
            "lakeckpt_tables.checkpoint", "lakeckpt_tables.reader", "lakeckpt_tables.sources",

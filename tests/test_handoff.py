@@ -178,12 +178,26 @@ def test_a_sigkilled_job_resumes_from_its_last_state_exactly_once(
     assert head + _ids(resumed) == reference
 
 
-def test_it_refuses_no_workers_and_follow_mode(delta_table: Table) -> None:
-    with pytest.raises(ValueError, match="num_workers must be >= 1"):
-        ChunkedLoader(delta_table.dataset(**ARGS), num_workers=0)
+def test_it_refuses_negative_workers_and_follow_mode_with_workers(delta_table: Table) -> None:
+    with pytest.raises(ValueError, match="num_workers must be an int >= 0, got -1"):
+        ChunkedLoader(delta_table.dataset(**ARGS), num_workers=-1)
     follower = delta_table.dataset(batch_size=7, follow=True, until_version=0)
     with pytest.raises(ValueError, match="follow=True: a chunk would wait"):
         ChunkedLoader(follower, num_workers=2)
+    ChunkedLoader(follower, num_workers=0)  # in-process: nothing waits for a chunk
+
+
+def test_no_workers_reads_in_process_and_resumes_exactly(delta_table: Table) -> None:
+    expected = _ids(StatefulDataLoader(delta_table.dataset(**ARGS), batch_size=None))
+    loader = ChunkedLoader(delta_table.dataset(**ARGS), num_workers=0)
+    it = iter(loader)
+    head = [next(it)["id"].tolist() for _ in range(30)]
+    state = loader.state_dict()
+    assert state["dataset_state"]["slices"] == [[0, 30 * 7]]  # the rows delivered, no more
+    resumed = ChunkedLoader(delta_table.dataset(**ARGS), num_workers=0)
+    resumed.load_state_dict(state)
+    assert head + _ids(resumed) == expected
+    assert sorted(i for b in expected for i in b) == sorted(delta_table.ids.tolist() * 2)
 
 
 def test_a_transform_runs_in_the_main_process(

@@ -271,11 +271,12 @@ class ChunkedLoader:
     Iterate it as a ``StatefulDataLoader(dataset, batch_size=None, num_workers=...)``: the same
     batches in the same order, cut out of shared-memory chunks in the main process
     (``transform`` applied there). ``state_dict()`` counts the rows delivered to the loop
-    (NOTE [ chunked hand-off ]).
+    (NOTE [ chunked hand-off ]). With ``num_workers=0`` it iterates the dataset in this process
+    (read-ahead threads decode ahead), so the worker count stays a setting of one loader.
 
     Args:
         dataset: the reader; its batch size, shuffle and output are kept.
-        num_workers: DataLoader worker processes (at least 1).
+        num_workers: DataLoader worker processes; 0 reads in this process.
         chunk_rows: rows a worker hands over at a time (whole batches; a chunk ends at a round).
         prefetch_chunks: chunks each worker prepares ahead (the DataLoader's prefetch factor).
         pin_memory: pin each chunk in page-locked memory (the DataLoader's pin thread), so
@@ -284,7 +285,8 @@ class ChunkedLoader:
             ~0.06 s; see DESIGN.md on deltalake and fork).
 
     Raises:
-        ValueError: ``num_workers`` < 1, ``chunk_rows`` < 1, or a ``follow=True`` dataset.
+        ValueError: ``num_workers`` < 0, ``chunk_rows`` < 1, or a ``follow=True`` dataset
+            with workers.
     """
 
     batch_size = None  # the dataset makes the batches (CheckpointManager checks this)
@@ -293,15 +295,14 @@ class ChunkedLoader:
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, prefetch_chunks: int = 2,
                  pin_memory: bool = False,
                  multiprocessing_context: str | None = "fork") -> None:
-        if not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers!r} (without workers "
-                             "iterate the dataset or a StatefulDataLoader over it)")
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
         if not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
-        if dataset.follow is not None:
+        if dataset.follow is not None and num_workers:
             # a worker waiting for the next commit would hold the end of the segment it read
             raise ValueError("follow=True: a chunk would wait for the next commit to fill up; "
-                             "use StatefulDataLoader(dataset, batch_size=None) instead")
+                             "use num_workers=0 or StatefulDataLoader(dataset, batch_size=None)")
         self.dataset = dataset
         self.num_workers = num_workers
         self.chunk_rows = chunk_rows
@@ -312,6 +313,11 @@ class ChunkedLoader:
         self._delivered: dict[int, tuple[_Chunk, int]] = {}
 
     def __iter__(self) -> Iterator[Any]:
+        if not self.num_workers:
+            return iter(self.dataset)
+        return self._chunked()
+
+    def _chunked(self) -> Iterator[Any]:
         loader = DataLoader(_Chunks(self.dataset, self.chunk_rows), batch_size=None,
                             num_workers=self.num_workers, prefetch_factor=self.prefetch_chunks,
                             pin_memory=self.pin_memory,
@@ -350,7 +356,7 @@ class ChunkedLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The rows delivered to the loop, per slice: a dataset state in a loader's shape."""
-        if len(self._delivered) < self.num_workers:
+        if not self.num_workers or len(self._delivered) < self.num_workers:
             return {DATASET_STATE: self.dataset.state_dict()}
         states = []
         for chunk, j in self._delivered.values():

@@ -22,9 +22,9 @@ import torch
 from conftest import Table
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lakeckpt_tables import Ragged
+import lakeckpt_tables
+from lakeckpt_tables import ChunkedLoader, Ragged
 from lakeckpt_tables.checkpoint import CheckpointManager
-from lakeckpt_tables.reader.handoff import ChunkedLoader
 
 ARGS: dict[str, Any] = {"batch_size": 7, "seed": 11, "epochs": 2, "shuffle_window": 2}
 
@@ -365,3 +365,10 @@ def test_pin_memory_is_accepted_and_changes_no_batch(delta_table: Table) -> None
         assert all(b["id"].is_pinned() for b in pinned)
         assert all(b["tokens"].values.is_pinned() for b in pinned
                    if isinstance(b["tokens"], Ragged))
+
+
+def test_chunked_loader_is_a_public_name() -> None:
+    from lakeckpt_tables.reader import handoff
+
+    assert "ChunkedLoader" in lakeckpt_tables.__all__ and "ChunkedLoader" in dir(lakeckpt_tables)
+    assert lakeckpt_tables.ChunkedLoader is handoff.ChunkedLoader

@@ -346,6 +346,8 @@ def run_peers_bench(root: str | Path, *, rows: int = DEFAULT_ROWS, batch_size: i
             progress(f"round {r + 1}/{rounds}: {name}")
             samples[name].append(_timed_pass(name, make, rows))
     report.throughput = {name: statistics.median(v) for name, v in samples.items()}
+    progress("throughput (rows/s): " + ", ".join(f"{name} {value:,.0f}"
+                                                  for name, value in report.throughput.items()))
     if grid_batch_sizes:
         units = _units(files)
         report.grid = measure_loader_grid(

@@ -83,3 +83,18 @@ def test_chunked_loader_runs_beside_the_per_batch_loader_across_batch_sizes(
     write_json(report, tmp_path / "peers.json")
     data = json.loads((tmp_path / "peers.json").read_text())
     assert sorted(data["grid"]["chunked_over_0_workers"]) == ["2@2048", "2@256"]
+
+
+@pytest.mark.timeout(120)
+def test_the_worker_grid_runs_alone_from_the_command_line(
+    token_table, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from lakeckpt_tables.bench.workers import main
+
+    uri, _ = token_table
+    assert main(["--rows", str(ROWS), "--rounds", "1", "--batch-sizes", "512,3000",
+                 "--dir", str(Path(uri).parent)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| 512 |", "| 3000 |"))]
+    assert len(rows) == 2 and all(line.count("|") == 7 and line.endswith("x |") for line in rows)
+    assert f"whole passes of {ROWS:,} rows" in out

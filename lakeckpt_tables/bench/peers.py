@@ -55,6 +55,7 @@ __all__ = [
     "PlainParquetDataset",
     "ensure_token_table",
     "format_peers",
+    "grid_lines",
     "run_peers_bench",
 ]
 
@@ -368,7 +369,7 @@ def format_peers(report: PeersReport) -> str:
     lines += ["", "| ratio | value |", "|---|---|"]
     for name, ratio in report.ratios().items():
         lines.append(f"| {name} | {'n/a' if ratio is None else f'{ratio:.2f}x'} |")
-    lines += _grid_lines(report.grid)
+    lines += grid_lines(report.grid)
     lines += ["", "| resume: first batch after | seconds |", "|---|---|"]
     for name, seconds in report.resume_s.items():
         lines.append(f"| {name} | {seconds:.3f} |")
@@ -377,7 +378,7 @@ def format_peers(report: PeersReport) -> str:
     return "\n".join(lines)
 
 
-def _grid_lines(grid: LoaderGrid | None) -> list[str]:
+def grid_lines(grid: LoaderGrid | None) -> list[str]:
     """The worker grid: rows/s per batch size and loader, and 2 workers in chunks / 0 workers."""
     if grid is None:
         return []

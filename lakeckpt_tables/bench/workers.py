@@ -22,7 +22,14 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from lakeckpt_tables.bench._common import Figure, Progress, clock, no_loader_warnings, quiet
+from lakeckpt_tables.bench._common import (
+    Figure,
+    Progress,
+    clock,
+    machine_note,
+    no_loader_warnings,
+    quiet,
+)
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.sources.delta import DeltaSource
 
@@ -186,3 +193,41 @@ def grid_figures(grid: LoaderGrid) -> list[Figure]:
                           f"{rate / 1e6:.2f} Mrows/s wall clock, 0 workers "
                           f"{grid.library[f'0@{batch}'] / 1e6:.2f}; median of {grid.rounds}"))
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lakeckpt_tables.bench.workers``: the worker grid of ``lakeckpt bench peers``
+    alone, on its token table (a minute where the whole peers bench takes ten)."""
+    import argparse
+    import sys
+    import tempfile
+
+    from lakeckpt_tables.bench import peers
+
+    parser = argparse.ArgumentParser(prog="python -m lakeckpt_tables.bench.workers",
+                                     description=main.__doc__)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the token table")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (median taken)")
+    parser.add_argument("--batch-sizes", default="256,1024,8192",
+                        help="comma-separated batch sizes (default 256,1024,8192)")
+    parser.add_argument("--dir", metavar="PATH", default=None,
+                        help="keep the token table under PATH and reuse it (default: temporary)")
+    args = parser.parse_args(argv)
+    sizes = [int(v) for v in args.batch_sizes.split(",")]
+
+    def progress(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="lakeckpt-workers-") as scratch:
+        uri, files = peers.ensure_token_table(args.dir or scratch, args.rows)
+        grid = measure_loader_grid(
+            uri, batch_sizes=sizes, workers=WORKERS, rounds=args.rounds, columns=peers.COLUMNS,
+            raw=functools.partial(peers.raw_batches, peers._units(files)), chunked=True,
+            progress=progress)
+    print("\n".join(peers.grid_lines(grid)))
+    print(f"\n{machine_note()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

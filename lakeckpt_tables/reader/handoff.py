@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -133,7 +134,11 @@ def _shared(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(  # type: ignore[no-untyped-call]
         shape.numel() * first.element_size())
     out = torch.empty(0, dtype=first.dtype).set_(storage, 0, shape, _strides(shape))
-    return torch.cat(list(parts), out=out)
+    # numpy copies on this thread; torch.cat would fan out to intra-op threads, which cost
+    # ten times the copy on a loaded machine (the DataLoader sets one thread per worker, but
+    # not every caller runs in one)
+    np.concatenate([p.numpy() for p in parts], out=out.numpy())
+    return out
 
 
 def _strides(shape: torch.Size) -> tuple[int, ...]:

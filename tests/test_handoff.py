@@ -281,10 +281,15 @@ def test_a_worker_hands_over_shared_memory_tensors_and_batches_are_views_of_them
         tensors = [b["id"], b["vec"]] + (list(tokens) if isinstance(tokens, Ragged)
                                          else [tokens])
         assert all(t.is_shared() for t in tensors)  # converted in the worker, not pickled
-    for name in ("id", "vec"):
-        storages = {b[name].untyped_storage().data_ptr() for b in batches[0::2]}
-        assert len(storages) == 1  # one chunk converted once, every batch a view of it
-        assert batches[2][name].storage_offset() == 7 * (3 if name == "vec" else 1)
+    # one chunk converted once, in one storage: every batch of every column is a view of it
+    tensors = [t for b in batches[0::2] for t in (b["id"], b["vec"], *(
+        b["tokens"] if isinstance(b["tokens"], Ragged) else (b["tokens"],)))]
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+    other = batches[1]["id"].untyped_storage().data_ptr()  # worker 1's chunk
+    assert other != tensors[0].untyped_storage().data_ptr()
+    for name, width in (("id", 1), ("vec", 3)):
+        step = batches[2][name].storage_offset() - batches[0][name].storage_offset()
+        assert step == 7 * width  # the next batch starts where this one ends
     ragged = [b["tokens"] for b in batches if isinstance(b["tokens"], Ragged)]
     assert ragged and all(int(r.offsets[0]) == 0 and int(r.offsets[-1]) == len(r.values)
                           for r in ragged)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -126,19 +126,48 @@ class _Each:
 _Column = _Dense | _Lists | _Objects | _Each
 
 
-def _shared(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``parts`` end to end in one tensor allocated in shared memory: a single copy, and
-    pickling it later sends a file descriptor (``Tensor.share_memory_`` would copy again)."""
-    first = parts[0]
-    shape = torch.Size((sum(int(p.shape[0]) for p in parts), *first.shape[1:]))
-    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(  # type: ignore[no-untyped-call]
-        shape.numel() * first.element_size())
-    out = torch.empty(0, dtype=first.dtype).set_(storage, 0, shape, _strides(shape))
-    # numpy copies on this thread; torch.cat would fan out to intra-op threads, which cost
-    # ten times the copy on a loaded machine (the DataLoader sets one thread per worker, but
-    # not every caller runs in one)
-    np.concatenate([p.numpy() for p in parts], out=out.numpy())
-    return out
+_ALIGN = 64
+"""Byte alignment of each tensor in a chunk's storage (a multiple of every element size)."""
+
+
+class _Arena:
+    """The tensors of one chunk, each a run of batches end to end, in one shared-memory
+    storage: a single copy of each value, one allocation, and one file descriptor per hand-off
+    (torch pickles a shared storage as a descriptor, once however many tensors view it;
+    ``Tensor.share_memory_`` would copy again)."""
+
+    def __init__(self) -> None:
+        self._runs: list[Sequence[torch.Tensor]] = []
+        self._built: list[torch.Tensor] = []
+
+    def add(self, parts: Sequence[torch.Tensor]) -> int:
+        """Reserve a tensor of ``parts`` end to end (same dtype and trailing shape)."""
+        self._runs.append(parts)
+        return len(self._runs) - 1
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self._built[index]
+
+    def build(self) -> None:
+        """Allocate the storage and copy every run into it."""
+        layout: list[tuple[int, torch.Size, torch.dtype]] = []
+        size = 0
+        for parts in self._runs:
+            first = parts[0]
+            shape = torch.Size((sum(int(p.shape[0]) for p in parts), *first.shape[1:]))
+            size = -(-size // _ALIGN) * _ALIGN
+            layout.append((size, shape, first.dtype))
+            size += shape.numel() * first.element_size()
+        storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(  # type: ignore[no-untyped-call]
+            size)
+        for (at, shape, dtype), parts in zip(layout, self._runs, strict=True):
+            out = torch.empty(0, dtype=dtype)
+            out.set_(storage, at // out.element_size(), shape, _strides(shape))
+            # numpy copies on this thread; torch.cat would fan out to intra-op threads, which
+            # cost ten times the copy on a loaded machine (a DataLoader worker has one thread,
+            # not every caller does)
+            np.concatenate([p.numpy() for p in parts], out=out.numpy())
+            self._built.append(out)
 
 
 def _strides(shape: torch.Size) -> tuple[int, ...]:
@@ -152,22 +181,28 @@ def _strides(shape: torch.Size) -> tuple[int, ...]:
 
 def _pack(batches: list[dict[str, Any]]) -> dict[str, _Column]:
     """The converted batches of a chunk, column by column (NOTE [ chunked hand-off ])."""
-    return {name: _pack_column([b[name] for b in batches]) for name in batches[0]}
+    arena = _Arena()
+    columns = {name: _pack_column([b[name] for b in batches], arena) for name in batches[0]}
+    arena.build()
+    return {name: make() for name, make in columns.items()}
 
 
-def _pack_column(parts: list[Any]) -> _Column:
+def _pack_column(parts: list[Any], arena: _Arena) -> Callable[[], _Column]:
+    """How to build the column once ``arena`` holds its tensors."""
     first = parts[0]
     if isinstance(first, torch.Tensor) and all(
             isinstance(p, torch.Tensor) and p.dtype == first.dtype
             and p.shape[1:] == first.shape[1:] for p in parts):
-        return _Dense(_shared(parts))
+        data = arena.add(parts)
+        return lambda: _Dense(arena[data])
     if all(_is_list_batch(p) for p in parts):
         values = [p.values if isinstance(p, Ragged) else p.reshape(-1) for p in parts]
         if all(v.dtype == values[0].dtype for v in values):
-            return _lists(parts, values)
+            return _lists(parts, values, arena)
     if all(isinstance(p, list) for p in parts):
-        return _Objects(list(itertools.chain.from_iterable(parts)))
-    return _Each(parts)
+        items = list(itertools.chain.from_iterable(parts))
+        return lambda: _Objects(items)
+    return lambda: _Each(parts)
 
 
 def _is_list_batch(part: Any) -> bool:
@@ -175,7 +210,8 @@ def _is_list_batch(part: Any) -> bool:
         isinstance(part, torch.Tensor) and part.dim() == 2)
 
 
-def _lists(parts: list[Any], values: list[torch.Tensor]) -> _Lists:
+def _lists(parts: list[Any], values: list[torch.Tensor],
+           arena: _Arena) -> Callable[[], _Lists]:
     spans: list[tuple[int, int, int, int]] = []
     offsets: list[torch.Tensor] = []
     first = at = 0
@@ -188,8 +224,13 @@ def _lists(parts: list[Any], values: list[torch.Tensor]) -> _Lists:
         else:
             spans.append((first, end, 0, int(part.shape[1])))
         first = end
-    packed = _shared(offsets) if offsets else torch.zeros(0, dtype=torch.int64)
-    return _Lists(_shared(values), packed, spans)
+    flat_values = arena.add(values)
+    packed = arena.add(offsets) if offsets else -1
+
+    def make() -> _Lists:
+        own = arena[packed] if packed >= 0 else torch.zeros(0, dtype=torch.int64)
+        return _Lists(arena[flat_values], own, spans)
+    return make
 
 
 # ------------------------------------------------------------------ chunks

@@ -14,9 +14,10 @@ row groups at a time, requests in flight averaged 0.6 and the pass took 1.4x its
 time). Nothing delivered changes: the same reads of the same rows, only started earlier; an
 item never expected is read in the calling thread, as before.
 
-One sequence at a time: a later :meth:`Prefetch.expect` replaces the earlier one (a new pass
-of the reader; the old pass, if it still runs, reads its rows in its own thread), so an
-abandoned pass never keeps fetching.
+One sequence at a time: a later :meth:`Prefetch.expect` replaces the earlier one and drops
+its reads not yet taken (a new pass of the reader, or its next round; an old pass that still
+runs reads its rows in its own thread), so an abandoned pass neither keeps fetching nor holds
+slots.
 
 Memory: at most ``depth`` results read (or being read) but not yet taken, and no new read
 starts while the finished ones waiting hold ``max_bytes`` or more. An item expected but then
@@ -111,11 +112,16 @@ class Prefetch(Generic[K, T]):
     def expect(self, items: Iterable[K]) -> None:
         """The items about to be asked for, in the order they will be: pulled lazily, as
         slots free up, so a whole pass's sequence costs nothing up front. Replaces the
-        sequence expected before (what was already pulled from it stays expected)."""
+        sequence expected before, and drops what was read of it but not taken."""
         if self._depth == 0:
             return
         self._check_process()
         with self._lock:
+            for k, (_, _, started) in list(self._queue.items()):  # the earlier pass's
+                if started is not None:
+                    started.cancel()
+                    self._release(started)
+                del self._queue[k]
             self._stream = iter(items)
             self._start()
 

@@ -31,8 +31,8 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
         g: the slice.
         start: rows of the slice already delivered.
         row_group: a row group's live rows in the selected columns (cached by the caller).
-        expect: told the row groups a window is about to read (NOTE [ prefetch ] in
-            ``lakeckpt_tables.io.prefetch``).
+        expect: told, lazily, every row group the pass is about to read, in order
+            (NOTE [ prefetch ] in ``lakeckpt_tables.io.prefetch``).
         read_ahead: windows decoded ahead on threads (NOTE [ read-ahead ] in
             ``reader/readahead.py``).
         unit_rows: rows of a plan unit; an unshuffled window is read in pieces of a few
@@ -54,7 +54,9 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
             offset += piece.size
 
     def read(job: tuple[Piece, int]) -> pa.Table:
-        return _read_window(plan, units, *job, row_group=row_group, expect=expect)
+        return _read_window(plan, units, *job, row_group=row_group)
+
+    expect(unit for job in jobs for unit in _job_units(plan, units, *job))
 
     # later windows decode on threads while this one is cut into batches; the position still
     # counts rows yielded, nothing else
@@ -75,23 +77,26 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
             return
 
 
+def _job_units(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int) -> Iterator[Unit]:
+    """The row groups :func:`_read_window` reads, in order (NOTE [ prefetch ] (io))."""
+    spans = cut_spans(window.spans, skip, window.size) if window.seed is None else window.spans
+    return (units.at(u, r0, r1)[0] for u, r0, r1 in plan.locate(spans))
+
+
 def _read_window(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int, *,
-                 row_group: Callable[[Unit], pa.Table],
-                 expect: Callable[[Iterable[Unit]], None]) -> pa.Table:
+                 row_group: Callable[[Unit], pa.Table]) -> pa.Table:
     """The window's rows in emission order, from its ``skip``-th on."""
     if window.seed is None:
         spans = cut_spans(window.spans, skip, window.size)
-        return _read_spans(plan, units, spans, row_group, expect)
-    table = _read_spans(plan, units, window.spans, row_group, expect)
+        return _read_spans(plan, units, spans, row_group)
+    table = _read_spans(plan, units, window.spans, row_group)
     order = permutation(table.num_rows, window.seed)[window.lo + skip : window.hi]
     return table.take(pa.array(order))
 
 
 def _read_spans(plan: EpochPlan, units: RoundUnits, spans: Sequence[tuple[int, int]],
-                row_group: Callable[[Unit], pa.Table],
-                expect: Callable[[Iterable[Unit]], None]) -> pa.Table:
+                row_group: Callable[[Unit], pa.Table]) -> pa.Table:
     located = [units.at(u, r0, r1) for u, r0, r1 in plan.locate(spans)]
-    expect(unit for unit, _, _ in located)  # NOTE [ prefetch ] (io)
     return concat([row_group(unit).slice(first, end - first) for unit, first, end in located])
 
 

@@ -32,6 +32,7 @@ from lakeckpt_tables.plan import (
     PlanPolicy,
     replan_rounds,
 )
+from lakeckpt_tables.plan.shuffle import FEISTEL, LEGACY, SHUFFLERS
 from lakeckpt_tables.plan.validate import layout_problem, position_problem
 from lakeckpt_tables.reader._cache import RowGroupCache
 from lakeckpt_tables.reader._torchdata import (
@@ -205,6 +206,7 @@ class LakeDataset(IterableDataset[Batch]):
         self._check_output()
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.epochs, self.drop_last, self.shuffle_window = epochs, drop_last, shuffle_window
+        self.shuffler = FEISTEL  # a loaded state may name another (NOTE [ keyed permutation ])
         self.transform = transform
         self.rank, self.world_size = rank, world_size
         self.follow = options.follow_policy()
@@ -231,6 +233,8 @@ class LakeDataset(IterableDataset[Batch]):
             "seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window,
             "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns),
             "unit_rows": self.unit_rows}
+        if self.shuffle and self.shuffler != LEGACY:  # states without one: LEGACY
+            config["shuffler"] = self.shuffler
         if self.refresh is not None:
             config["refresh"] = self.refresh
         if self.filter is not None:
@@ -376,6 +380,11 @@ class LakeDataset(IterableDataset[Batch]):
             ours = self._empty_state(None)
         if self._adopt_min_segment_rows(state):
             ours = self._empty_state(None)
+        before = self.shuffler
+        theirs = state.config.get("shuffler", LEGACY)
+        if self.shuffle and state.config.get("shuffle") is True and theirs in SHUFFLERS:
+            self.shuffler = theirs  # the state's rows were ordered with it
+            ours = self._empty_state(None)
         if state.version != ours.version:
             how = (f"pass version={state.version}" if self._requested_version is not None
                    else "resume through dataset.load_state_dict(saved) in the main process, "
@@ -387,6 +396,7 @@ class LakeDataset(IterableDataset[Batch]):
                 diffs.append(f"{key}: state has {state.config.get(key)!r}, this reader "
                              f"{ours.config.get(key)!r}")
         if diffs:
+            self.shuffler = before
             raise StateMismatchError("reader state does not match this LakeDataset: "
                                      + "; ".join(diffs))
 
@@ -475,7 +485,8 @@ class LakeDataset(IterableDataset[Batch]):
         world, workers, batch = shape
         return PlanPolicy(batch_size=batch, world_size=world, workers=workers,
                           shuffle=self.shuffle, seed=self.seed,
-                          shuffle_window=self.shuffle_window, drop_last=self.drop_last)
+                          shuffle_window=self.shuffle_window, drop_last=self.drop_last,
+                          shuffler=self.shuffler)
 
     def _start_cursor(self) -> _Cursor:
         info = get_worker_info()

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -29,20 +28,17 @@ from lakeckpt_tables.plan import (
     DEFAULT_SHUFFLE_WINDOW,
     EpochPlan,
     Piece,
-    PlanPolicy,
-    replan_rounds,
 )
 from lakeckpt_tables.plan.shuffle import FEISTEL, LEGACY, SHUFFLERS
-from lakeckpt_tables.plan.validate import layout_problem, position_problem
 from lakeckpt_tables.reader._cache import RowGroupCache
 from lakeckpt_tables.reader._torchdata import (
     is_loader_state,
-    next_worker_in_turn,
     states_from_loader,
 )
 from lakeckpt_tables.reader.convert import check_convertible, convert
 from lakeckpt_tables.reader.loop import batches
 from lakeckpt_tables.reader.options import ReaderOptions
+from lakeckpt_tables.reader.planner import RoundPlanner
 from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH
 from lakeckpt_tables.reader.rounds import (
     DEFAULT_UNIT_ROWS,
@@ -257,6 +253,14 @@ class LakeDataset(IterableDataset[Batch]):
         return {"on_change": self.follow.on_change, "until_version": self.follow.until_version,
                 "max_idle": self.follow.max_idle, "poll_interval": self.follow.poll_interval}
 
+    @property
+    def planner(self) -> RoundPlanner:
+        """The plans of this reader's rounds, and what a reader state means against them."""
+        return RoundPlanner(self.rounds, self.shuffle, self.seed, self.shuffle_window,
+                            self.drop_last, self.epochs, follows=self.follow is not None,
+                            refreshes=self.refresh is not None, rank=self.rank,
+                            where=self.snapshot.describe())
+
     def _empty_state(self, shape: PlanShape | None) -> ReaderState:
         slices = () if shape is None else (None,) * (shape[0] * shape[1])
         return ReaderState(self.snapshot.identity, self.snapshot.version, self.config,
@@ -292,7 +296,7 @@ class LakeDataset(IterableDataset[Batch]):
             else:
                 parsed = ReaderState.from_dict(state_dict)
             self._check_compatible(parsed)
-            self._check_against_plan(parsed)
+            self.planner.check(parsed)
         except (TypeError, ValueError, KeyError, IndexError, AttributeError,
                 OverflowError) as exc:  # whatever shape a damaged state takes: named
             raise StateMismatchError(f"{self.snapshot.describe()}: reader state is corrupt: "
@@ -303,58 +307,14 @@ class LakeDataset(IterableDataset[Batch]):
         if self._resume_own and self._resume is not None:
             self._refuse_a_finished_pass_restored_by_the_loader()
 
-    def _check_against_plan(self, state: ReaderState) -> None:
-        """Refuse a state that cannot be a position of the plan it claims
-        (``lakeckpt_tables.plan.validate`` says what can and cannot be told)."""
-        if state.plan is None:
-            return
-        policy = self._policy(state.plan)
-        tails = Tails(policy, state.layouts)
-        known = dict(state.rounds)
-        problems = [f"round descriptor {key} names round {rnd.index}"
-                    for key, rnd in known.items() if rnd.index != key]
-        indices = {s[0] for s in state.slices if s is not None} | set(state.layouts)
-        for index in sorted(indices):
-            if self.follow is None and self.refresh is None and index >= self.epochs:
-                problems.append(f"it stands in epoch {index} of a {self.epochs}-epoch pass")
-                continue
-            if self.refresh is not None and index not in known:
-                continue  # a re-pinned epoch not begun: pinned by set_epoch later
-            rnd = self._known_round(index, known, tails)
-            known[index] = rnd
-            units = self.rounds.units(rnd)
-            layout = state.layouts.get(index)
-            if layout is not None:
-                problem = layout_problem(layout, int(units.rows.sum()))
-                if problem is not None:
-                    problems.append(f"round {index}: {problem}")
-                    continue
-            plan = self._round_plan(policy, rnd, layout)
-            problems.extend(p for g, s in enumerate(state.slices)
-                            if s is not None and s[0] == index
-                            and (p := position_problem(plan, g, s[1])) is not None)
-        if problems:
-            raise StateMismatchError(
-                f"{self.snapshot.describe()}: reader state cannot be a position of its plan "
-                f"{state.plan} (world_size, workers, batch_size): " + "; ".join(problems))
-
     def _refuse_a_finished_pass_restored_by_the_loader(self) -> None:
         """NOTE [ torchdata's end-of-pass trap ] (``reader/_torchdata.py``): this worker was
         handed its state by ``loader.load_state_dict``; if its slice has delivered its whole
         pass, torchdata may be about to start the pass again in fresh workers."""
         cursor = self._start_cursor()
-        rnd = self.rounds.get(cursor.epoch, cursor.rounds, wait=False,
-                              tails=Tails(self._policy(cursor.shape), cursor.layouts))
-        if rnd is not None:
-            plan = self._round_plan(self._policy(cursor.shape), rnd,
-                                    cursor.layouts.get(cursor.epoch))
-            if cursor.position < plan.delivered_rows(cursor.slice_index):
-                return  # mid-round: torchdata resumes this exactly
-            if self.follow is None and self.refresh is None and cursor.epoch < self.epochs - 1:
-                return  # epochs remain in this pass
-            if (self.follow is not None and self.follow.max_idle is None
-                    and not self.rounds.at_end(rnd.to)):
-                return  # a follower's pass ends only at until_version or idle
+        if not self.planner.pass_finished(cursor.slice_index, cursor.shape, cursor.layouts,
+                                          cursor.epoch, cursor.position, cursor.rounds):
+            return
         raise ResumePathError(
             f"{self.snapshot.describe()}: DataLoader worker {cursor.slice_index % cursor.shape[1]}"
             f" of rank {self.rank} was restored by StatefulDataLoader.load_state_dict at the end "
@@ -481,13 +441,6 @@ class LakeDataset(IterableDataset[Batch]):
 
     # ------------------------------------------------------------------------- planning
 
-    def _policy(self, shape: PlanShape) -> PlanPolicy:
-        world, workers, batch = shape
-        return PlanPolicy(batch_size=batch, world_size=world, workers=workers,
-                          shuffle=self.shuffle, seed=self.seed,
-                          shuffle_window=self.shuffle_window, drop_last=self.drop_last,
-                          shuffler=self.shuffler)
-
     def _start_cursor(self) -> _Cursor:
         info = get_worker_info()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
@@ -509,134 +462,31 @@ class LakeDataset(IterableDataset[Batch]):
                 resume = None  # the loaded state's epochs are over; this one starts afresh
         if resume is None or resume.plan is None:
             return _Cursor(g, shape, {}, start, 0, {})
+        planner = self.planner
         if resume.plan == shape:
-            g = self._resumed_slice(resume, shape, worker)
+            g = planner.resumed_slice(resume, shape, worker, own=self._resume_own)
             epoch, position = resume.slices[g] or (0, 0)
             return _Cursor(g, shape, dict(resume.layouts), epoch, position,
-                           self._own_round(resume.rounds, epoch))
-        reshaped = self.reshape(resume, shape)
+                           planner.own_round(resume.rounds, epoch))
+        reshaped = planner.reshape(resume, shape)
         first = min(index for index, _ in reshaped.positions())  # every slice starts there
         return _Cursor(g, shape, dict(reshaped.layouts), first, 0,
-                       self._own_round(reshaped.rounds, first))
+                       planner.own_round(reshaped.rounds, first))
 
     def reshape(self, state: ReaderState, shape: PlanShape) -> ReaderState:
-        """``state`` as a reader of ``shape`` starts from it: its undelivered rows re-planned.
-
-        Raises:
-            StateMismatchError: the state does not cover every rank and worker.
-        """
-        if state.plan == shape:
-            return state
-        if not state.complete or state.plan is None:
-            raise StateMismatchError(
-                f"reader state was saved with (world_size, workers, batch_size)={state.plan}, "
-                f"this reader runs {shape}; re-planning for another shape needs the merged "
-                "state of every rank and worker (CheckpointManager saves it; or merge_states)")
-        old = self._policy(state.plan)
-        tails = Tails(old, state.layouts)
-        known = dict(state.rounds)
-
-        def plan_for(index: int, layout: Sequence[Piece] | None) -> EpochPlan:
-            rnd = known[index] = self._known_round(index, known, tails)
-            return self._round_plan(old, rnd, layout)
-
-        first, layouts = replan_rounds(plan_for, dict(state.layouts), state.positions(),
-                                       carried=self.follow is not None)
-        rounds = {r: d for r, d in known.items()
-                  if r >= first and self.rounds.needs_descriptor(d)}
-        return ReaderState(state.table, state.version, state.config, shape,
-                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy)
+        """``state`` as a reader of ``shape`` starts from it (:meth:`RoundPlanner.reshape`)."""
+        return self.planner.reshape(state, shape)
 
     def round_plan(self, index: int, shape: PlanShape,
                    layouts: Mapping[int, tuple[Piece, ...]],
                    known: Mapping[int, Round]) -> tuple[EpochPlan, RoundUnits]:
-        """Round ``index``'s plan for ``shape`` and its units (for consumption records)."""
-        rnd = self._known_round(index, known, Tails(self._policy(shape), layouts))
-        return (self._round_plan(self._policy(shape), rnd, layouts.get(index)),
-                self.rounds.units(rnd))
+        """Round ``index``'s plan for ``shape`` and its units (:meth:`RoundPlanner.round_plan`)."""
+        return self.planner.round_plan(index, shape, layouts, known)
 
     def round_at(self, index: int, shape: PlanShape, layouts: Mapping[int, tuple[Piece, ...]],
                  known: Mapping[int, Round]) -> Round | None:
-        """Round ``index`` as a reader of ``shape`` with ``layouts`` forms it (follow segments
-        carry the tail of the round before: NOTE [ segment tails are carried ]), listed
-        without waiting for new commits; None when it is not formed yet or past the end."""
-        return self.rounds.get(index, known, wait=False,
-                               tails=Tails(self._policy(shape), layouts))
-
-    def _known_round(self, index: int, known: Mapping[int, Round], tails: Tails) -> Round:
-        """Round ``index`` of a reader state, listed again without waiting for new commits."""
-        rnd = self.rounds.get(index, known, wait=False, tails=tails)
-        if rnd is None:
-            raise StateMismatchError(f"{self.snapshot.describe()}: round {index} of the reader "
-                                     "state cannot be listed again from the table")
-        return rnd
-
-    def _round_plan(self, policy: PlanPolicy, rnd: Round,
-                    layout: Sequence[Piece] | None) -> EpochPlan:
-        units = self.rounds.units(rnd)
-        return EpochPlan(units.rows, policy, segment=rnd.segment, epoch=rnd.epoch,
-                         layout=layout, groups=units.source)
-
-    def _resumed_slice(self, resume: ReaderState, shape: PlanShape, worker: int) -> int:
-        """The slice DataLoader worker ``worker`` continues when resuming at the same shape.
-
-        NOTE [ worker rotation ]
-        A DataLoader polls its workers round-robin, skipping exhausted ones, from worker 0 in a
-        fresh loader. torchdata's own ``load_state_dict`` restores where the round-robin stood
-        and hands every worker its own state: such a worker keeps the slice it holds. A state
-        loaded into the dataset carries no round-robin position, so there worker 0 takes the
-        slice the old loader would have polled next, worker 1 the one after, and so on: the
-        rank's batch order stays that of an uninterrupted run.
-        """
-        workers = shape[1]
-        mine = range(self.rank * workers, (self.rank + 1) * workers)
-        held = [g for g in mine if resume.slices[g] is not None]
-        if self._resume_own and len(held) == 1:
-            return held[0]
-        if len(held) != workers:
-            raise StateMismatchError(
-                f"reader state has no position for rank {self.rank} worker(s) "
-                f"{[g - mine[0] for g in mine if g not in held]}; load the merged state of all "
-                "workers (merge_states) or the loader's state")
-        return mine[(worker + self._next_in_turn(resume, shape)) % workers]
-
-    def _next_in_turn(self, resume: ReaderState, shape: PlanShape) -> int:
-        """Which of this rank's workers the old loader would have polled next."""
-        workers = shape[1]
-        if workers == 1:
-            return 0
-        # Every slice of the rank started together at the origin: the pass start, or the
-        # first epoch of the last elastic re-plan. Count batches yielded and due since then.
-        origin = min(resume.layouts, default=0)
-        mine = [s for s in resume.slices[self.rank * workers:(self.rank + 1) * workers] if s]
-        pinned = self.follow is None and self.refresh is None
-        last = self.epochs - 1 if pinned else max(e for e, _ in mine)
-        policy, known = self._policy(shape), dict(resume.rounds)
-        tails = Tails(policy, resume.layouts)
-        plans = []  # (round index, plan): a follow segment's plan.epoch is always 0
-        for index in range(origin, last + 1):
-            rnd = self.rounds.get(index, known, wait=False, tails=tails)
-            if rnd is not None:
-                plans.append((index, self._round_plan(policy, rnd, resume.layouts.get(index))))
-        done, due = [], []
-        for g in range(self.rank * workers, (self.rank + 1) * workers):
-            epoch, position = resume.slices[g] or (origin, 0)
-            d = n = 0
-            for index, plan in plans:
-                count = plan.batch_count(g)
-                n += count
-                if index < epoch:
-                    d += count
-                elif index == epoch:
-                    d += int(np.searchsorted(plan.batch_ends(g), position, side="right"))
-            done.append(d)
-            due.append(n if self.follow is None else n + 1)  # a follower never runs dry
-        return next_worker_in_turn(done, due)
-
-    def _own_round(self, rounds: dict[int, Round] | Any, index: int) -> dict[int, Round]:
-        """The descriptor a state needs for round ``index`` (see ``needs_descriptor``)."""
-        rnd = rounds.get(index)
-        return {index: rnd} if rnd is not None and self.rounds.needs_descriptor(rnd) else {}
+        """Round ``index`` as a reader of ``shape`` forms it (:meth:`RoundPlanner.round_at`)."""
+        return self.planner.round_at(index, shape, layouts, known)
 
     # -------------------------------------------------------------------------- reading
 
@@ -653,17 +503,18 @@ class LakeDataset(IterableDataset[Batch]):
         if get_worker_info() is None or self._resume_own:
             # a later pass in this process starts afresh (persistent workers: in this worker)
             self._resume = None
-        policy = self._policy(cursor.shape)
+        planner = self.planner
+        policy = planner.policy(cursor.shape)
         tails = Tails(policy, cursor.layouts)
         index = cursor.epoch
         plan: EpochPlan | None = None
         while (rnd := self.rounds.get(index, cursor.rounds, wait=True, tails=tails)) is not None:
-            plan = self._round_plan(policy, rnd, cursor.layouts.get(index))
+            plan = planner.plan(policy, rnd, cursor.layouts.get(index))
             units = self.rounds.units(rnd)
             if self.follow is None:
                 self._warn_tail(plan, cursor)
             start = cursor.position if index == cursor.epoch else 0
-            own = self._own_round({index: rnd}, index)
+            own = planner.own_round({index: rnd}, index)
             if index != cursor.epoch and plan.batch_count(cursor.slice_index) == 0:
                 # a round this slice has nothing of (all of it a tail, carried or not) is
                 # passed, and the state says so: the ledger then names its tail

@@ -259,7 +259,7 @@ class LakeDataset(IterableDataset[Batch]):
         return RoundPlanner(self.rounds, self.shuffle, self.seed, self.shuffle_window,
                             self.drop_last, self.epochs, follows=self.follow is not None,
                             refreshes=self.refresh is not None, rank=self.rank,
-                            where=self.snapshot.describe())
+                            where=self.snapshot.describe(), shuffler=self.shuffler)
 
     def _empty_state(self, shape: PlanShape | None) -> ReaderState:
         slices = () if shape is None else (None,) * (shape[0] * shape[1])

@@ -55,7 +55,7 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
     jobs: list[tuple[Piece, int, np.ndarray[Any, Any]]] = []  # reads, rows to skip, cuts
     offset = 0
     for window in plan.windows(g):
-        for piece in read_pieces(window, unit_rows):
+        for piece in read_pieces(window, unit_rows, _group_bounds(plan, units, window)):
             if offset + piece.size > emitted:
                 first = max(emitted, offset)
                 # where batches end inside the read: a shuffled one is gathered batch by batch
@@ -79,6 +79,16 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
                 j += 1
         if j >= len(ends):
             return
+
+
+def _group_bounds(plan: EpochPlan, units: RoundUnits, window: Piece) -> list[int]:
+    """Positions of an unshuffled window where its rows pass to another row group."""
+    if window.seed is not None:
+        return []
+    chunks = plan.locate(window.spans)
+    groups = units.source[[u for u, _, _ in chunks]]
+    ends = np.cumsum([r1 - r0 for _, r0, r1 in chunks])
+    return [int(e) for e in ends[:-1][groups[1:] != groups[:-1]]]
 
 
 class _Pending:

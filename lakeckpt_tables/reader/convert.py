@@ -14,7 +14,7 @@ import torch
 from lakeckpt_tables.errors import UnsupportedTableError
 from lakeckpt_tables.sources._deletes import PLAIN_NUMERIC
 
-__all__ = ["DECIMAL_POLICIES", "OUTPUTS", "PLAIN_NUMERIC", "Ragged", "check_convertible", "convert",
+__all__ = ["DECIMAL_POLICIES", "OUTPUTS", "Ragged", "check_convertible", "convert",
            "to_device", "to_tensors"]
 
 OUTPUTS = ("torch", "arrow")

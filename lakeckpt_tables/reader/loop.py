@@ -7,7 +7,6 @@ Nothing here decides a row or a position.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -17,7 +16,6 @@ import pyarrow as pa
 from lakeckpt_tables.plan import EpochPlan, Piece, cut_spans
 from lakeckpt_tables.plan.rounds import RoundUnits
 from lakeckpt_tables.plan.shuffle import WindowOrder
-from lakeckpt_tables.reader.convert import PLAIN_NUMERIC
 from lakeckpt_tables.reader.readahead import ReadAhead, read_pieces
 from lakeckpt_tables.types import Unit
 
@@ -52,18 +50,15 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
     if j >= len(ends):
         return
     emitted = start  # rows of the slice read into batches (pending included)
-    jobs: list[tuple[Piece, int, np.ndarray[Any, Any]]] = []  # reads, rows to skip, cuts
+    jobs: list[tuple[Piece, int]] = []  # reads, and rows of each to skip
     offset = 0
     for window in plan.windows(g):
         for piece in read_pieces(window, unit_rows, _group_bounds(plan, units, window)):
             if offset + piece.size > emitted:
-                first = max(emitted, offset)
-                # where batches end inside the read: a shuffled one is gathered batch by batch
-                inside = ends[(ends > first) & (ends < offset + piece.size)] - first
-                jobs.append((piece, first - offset, inside))
+                jobs.append((piece, max(emitted - offset, 0)))
             offset += piece.size
 
-    def read(job: tuple[Piece, int, np.ndarray[Any, Any]]) -> _Runs:
+    def read(job: tuple[Piece, int]) -> _Runs:
         return _read_window(plan, units, *job, row_group=row_group, expect=expect)
 
     # later windows decode (and shuffled ones gather) on threads while this one is cut into
@@ -139,59 +134,26 @@ class _Runs:
                 self._runs[self._i] = (table, first + step, end)
 
 
-def _gather(rows: pa.Table, order: WindowOrder, first: int, end: int,
-            cuts: np.ndarray[Any, Any]) -> list[tuple[pa.Table, int, int]]:
-    """Positions ``[first, end)`` of a shuffled window whose rows (in window order) are
-    ``rows``, gathered into one table per batch part (cut at ``cuts``, relative to
-    ``first``). Gathering a batch at a time keeps the output in cache, and the permutation is
-    computed :data:`ORDER_BLOCK` positions at a time."""
-    columns = [_gatherable(column) for column in rows.columns]
-    bounds = [0, *(int(c) for c in cuts), end - first]
-    out: list[tuple[pa.Table, int, int]] = []
-    block = np.empty(0, dtype=np.int64)  # rows at positions [at, at + len(block))
-    at = first
-    for lo, hi in itertools.pairwise(bounds):
-        n = hi - lo
-        if len(block) < n:
-            more = order(at + len(block), at + max(n, min(ORDER_BLOCK, end - at)))
-            block = np.concatenate([block, more])
-        index, block = block[:n], block[n:]
-        at += n
-        taken: pa.Array | None = None
-        arrays: list[pa.Array] = []
-        for kind, column in zip(rows.schema.types, columns, strict=True):
-            if isinstance(column, np.ndarray):
-                # numeric: the gathered values wrapped as they are (pa.array() costs 4x more)
-                values = np.take(column, index)
-                arrays.append(pa.Array.from_buffers(kind, n, [None, pa.py_buffer(values)]))
-            else:
-                taken = pa.array(index) if taken is None else taken
-                arrays.append(column.take(taken))
-        out.append((pa.Table.from_arrays(arrays, schema=rows.schema), 0, n))
-    return out
+def _window_order(order: WindowOrder, first: int, end: int) -> np.ndarray[Any, Any]:
+    """Positions ``[first, end)`` of a window's permutation, computed :data:`ORDER_BLOCK`
+    positions at a time (the work stays in cache: about 3x faster than all at once)."""
+    parts = [order(a, min(a + ORDER_BLOCK, end)) for a in range(first, end, ORDER_BLOCK)]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
-def _gatherable(column: pa.ChunkedArray) -> np.ndarray[Any, Any] | pa.Array:
-    """A column as one array: numpy for plain numeric ones (``np.take`` is about twice as
-    fast as Arrow's take per batch), Arrow otherwise."""
-    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    if array.type.id in PLAIN_NUMERIC and not array.null_count:
-        out: np.ndarray[Any, Any] = array.to_numpy(zero_copy_only=True)
-        return out
-    return array
-
-
-def _read_window(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int,
-                 cuts: np.ndarray[Any, Any], *, row_group: Callable[[Unit], pa.Table],
+def _read_window(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int, *,
+                 row_group: Callable[[Unit], pa.Table],
                  expect: Callable[[Iterable[Unit]], None]) -> _Runs:
-    """The window's rows in emission order, from its ``skip``-th on; a shuffled window's
-    gathered into one table per batch part (batch ends at ``cuts`` after its ``skip``-th)."""
+    """The window's rows in emission order, from its ``skip``-th on: an unshuffled window's as
+    runs of its row groups, a shuffled one's gathered once (one Arrow ``take`` of the window's
+    row group slices, measured faster than gathering batch by batch with ``np.take``)."""
     if window.seed is None:
         spans = cut_spans(window.spans, skip, window.size)
         return _Runs(_read_spans(plan, units, spans, row_group, expect))
     runs = _read_spans(plan, units, window.spans, row_group, expect)
     rows = concat([table.slice(first, end - first) for table, first, end in runs])
-    return _Runs(_gather(rows, window.order(), window.lo + skip, window.hi, cuts))
+    taken = rows.take(_window_order(window.order(), window.lo + skip, window.hi))
+    return _Runs([(taken, 0, taken.num_rows)])
 
 
 def _read_spans(plan: EpochPlan, units: RoundUnits, spans: Sequence[tuple[int, int]],

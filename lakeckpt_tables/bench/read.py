@@ -414,7 +414,7 @@ def _figures(t: ThroughputResult, resume: list[ResumeResult],
                f"CPU time, median of {t.rounds} paired rounds ({min(t.round_ratios):.2f}-"
                f"{max(t.round_ratios):.2f}); wall clock {t.wall_ratio:.2f}x"),
         Figure("reader / raw, shuffle on", t.shuffled_ratio, "x", "", None,
-               "window shuffle: one copy of each window, one gather per batch"),
+               "window shuffle: one Arrow take per window, batches sliced from it"),
     ]
     for r in resume:
         mode = "on" if r.shuffle else "off"

@@ -116,7 +116,7 @@ def test_a_row_group_the_vector_spares_is_not_filtered(tmp_path: Path) -> None:
     handle = reader._handle(path, units[0].file)
     masks = [reader._keep(u, data_file, handle) for u in units]
     assert masks[0] is None and masks[2] is None
-    assert masks[1] is not None and masks[1].to_pylist() == [
+    assert masks[1] is not None and masks[1].tolist() == [
         i not in (0, 4, 15) for i in range(16)]
     got = [i for u in units for i in reader.read(u, ["id"]).column("id").to_pylist()]
     assert got == [i for i in range(48) if i not in (16, 20, 31)]

@@ -114,3 +114,23 @@ def test_carried_ranges_of_one_row_group_merge_only_where_adjacent() -> None:
     assert [(int(f), int(f + r)) for f, r in zip(units.first, units.rows, strict=True)] == [
         (0, 3), (5, 7)]
     assert [u.rows for u in units.units] == [5]
+
+
+def test_round_ranges_of_one_row_group_merge_only_where_adjacent() -> None:
+    # the ranges a round does not deliver (and carries into the next segment): merging rows
+    # 0-1 and 5-6 of one row group into 0-6 would carry rows 2-4 twice
+    units = RoundUnits.of([Unit("a", 0, 10), Unit("b", 0, 4)], unit_rows=4)
+    plan = EpochPlan(units.rows, PlanPolicy(batch_size=1, shuffle=False), groups=units.source)
+    pieces = [Piece.plain([(0, 2), (5, 7), (7, 8), (12, 14)])]
+    assert units.ranges(plan, pieces) == [(0, 0, 2), (0, 5, 8), (1, 2, 4)]
+
+
+def test_the_split_of_rows_among_slices_is_pinned_across_releases() -> None:
+    # A state saved by one release resumes in the next only if the plan is the same function:
+    # the first slices get the smaller shares (floor), as every release so far.
+    plan = EpochPlan([5, 4], PlanPolicy(batch_size=2, world_size=2, workers=2, shuffle=False))
+    assert [plan.slice_rows(g) for g in range(4)] == [2, 2, 2, 3]
+    assert [int(r) for w in plan.windows(3) for r in w.rows()] == [6, 7, 8]
+    plan = EpochPlan([9, 2], PlanPolicy(batch_size=4, world_size=3))
+    assert [plan.slice_rows(g) for g in range(3)] == [3, 4, 4]
+    assert [plan.batch_ends(g).tolist() for g in range(3)] == [[3], [4], [4]]

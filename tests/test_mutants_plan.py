@@ -134,3 +134,15 @@ def test_the_split_of_rows_among_slices_is_pinned_across_releases() -> None:
     plan = EpochPlan([9, 2], PlanPolicy(batch_size=4, world_size=3))
     assert [plan.slice_rows(g) for g in range(3)] == [3, 4, 4]
     assert [plan.batch_ends(g).tolist() for g in range(3)] == [[3], [4], [4]]
+
+
+def test_a_layout_naming_one_row_past_the_round_is_refused() -> None:
+    # a tampered state's layout may name row N of an N-row round: it would read a row of the
+    # next unit (or fail deep in the reader) instead of being refused by name
+    from lakeckpt_tables.plan.validate import layout_problem
+
+    assert layout_problem([Piece(((5, 10),), None, 0, 3)], 10) is None
+    assert layout_problem([Piece(((5, 11),), None, 0, 3)], 10) == (
+        "a layout piece names rows [(5, 11)] outside the round's 10")
+    assert layout_problem([Piece(((5, 11),), 42, 0, 3)], 10) == (
+        "a layout piece names rows [(5, 11)] outside the round's 10")

@@ -9,6 +9,7 @@ import itertools
 from typing import Any
 
 import numpy as np
+import pytest
 
 from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy, cut_spans, replan_rounds
 from lakeckpt_tables.plan.rounds import RoundUnits
@@ -146,3 +147,14 @@ def test_a_layout_naming_one_row_past_the_round_is_refused() -> None:
         "a layout piece names rows [(5, 11)] outside the round's 10")
     assert layout_problem([Piece(((5, 11),), 42, 0, 3)], 10) == (
         "a layout piece names rows [(5, 11)] outside the round's 10")
+
+
+def test_a_round_carrying_an_empty_or_reversed_row_range_is_refused_as_malformed() -> None:
+    from lakeckpt_tables.plan.rounds import Round
+
+    good = [3, 1, 0, 5, 7, [], [[5, 6, "a.parquet", 0, 2, 4]]]
+    assert Round.from_json(good).carry == ((5, 6, "a.parquet", 0, 2, 4),)
+    for lo, hi in ((4, 4), (4, 2), (-1, 2)):
+        bad = [3, 1, 0, 5, 7, [], [[5, 6, "a.parquet", 0, lo, hi]]]
+        with pytest.raises(ValueError, match="malformed carried rows"):
+            Round.from_json(bad)

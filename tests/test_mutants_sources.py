@@ -54,3 +54,14 @@ def test_deletes_naming_rows_past_the_end_of_the_file_are_refused_as_corrupt(
                              r"past its 20 rows"):
         units_from_files(identity, 4, [DataFile(path, None, 20,
                                                 Deletes.from_positions([3, 20]))])
+
+
+def test_a_file_whose_footer_disagrees_with_the_logs_row_count_is_refused(
+        tmp_path: Path) -> None:
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(pa.table({"id": np.arange(20, dtype=np.int64)}), path, row_group_size=8)
+    identity = TableIdentity("delta", str(tmp_path), "t")
+    with pytest.raises(RowCountMismatchError,
+                       match=r"at version 2: table metadata says data file .*f\.parquet holds "
+                             r"21 rows, its Parquet footer says 20"):
+        units_from_files(identity, 2, [DataFile(path, None, 21)])

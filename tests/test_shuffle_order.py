@@ -11,6 +11,7 @@ zero-copy slices of it.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import numpy as np

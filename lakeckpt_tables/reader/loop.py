@@ -37,8 +37,8 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
         g: the slice.
         start: rows of the slice already delivered.
         row_group: a row group's live rows in the selected columns (cached by the caller).
-        expect: told the row groups a window is about to read (NOTE [ prefetch ] in
-            ``lakeckpt_tables.io.prefetch``).
+        expect: told, lazily, every row group the pass is about to read, in order
+            (NOTE [ prefetch ] in ``lakeckpt_tables.io.prefetch``).
         read_ahead: windows decoded ahead on threads (NOTE [ read-ahead ] in
             ``reader/readahead.py``).
         unit_rows: rows of a plan unit; an unshuffled window is read in pieces of a few
@@ -59,7 +59,9 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
             offset += piece.size
 
     def read(job: tuple[Piece, int]) -> _Runs:
-        return _read_window(plan, units, *job, row_group=row_group, expect=expect)
+        return _read_window(plan, units, *job, row_group=row_group)
+
+    expect(unit for job in jobs for unit in _job_units(plan, units, *job))
 
     # later windows decode (and shuffled ones are gathered) on threads while this one is cut
     # into batches; the position still counts rows yielded, nothing else
@@ -134,6 +136,12 @@ class _Runs:
                 self._runs[self._i] = (table, first + step, end)
 
 
+def _job_units(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int) -> Iterator[Unit]:
+    """The row groups :func:`_read_window` reads, in order (NOTE [ prefetch ] (io))."""
+    spans = cut_spans(window.spans, skip, window.size) if window.seed is None else window.spans
+    return (units.at(u, r0, r1)[0] for u, r0, r1 in plan.locate(spans))
+
+
 def _window_order(order: WindowOrder, first: int, end: int) -> np.ndarray[Any, Any]:
     """Positions ``[first, end)`` of a window's permutation, computed :data:`ORDER_BLOCK`
     positions at a time (the work stays in cache: about 3x faster than all at once)."""
@@ -142,27 +150,24 @@ def _window_order(order: WindowOrder, first: int, end: int) -> np.ndarray[Any, A
 
 
 def _read_window(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int, *,
-                 row_group: Callable[[Unit], pa.Table],
-                 expect: Callable[[Iterable[Unit]], None]) -> _Runs:
+                 row_group: Callable[[Unit], pa.Table]) -> _Runs:
     """The window's rows in emission order, from its ``skip``-th on: an unshuffled window's as
     runs of its row groups, a shuffled one's gathered once (one Arrow ``take`` of the window's
     row group slices, measured faster than gathering batch by batch with ``np.take``)."""
     if window.seed is None:
         spans = cut_spans(window.spans, skip, window.size)
-        return _Runs(_read_spans(plan, units, spans, row_group, expect))
-    runs = _read_spans(plan, units, window.spans, row_group, expect)
+        return _Runs(_read_spans(plan, units, spans, row_group))
+    runs = _read_spans(plan, units, window.spans, row_group)
     rows = concat([table.slice(first, end - first) for table, first, end in runs])
     taken = rows.take(_window_order(window.order(), window.lo + skip, window.hi))
     return _Runs([(taken, 0, taken.num_rows)])
 
 
 def _read_spans(plan: EpochPlan, units: RoundUnits, spans: Sequence[tuple[int, int]],
-                row_group: Callable[[Unit], pa.Table],
-                expect: Callable[[Iterable[Unit]], None]) -> list[tuple[pa.Table, int, int]]:
+                row_group: Callable[[Unit], pa.Table]) -> list[tuple[pa.Table, int, int]]:
     """The rows of ``spans`` as runs (row group table, first row, end row), neighbouring rows
     of one row group merged into one run."""
     located = [units.at(u, r0, r1) for u, r0, r1 in plan.locate(spans)]
-    expect(unit for unit, _, _ in located)  # NOTE [ prefetch ] (io)
     runs: list[tuple[pa.Table, int, int]] = []
     last: Unit | None = None
     for unit, first, end in located:

@@ -20,10 +20,12 @@ runs reads its rows in its own thread), so an abandoned pass neither keeps fetch
 slots.
 
 Memory: at most ``depth`` results read (or being read) but not yet taken, and no new read
-starts while the finished ones waiting hold ``max_bytes`` or more. An item expected but then
-not asked for (the reader found the row group in its cache) is dropped after ``_STALE_AFTER``
-later gets, so it never holds a slot for long. The reads run concurrently: ``read`` must be
-thread-safe (the Parquet files of :meth:`lakeckpt_tables.io.Storage.open_parquet` are).
+starts while the finished ones waiting, plus the running ones counted at the size of the
+last result, would hold ``max_bytes`` or more (row groups of hundreds of MB: fewer in
+flight). An item expected but then not asked for (the reader found the row group in its
+cache) is dropped after ``_STALE_AFTER`` later gets, so it never holds a slot for long.
+The reads run concurrently: ``read`` must be thread-safe (the Parquet files of
+:meth:`lakeckpt_tables.io.Storage.open_parquet` are).
 """
 
 from __future__ import annotations
@@ -65,8 +67,9 @@ class Prefetch(Generic[K, T]):
         depth: reads in flight at most; 0 reads every item in the calling thread.
         key: what identifies an item (two items of one key are read once); the item itself
             when None.
-        max_bytes: no new read starts while finished reads not yet taken hold this many bytes
-            (``size`` of each); one read is always allowed.
+        max_bytes: no new read starts while the reads not yet taken would hold this many
+            bytes (``size`` of the finished ones, the last result's size for each running
+            one); one read is always allowed.
         size: the bytes a result holds; its ``nbytes`` (a pyarrow table's) when None.
 
     Picklable: the threads stay in their process and a copy (a spawned DataLoader worker,
@@ -97,6 +100,7 @@ class Prefetch(Generic[K, T]):
         self._stream: Iterator[K] | None = None  # the rest of the expected sequence
         self._waiting = 0  # bytes of finished reads not yet taken
         self._counted: dict[Future[T], int] = {}  # those reads and their bytes
+        self._last_size = 0  # bytes of the last result: what a running read will hold
         self._gets = 0
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
@@ -173,13 +177,16 @@ class Prefetch(Generic[K, T]):
 
     def _start(self) -> None:
         """Start reads, in order, while fewer than ``depth`` are in flight (read or being
-        read, not taken) and the finished ones hold less than ``max_bytes``."""
+        read, not taken) and they would hold less than ``max_bytes``."""
         while len(self._queue) < self._depth and self._pull():
             pass
         for k, (item, since, started) in self._queue.items():
             if started is not None:
                 continue
-            if self._waiting >= self._max_bytes:
+            running = sum(1 for _, _, f in self._queue.values()
+                          if f is not None and f not in self._counted)
+            if self._waiting + running * self._last_size >= self._max_bytes and (
+                    running or self._waiting):
                 return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self._depth,
@@ -209,6 +216,7 @@ class Prefetch(Generic[K, T]):
             if any(started is future for _, _, started in self._queue.values()):
                 self._counted[future] = size
                 self._waiting += size
+            self._last_size = size
 
     def _release(self, future: Future[T]) -> None:
         """``future`` leaves the queue: its bytes no longer wait (the caller holds the lock)."""

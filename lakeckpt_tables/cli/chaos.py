@@ -4,8 +4,9 @@ Every trial trains a small job (``lakeckpt_tables.checkpoint._chaos_job``) from 
 table into a fresh checkpoint root, attacks it with one randomly chosen fault, then resumes
 until the job finishes (or gives up), and checks what trained the final model:
 
-- ``kill``: SIGKILL at a random crash point of the two-phase commit (``LAKECKPT_CRASH_AT``)
-  and save, one process; ``kill-torchrun``: the same in a random rank of a 2-rank torchrun job;
+- ``kill``: SIGKILL at a random crash point of the two-phase commit and save
+  (``LAKECKPT_CRASH_AT``; ``ledger:prepared`` leaves an orphan ledger file), one process;
+  ``kill-torchrun``: the same in a random rank of a 2-rank torchrun job;
 - ``model-bitflip``: bits flipped in the newest checkpoint's model files (restore must fall
   back); ``ledger-bitflip``: bits flipped in a random ledger file (a named error with the way
   out, which the campaign then takes); ``tampered-state``: the newest reader state rewritten in
@@ -15,12 +16,21 @@ until the job finishes (or gives up), and checks what trained the final model:
 Printed per campaign: trials, duplicated and skipped rows (from the trained-id logs and from
 the ledger's consumption records of the committed chain), named and unnamed errors, stuck runs
 (a process that outlived ``--timeout``), undetected damage.
+
+A campaign accumulates: ``--dir D`` keeps one JSON line per finished trial in ``D/trials.jsonl``,
+trial k's scenario and faults follow from ``(seed, k)`` alone, and a rerun skips the trials
+already there, so ``--trials 1000`` can run in pieces and the summary counts them all.
+Single-process jobs are forked from a server that imported torch and deltalake once
+(``--launch fork``, see ``_chaos_job``); ``--launch exec`` starts each in a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -28,21 +38,27 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, fields
+from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 __all__ = ["register", "run"]
 
 SCENARIOS = ("kill", "kill-torchrun", "model-bitflip", "ledger-bitflip", "tampered-state",
              "concurrent")
 _POINTS = ("prepare:before_write", "prepare:mid_write", "prepare:after_write", "commit:before",
-           "commit:after")
+           "ledger:prepared", "commit:after")
 _ROWS = 240
 _BATCH = 16
 _ATTEMPTS = 5
+_RESULTS = "trials.jsonl"  # one line per finished trial, in the order they finished
+_CAMPAIGN = "campaign.json"  # the seed and scenarios the trials of a --dir belong to
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +70,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds after which a job counts as stuck")
     parser.add_argument("--output", choices=("table", "json"), default="table")
+    parser.add_argument("--jobs", type=int, default=1, help="trials run at once")
+    parser.add_argument("--launch", choices=("fork", "exec"), default="fork",
+                        help="start single-process jobs forked from a pre-imported server "
+                             "(fork) or each in a fresh interpreter (exec)")
+    parser.add_argument("--report", action="store_true",
+                        help="print the summary of the trials recorded in --dir, run none "
+                             "(also while a campaign runs there)")
 
 
 @dataclass
@@ -62,6 +85,9 @@ class Trial:
 
     scenario: str
     fault: str
+    index: int = -1
+    seconds: float = 0.0
+    code: str = ""  # the commit of lakeckpt_tables that ran the trial
     attempts: int = 0
     finished: bool = False
     named: list[str] = field(default_factory=list)
@@ -74,42 +100,148 @@ class Trial:
     undetected_damage: int = 0
 
 
-class _Job:
-    """Runs the chaos job (alone or under torchrun) against one root and output directory."""
+class _Proc:
+    """A job's process, started fresh or forked from the server; its own process group."""
 
-    def __init__(self, table: Path, root: Path, out: Path, timeout: float) -> None:
-        self.table, self.root, self.out, self.timeout = table, root, out, timeout
+    def __init__(self, proc: subprocess.Popen[bytes] | BaseProcess) -> None:
+        self.proc = proc
 
-    def start(self, *, nproc: int = 1, crash: str | None = None, out: Path | None = None,
-              pause: float = 0.0) -> subprocess.Popen[bytes]:
+    def wait(self, timeout: float) -> bool:
+        """True when the process ended within ``timeout`` seconds."""
+        if isinstance(self.proc, subprocess.Popen):
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        self.proc.join(timeout)
+        return self.proc.exitcode is not None
+
+    def kill(self) -> None:
+        """SIGKILL the job's process group and its descendants' (torchrun's ranks each start a
+        session of their own, so killing torchrun's group alone would orphan them)."""
+        if self.proc.pid is None:
+            return
+        groups = [self.proc.pid, *_descendants(self.proc.pid)]
+        for pid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        self.wait(60.0)
+
+    @property
+    def returncode(self) -> int | None:
+        if isinstance(self.proc, subprocess.Popen):
+            return self.proc.returncode
+        return self.proc.exitcode
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            todo.extend(children)
+    return found
+
+
+class _Stopped(Exception):
+    """The campaign is stopping: no job starts any more."""
+
+
+class _Launcher:
+    """Starts jobs: torchrun jobs always fresh; single-process ones forked or fresh."""
+
+    def __init__(self, launch: str) -> None:
+        self.server: ForkServerContext | None = None
+        self.lock = threading.Lock()
+        self.live: set[_Proc] = set()
+        self.stopped = False
+        if launch == "fork":
+            from lakeckpt_tables.checkpoint._chaos_job import PRELOAD
+
+            os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the server, as by fresh jobs
+            self.server = multiprocessing.get_context("forkserver")
+            self.server.set_forkserver_preload(list(PRELOAD))
+
+    def start(self, args: list[str], *, nproc: int, crash: str | None, log: Path) -> _Proc:
+        """Start a job; its stdout and stderr (warnings, tracebacks) go to ``log``."""
+        with self.lock:
+            if self.stopped:
+                raise _Stopped
+            self.live = {p for p in self.live if p.returncode is None}
+            proc = self._start(args, nproc=nproc, crash=crash, log=log)
+            self.live.add(proc)
+            return proc
+
+    def stop(self) -> None:
+        """Kill every job still running: a trial cut short is run again by the next campaign,
+        and no job of this one may write into its directory then."""
+        with self.lock:
+            self.stopped = True
+            live = list(self.live)
+        for proc in live:
+            proc.kill()
+
+    def _start(self, args: list[str], *, nproc: int, crash: str | None, log: Path) -> _Proc:
+        if nproc == 1 and self.server is not None:
+            from lakeckpt_tables.checkpoint._chaos_job import forked
+
+            process = self.server.Process(target=forked, args=(args, crash, str(log)),
+                                          daemon=False)
+            process.start()  # under the lock: the server starts once, and this is not thread-safe
+            return _Proc(process)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         env.pop("LAKECKPT_CRASH_AT", None)
         if crash:
             env["LAKECKPT_CRASH_AT"] = crash
-        args = ["--table", str(self.table), "--root", str(self.root),
-                "--out", str(out or self.out), "--batch", str(_BATCH), "--pause", str(pause)]
         module = ["-m", "lakeckpt_tables.checkpoint._chaos_job"]
         if nproc == 1:
             cmd = [sys.executable, *module, *args]
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={nproc}", "--max-restarts=0", *module, *args]
+        with open(log, "ab") as output:
+            return _Proc(subprocess.Popen(cmd, env=env, stdout=output, stderr=output,
+                                          start_new_session=True))
+
+
+class _Job:
+    """Runs the chaos job (alone or under torchrun) against one root and output directory."""
+
+    def __init__(self, launcher: _Launcher, table: Path, root: Path, out: Path,
+                 timeout: float) -> None:
+        self.launcher = launcher
+        self.starts = 0
+        self.table, self.root, self.out, self.timeout = table, root, out, timeout
+
+    def start(self, *, nproc: int = 1, crash: str | None = None, out: Path | None = None,
+              pause: float = 0.0) -> _Proc:
+        args = ["--table", str(self.table), "--root", str(self.root),
+                "--out", str(out or self.out), "--batch", str(_BATCH), "--pause", str(pause)]
         (out or self.out).mkdir(parents=True, exist_ok=True)
         for old in (out or self.out).glob("outcome*.txt"):
             old.unlink()
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        self.starts += 1
+        log = (out or self.out).parent / f"job{self.starts}.log"
+        return self.launcher.start(args, nproc=nproc, crash=crash, log=log)
 
-    def wait(self, proc: subprocess.Popen[bytes], trial: Trial, *, crash: bool,
-             out: Path | None = None) -> bool:
+    def wait(self, proc: _Proc, trial: Trial, *, crash: bool, out: Path | None = None) -> bool:
         """Wait for a job; record its errors; True when every rank finished."""
         trial.attempts += 1
-        try:
-            proc.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
+        if not proc.wait(self.timeout):
             trial.stuck += 1
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.kill()
             return False
         outcomes = [p.read_text().strip() for p in sorted((out or self.out).glob("outcome*"))]
         for text in outcomes:
@@ -172,15 +304,13 @@ def _newest(root: Path) -> Any:
     return records[-1] if records else None
 
 
-def _trial(scenario: str, rng: random.Random, table: Path, work: Path,
-           timeout: float) -> Trial:
+def _trial(scenario: str, rng: random.Random, table: Path, work: Path, timeout: float,
+           launcher: _Launcher) -> Trial:
     root, out = work / "ckpt", work / "out"
-    job = _Job(table, root, out, timeout)
+    job = _Job(launcher, table, root, out, timeout)
     if scenario in ("kill", "kill-torchrun"):
         nproc = 2 if scenario == "kill-torchrun" else 1
-        point = rng.choice(_POINTS)
-        rank = rng.randrange(nproc) if not point.startswith("commit") else 0
-        crash = f"{point}@{rank}#{rng.randint(1, 3)}"
+        crash = _kill_spec(rng, nproc)
         trial = Trial(scenario, crash)
         job.run(trial, nproc=nproc, crash=crash)
         job.finish(trial, nproc=nproc)
@@ -207,6 +337,18 @@ def _trial(scenario: str, rng: random.Random, table: Path, work: Path,
             trial.undetected_damage += 1
     _check(trial, table, root, [out])
     return trial
+
+
+def _kill_spec(rng: random.Random, nproc: int) -> str:
+    """Where a kill trial dies: ``LAKECKPT_CRASH_AT`` (point, rank, which save)."""
+    point = rng.choice(_POINTS)
+    rank = rng.randrange(nproc) if point.startswith("prepare") else 0  # rank 0 commits
+    return f"{point}@{rank}#{rng.randint(1, 3)}"
+
+
+def _trial_rng(seed: int, k: int) -> random.Random:
+    """Trial ``k``'s random choices: a function of ``(seed, k)``, not of the trials before."""
+    return random.Random(f"lakeckpt-chaos/{seed}/{k}")
 
 
 def _safe_events(root: Path, name: str) -> int:
@@ -319,7 +461,7 @@ def _scratch_table(path: Path) -> None:
                         writer_properties=props)
 
 
-def _summary(trials: list[Trial], seconds: float) -> dict[str, Any]:
+def _summary(trials: list[Trial], seconds: float, resumed: int) -> dict[str, Any]:
     return {
         "trials": len(trials),
         "finished": sum(t.finished for t in trials),
@@ -330,8 +472,88 @@ def _summary(trials: list[Trial], seconds: float) -> dict[str, Any]:
         "stuck_runs": sum(t.stuck for t in trials),
         "undetected_damage": sum(t.undetected_damage for t in trials),
         "by_scenario": dict(Counter(t.scenario for t in trials)),
+        "by_code": dict(Counter(t.code for t in trials)),
+        "resumed": resumed,
         "seconds": round(seconds, 1),
+        "trial_seconds": round(sum(t.seconds for t in trials), 1),
     }
+
+
+def _campaign(base: Path, seed: int, scenarios: list[str]) -> IO[bytes]:
+    """Bind ``base`` to one campaign: its trials are only counted with the same settings.
+
+    Returns:
+        The open lock file: one campaign at a time runs in ``base``.
+    """
+    lock = open(base / ".lock", "wb")  # noqa: SIM115 (held until the campaign ends)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise SystemExit(f"lakeckpt chaos: another campaign is running in {base}; wait for "
+                         "it to end, or choose another --dir") from None
+    path = base / _CAMPAIGN
+    settings = {"seed": seed, "scenarios": scenarios}
+    if not path.exists():
+        path.write_text(json.dumps(settings) + "\n")
+        return lock
+    held = json.loads(path.read_text())
+    if held != settings:
+        lock.close()
+        raise SystemExit(f"lakeckpt chaos: {base} holds the trials of a campaign with seed "
+                         f"{held['seed']} and scenarios {','.join(held['scenarios'])}; rerun "
+                         "with those settings to add to it, or choose another --dir")
+    return lock
+
+
+def _finished(base: Path) -> dict[int, Trial]:
+    """The trials recorded in ``base``; a line cut short by a killed campaign is run again."""
+    path = base / _RESULTS
+    known = {f.name for f in fields(Trial)}
+    done: dict[int, Trial] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            trial = Trial(**{k: v for k, v in record.items() if k in known})
+            done[trial.index] = trial
+    return done
+
+
+def _end_line(path: Path) -> None:
+    """Keep a line that a killed campaign cut short apart from the lines appended next."""
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
+def _code_version() -> str:
+    """The git commit of this package (``+`` when its files differ), or ``unknown``."""
+    here = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=30, check=True)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "."],
+                               capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
+def _run_one(k: int, seed: int, scenarios: list[str], base: Path, timeout: float,
+             launcher: _Launcher, code: str) -> Trial:
+    """Trial ``k``: its scenario and every random choice follow from ``(seed, k)`` alone."""
+    rng = _trial_rng(seed, k)
+    work = base / f"trial-{k:04d}"
+    shutil.rmtree(work, ignore_errors=True)
+    t0 = time.monotonic()
+    trial = _trial(scenarios[k % len(scenarios)], rng, base / "table", work, timeout, launcher)
+    trial.index, trial.seconds, trial.code = k, round(time.monotonic() - t0, 1), code
+    return trial
 
 
 def run(args: argparse.Namespace) -> int:
@@ -341,28 +563,61 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not scenarios:
         raise SystemExit(f"lakeckpt chaos: unknown scenarios {sorted(unknown)}; "
                          f"choose among {', '.join(SCENARIOS)}")
-    rng = random.Random(args.seed)
+    if args.jobs < 1:
+        raise SystemExit("lakeckpt chaos: --jobs must be at least 1")
+    if args.report:
+        if not args.dir or not (Path(args.dir) / _RESULTS).exists():
+            raise SystemExit(f"lakeckpt chaos: --report reads {_RESULTS} of a campaign's --dir; "
+                             f"{args.dir} has none")
+        recorded = _finished(Path(args.dir))
+        return _report([recorded[k] for k in sorted(recorded)], 0.0, len(recorded), args.output)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="lakeckpt-chaos-"))
     base.mkdir(parents=True, exist_ok=True)
+    lock = _campaign(base, args.seed, scenarios)
     table = base / "table"
-    if not table.exists():
+    if not (table / "_delta_log").exists():
+        shutil.rmtree(table, ignore_errors=True)
         _scratch_table(table)
+    done = {k: t for k, t in _finished(base).items() if k < args.trials}
+    resumed = len(done)
+    todo = iter([k for k in range(args.trials) if k not in done])
+    launcher = _Launcher(args.launch)
+    code = _code_version()
     t0 = time.monotonic()
-    trials = []
-    for k in range(args.trials):
-        work = base / f"trial-{k:04d}"
-        shutil.rmtree(work, ignore_errors=True)
-        trial = _trial(scenarios[k % len(scenarios)] if k < len(scenarios)
-                       else rng.choice(scenarios), rng, table, work, args.timeout)
-        trials.append(trial)
-        if args.output == "table":
-            print(f"trial {k:4d} {trial.scenario:15s} finished={trial.finished!s:5s} "
-                  f"attempts={trial.attempts} named={trial.named} unnamed={trial.unnamed} "
-                  f"dup={trial.duplicated}+{trial.ledger_duplicated} "
-                  f"skip={trial.skipped}+{trial.ledger_skipped} stuck={trial.stuck} "
-                  f"({trial.fault})", flush=True)
-    summary = _summary(trials, time.monotonic() - t0)
-    if args.output == "json":
+    _end_line(base / _RESULTS)
+    # SIGTERM (as SIGINT) ends the campaign cleanly: its jobs are killed, its trials kept
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with lock, ThreadPoolExecutor(args.jobs) as pool, open(base / _RESULTS, "a") as results:
+        running: set[Future[Trial]] = set()
+        try:
+            while True:
+                for k in todo:
+                    running.add(pool.submit(_run_one, k, args.seed, scenarios, base,
+                                            args.timeout, launcher, code))
+                    if len(running) >= args.jobs:
+                        break
+                if not running:
+                    break
+                ended, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in ended:
+                    trial = future.result()  # a failure of the campaign itself stops it
+                    done[trial.index] = trial
+                    results.write(json.dumps(asdict(trial)) + "\n")
+                    results.flush()
+                    if args.output == "table":
+                        _print(trial)
+                        if len(done) % 25 == 0:
+                            _tally(list(done.values()))
+        except BaseException:
+            launcher.stop()
+            raise
+    return _report([done[k] for k in sorted(done)], time.monotonic() - t0, resumed, args.output)
+
+
+def _report(trials: list[Trial], seconds: float, resumed: int, output: str) -> int:
+    """Print the summary; 0 when nothing went wrong, 1 otherwise."""
+    summary = _summary(trials, seconds, resumed)
+    if output == "json":
         print(json.dumps({"summary": summary, "trials": [asdict(t) for t in trials]}))
     else:
         for key, value in summary.items():
@@ -371,3 +626,19 @@ def run(args: argparse.Namespace) -> int:
            or summary["stuck_runs"] or summary["undetected_damage"]
            or summary["finished"] != summary["trials"])
     return 1 if bad else 0
+
+
+def _tally(trials: list[Trial]) -> None:
+    s = _summary(trials, 0.0, 0)
+    print(f"so far: {s['trials']} trials, {s['finished']} finished, {s['duplicated_rows']} "
+          f"duplicated rows, {s['skipped_rows']} skipped rows, {s['unnamed_errors']} unnamed "
+          f"errors, {s['stuck_runs']} stuck runs, {s['undetected_damage']} undetected damage",
+          flush=True)
+
+
+def _print(trial: Trial) -> None:
+    print(f"trial {trial.index:4d} {trial.scenario:15s} finished={trial.finished!s:5s} "
+          f"attempts={trial.attempts} named={trial.named} unnamed={trial.unnamed} "
+          f"dup={trial.duplicated}+{trial.ledger_duplicated} "
+          f"skip={trial.skipped}+{trial.ledger_skipped} stuck={trial.stuck} "
+          f"{trial.seconds:.1f}s ({trial.fault})", flush=True)

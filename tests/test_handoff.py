@@ -275,20 +275,22 @@ def test_a_worker_hands_over_shared_memory_tensors_and_batches_are_views_of_them
 ) -> None:
     loader = ChunkedLoader(delta_table.dataset(**{**ARGS, "columns": ["id", "vec", "tokens"]}),
                            num_workers=2, chunk_rows=10_000)
-    batches = list(itertools.islice(loader, 6))  # workers alternate: 0, 2, 4 from worker 0
+    batches = list(itertools.islice(loader, 14))  # workers alternate: even ones from worker 0
     for b in batches:
         tokens = b["tokens"]
         tensors = [b["id"], b["vec"]] + (list(tokens) if isinstance(tokens, Ragged)
                                          else [tokens])
         assert all(t.is_shared() for t in tensors)  # converted in the worker, not pickled
-    # one chunk converted once, in one storage: every batch of every column is a view of it
-    tensors = [t for b in batches[0::2] for t in (b["id"], b["vec"], *(
+    # worker 0's chunks hold 1, 2, then 4 batches: batches 6, 8, 10 and 12 are its third.
+    # One chunk converted once, in one storage: every batch of every column is a view of it
+    third = batches[6::2]
+    tensors = [t for b in third for t in (b["id"], b["vec"], *(
         b["tokens"] if isinstance(b["tokens"], Ragged) else (b["tokens"],)))]
     assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
-    other = batches[1]["id"].untyped_storage().data_ptr()  # worker 1's chunk
+    other = batches[4]["id"].untyped_storage().data_ptr()  # worker 0's second chunk
     assert other != tensors[0].untyped_storage().data_ptr()
     for name, width in (("id", 1), ("vec", 3)):
-        step = batches[2][name].storage_offset() - batches[0][name].storage_offset()
+        step = third[1][name].storage_offset() - third[0][name].storage_offset()
         assert step == 7 * width  # the next batch starts where this one ends
     ragged = [b["tokens"] for b in batches if isinstance(b["tokens"], Ragged)]
     assert ragged and all(int(r.offsets[0]) == 0 and int(r.offsets[-1]) == len(r.values)
@@ -377,3 +379,17 @@ def test_chunked_loader_is_a_public_name() -> None:
 
     assert "ChunkedLoader" in lakeckpt_tables.__all__ and "ChunkedLoader" in dir(lakeckpt_tables)
     assert lakeckpt_tables.ChunkedLoader is handoff.ChunkedLoader
+
+
+def test_a_workers_first_chunks_grow_from_one_batch_to_chunk_rows(delta_table: Table) -> None:
+    from torch.utils.data import DataLoader
+
+    from lakeckpt_tables.reader.handoff import _as_is, _Chunks
+
+    dataset = delta_table.dataset(batch_size=5, shuffle=False)  # 387 rows: 77 batches and 1
+    loader = DataLoader(_Chunks(dataset, chunk_rows=40), batch_size=None, num_workers=1,
+                        collate_fn=_as_is, multiprocessing_context="fork")
+    sizes = [chunk.rows for chunk in loader]
+    assert sizes[0] == []  # the start state, before any batch
+    assert [sum(r) for r in sizes[1:5]] == [5, 10, 20, 40]  # the first batch waits for one
+    assert all(sum(r) == 40 for r in sizes[4:-1]) and sum(map(sum, sizes)) == 387

@@ -11,6 +11,7 @@ zero-copy slices of it.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -211,3 +212,15 @@ def test_live_rows_are_selected_alike_in_every_column_kind() -> None:
     got = select_live(table, keep)
     assert got.schema == table.schema
     assert got.equals(table.filter(pa.array(keep)))
+
+
+def test_cuts_of_one_window_under_two_shufflers_are_refused_as_rows_named_twice() -> None:
+    from lakeckpt_tables.plan.validate import layout_problem
+
+    spans = ((0, 9000),)
+    same = [Piece(spans, 7, 0, 4000, FEISTEL), Piece(spans, 7, 4000, 9000, FEISTEL)]
+    assert layout_problem(same, 9000) is None
+    mixed = [Piece(spans, 7, 0, 4000, LEGACY), Piece(spans, 7, 4000, 9000, FEISTEL)]
+    # the two permutations differ: the cuts can name one row twice
+    assert len(set(mixed[0].rows().tolist()) & set(mixed[1].rows().tolist())) > 0
+    assert layout_problem(mixed, 9000) == "a layout names the same rows twice"

@@ -195,8 +195,10 @@ def test_no_read_starts_while_finished_reads_hold_the_byte_budget() -> None:
     fetch.get(1)
     time.sleep(0.05)
     assert set(calls) == {0, 1, 2, 3}  # 20 bytes still wait: nothing new starts
-    fetch.get(2)  # 10 bytes wait: the next reads start
-    wait_for(lambda: {4, 5} <= set(calls))
+    fetch.get(2)  # 10 bytes wait: the next read starts, and counts 10 more
+    wait_for(lambda: 4 in calls)
+    time.sleep(0.05)
+    assert set(calls) == set(range(5))
     assert [fetch.get(i) for i in range(3, 10)] and calls == Counter(range(10))
 
 
@@ -205,3 +207,26 @@ def wait_for(done: Callable[[], bool], timeout: float = 10.0) -> None:
     while not done():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
+
+
+def test_running_reads_count_against_the_byte_budget_at_the_last_results_size() -> None:
+    """Row groups of hundreds of MB: reads still running count as the last result's size."""
+    calls: Counter[int] = Counter()
+    first, later = threading.Event(), threading.Event()
+
+    def read(item: int) -> Sized:
+        calls[item] += 1
+        (first if item < 8 else later).wait()
+        return Sized()
+
+    fetch = Prefetch(read, depth=8, max_bytes=30)
+    fetch.expect(range(20))
+    wait_for(lambda: len(calls) == 8)  # no size known yet: the depth is the limit
+    first.set()
+    wait_for(lambda: fetch._waiting == 80)
+    for i in range(6):
+        fetch.get(i)  # 20 bytes wait
+    time.sleep(0.05)
+    assert set(calls) == set(range(9))  # 20 waiting + one running at 10 reach 30
+    later.set()
+    assert [fetch.get(i) for i in range(6, 20)] and calls == Counter(range(20))

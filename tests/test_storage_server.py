@@ -43,9 +43,9 @@ def test_a_ranged_get_returns_exactly_its_bytes(big_object: tuple[object, str, b
 
 def test_a_small_range_of_a_large_object_costs_its_length_not_the_objects(
         big_object: tuple[object, str, bytes], s3: S3Server) -> None:
-    """moto alone copies the whole object for every ranged GET: 20 reads of 4 KB of a 48 MB
-    object cost more than one read of all of it. A real store (and this server) serves them
-    in a fraction of it."""
+    """moto alone copies the whole object for every ranged GET: 10 reads of 4 KB of a 48 MB
+    object cost 4-5x one read of all of it (measured). A real store (and this server) serves
+    them in about half of it: they must cost less than two."""
     client, bucket, _ = big_object
 
     def seconds(spec: str | None, n: int) -> float:
@@ -57,8 +57,8 @@ def test_a_small_range_of_a_large_object_costs_its_length_not_the_objects(
 
     seconds("bytes=0-4095", 2)  # connections warm
     whole = min(seconds(None, 1) for _ in range(3))
-    ranged = min(seconds("bytes=1000000-1004095", 20) for _ in range(3))
-    assert ranged < whole
+    ranged = min(seconds("bytes=1000000-1004095", 10) for _ in range(3))
+    assert ranged < 2 * whole
 
 
 def test_the_request_log_gives_each_requests_span(big_object: tuple[object, str, bytes],

@@ -31,7 +31,9 @@ the main process only cuts batches out of a chunk, as views. Nothing about the r
   any world size and worker count, and a finished pass stays finished.
   ``CheckpointManager.save(dataloader=...)`` and ``restore(dataloader=...)`` take this loader.
 - Every worker sends a first chunk before any batch (empty if its slice is), so the state
-  holds every slice as soon as the first batch is delivered.
+  holds every slice as soon as the first batch is delivered. Its next chunk holds one batch,
+  and each one after that twice as many rows, up to ``chunk_rows``: the loop's first batch
+  waits for one batch decoded, not for a whole chunk, and the workers' pipeline fills as fast.
 - Pinned memory. With ``pin_memory=True`` the DataLoader's pin thread pins a chunk once (its
   few tensors); the batches cut from it are views of pinned memory.
 """
@@ -284,6 +286,7 @@ class _Chunks(IterableDataset[_Chunk]):
         marks: list[tuple[int, int]] = []
         state: dict[str, Any] = start
         held = 0
+        limit = 1  # rows: the first chunk is one batch, then the limit doubles to chunk_rows
 
         def chunk() -> _Chunk:
             columns = _concat(tables) if arrow else _pack(batches)
@@ -304,9 +307,10 @@ class _Chunks(IterableDataset[_Chunk]):
             rows.append(table.num_rows)
             marks.append((cursor.epoch, cursor.position))
             held += table.num_rows
-            if held >= self.chunk_rows:
+            if held >= limit:
                 yield chunk()
                 tables, batches, rows, marks, held = [], [], [], [], 0
+                limit = min(max(limit, table.num_rows) * 2, self.chunk_rows)
         if marks:
             yield chunk()
 
@@ -323,7 +327,9 @@ class ChunkedLoader:
     Args:
         dataset: the reader; its batch size, shuffle and output are kept.
         num_workers: DataLoader worker processes; 0 reads in this process.
-        chunk_rows: rows a worker hands over at a time (whole batches; a chunk ends at a round).
+        chunk_rows: rows a worker hands over at a time (whole batches; a chunk ends at a round);
+            a worker's first chunks are smaller (one batch, then doubling), so the first batch
+            does not wait for a whole chunk.
         prefetch_chunks: chunks each worker prepares ahead (the DataLoader's prefetch factor).
         pin_memory: pin each chunk in page-locked memory (the DataLoader's pin thread), so
             batches move to an accelerator without blocking.

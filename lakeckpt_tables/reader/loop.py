@@ -63,8 +63,8 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
 
     expect(unit for job in jobs for unit in _job_units(plan, units, *job))
 
-    # later windows decode (and shuffled ones gather) on threads while this one is cut into
-    # batches; the position still counts rows yielded, nothing else
+    # later windows decode (and shuffled ones are gathered) on threads while this one is cut
+    # into batches; the position still counts rows yielded, nothing else
     pending = _Pending()
     for rows in ReadAhead(read, jobs, depth=read_ahead, size=lambda r: r.nbytes):
         while j < len(ends) and rows.left:
@@ -113,8 +113,8 @@ class _Pending:
 
 class _Runs:
     """One read's rows in emission order as runs (table, first row, end row), handed out as
-    slices, ``n`` rows at a time: runs of row groups (unshuffled), or the batches gathered
-    from a shuffled window."""
+    slices, ``n`` rows at a time: runs of row groups (unshuffled), or a shuffled window's
+    rows gathered in emission order."""
 
     def __init__(self, runs: list[tuple[pa.Table, int, int]]) -> None:
         self._runs = runs

@@ -88,6 +88,13 @@ class DeltaSource:
         if version is not None and version < 0:  # delta-rs raises OverflowError for these
             raise SourceNotFoundError(f"Delta table {self.uri} has no version {version}: "
                                       "versions start at 0")
+        if version is not None and not self._storage.exists(f"_delta_log/{version:020d}.json"):
+            # delta-rs 1.6 does not return for a version far past the latest (2**31: minutes);
+            # one HEAD answers the usual case, the latest version the rest
+            newest = int(self._open(None).version())
+            if version > newest:
+                raise SourceNotFoundError(f"Delta table {self.uri} has no version {version}: "
+                                          f"its latest is {newest}")
         try:
             return DeltaTable(self.uri, version=version,
                               storage_options=self._storage.delta_options())

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lakeckpt_tables.errors import LakeckptError
     from lakeckpt_tables.reader import LakeDataset, Ragged, merge_states
+    from lakeckpt_tables.reader.handoff import ChunkedLoader
     from lakeckpt_tables.sources import DeltaSource, IcebergSource, default_catalog
 
 __all__ = [
+    "ChunkedLoader",
     "DeltaSource",
     "IcebergSource",
     "LakeDataset",
@@ -32,6 +34,7 @@ _HOMES = {
     "LakeDataset": "lakeckpt_tables.reader",
     "Ragged": "lakeckpt_tables.reader",
     "merge_states": "lakeckpt_tables.reader",
+    "ChunkedLoader": "lakeckpt_tables.reader.handoff",
     "LakeckptError": "lakeckpt_tables.errors",
 }
 

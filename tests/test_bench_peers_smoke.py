@@ -6,6 +6,7 @@ loaders being compared read the same rows and that the naive skip-ahead peer res
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from lakeckpt_tables.bench.peers import (
     hf_available,
     raw_batches,
     run_peers_bench,
+    write_json,
 )
 
 ROWS = 6_000
@@ -47,7 +49,8 @@ def test_naive_skip_ahead_resumes_at_the_exact_row(token_table) -> None:
 def test_peers_report_covers_every_loader_and_resume_point(token_table) -> None:
     uri, _ = token_table
     report = run_peers_bench(Path(uri).parent, rows=ROWS, batch_size=256, rounds=1,
-                             workers=(0,))
+                             workers=(0,), grid_batch_sizes=())
+    assert report.grid is None
     expected = {"raw", "plain@0", "library@0"} | ({"hf@0"} if hf_available() else set())
     assert set(report.throughput) == expected
     assert all(v > 0 for v in report.throughput.values())
@@ -56,3 +59,42 @@ def test_peers_report_covers_every_loader_and_resume_point(token_table) -> None:
     assert report.ratios()["library/plain, 0 workers"] is not None
     text = format_peers(report)
     assert "| library | 0 |" in text and "library/plain, 0 workers" in text
+
+
+@pytest.mark.timeout(120)
+def test_chunked_loader_runs_beside_the_per_batch_loader_across_batch_sizes(
+    token_table, tmp_path: Path,
+) -> None:
+    uri, _ = token_table
+    report = run_peers_bench(Path(uri).parent, rows=ROWS, batch_size=512, rounds=1,
+                             workers=(0, 2), grid_batch_sizes=(256, 2048))
+    # every pass delivered every row (a short pass raises), ChunkedLoader only with workers
+    assert {"library@0", "library@2", "chunked@2"} <= set(report.throughput)
+    assert "chunked@0" not in report.throughput
+    grid = report.grid
+    assert grid is not None and grid.rows == ROWS
+    assert sorted(grid.library) == ["0@2048", "0@256", "2@2048", "2@256"]
+    assert sorted(grid.chunked) == ["2@2048", "2@256"]
+    assert grid.chunked_speedup(2, 256) == grid.chunked["2@256"] / grid.library["0@256"]
+    text = format_peers(report)
+    assert ("| batch | raw | 0 workers | 2 workers, per batch | 2 workers, chunked "
+            "| chunked 2 / 0 workers |") in text
+    assert "| chunked | 2 |" in text and "chunked 2 workers / library 0 workers" in text
+    write_json(report, tmp_path / "peers.json")
+    data = json.loads((tmp_path / "peers.json").read_text())
+    assert sorted(data["grid"]["chunked_over_0_workers"]) == ["2@2048", "2@256"]
+
+
+@pytest.mark.timeout(120)
+def test_the_worker_grid_runs_alone_from_the_command_line(
+    token_table, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from lakeckpt_tables.bench.workers import main
+
+    uri, _ = token_table
+    assert main(["--rows", str(ROWS), "--rounds", "1", "--batch-sizes", "512,3000",
+                 "--dir", str(Path(uri).parent)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| 512 |", "| 3000 |"))]
+    assert len(rows) == 2 and all(line.count("|") == 7 and line.endswith("x |") for line in rows)
+    assert f"whole passes of {ROWS:,} rows" in out

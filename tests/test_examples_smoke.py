@@ -54,7 +54,8 @@ def test_train_iceberg_on_a_postgresql_catalog() -> None:
 
 @pytest.mark.slow
 def test_follow_delta_survives_a_sigkill_while_the_table_grows() -> None:
-    lines = run_example("follow_delta.py", *SMALL_FOLLOW)
+    # without DataLoader workers: tests/test_follow_crash.py kills a follower that has them
+    lines = run_example("follow_delta.py", *SMALL_FOLLOW, "--workers", "0")
     text = "\n".join(lines)
     assert "SIGKILLed" in text
     assert "skipped commit: version" in text and "OPTIMIZE" in text

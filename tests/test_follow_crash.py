@@ -115,7 +115,9 @@ def _logs(out: Path) -> dict[int, list[list[int]]]:
     return logs
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+# DataLoader workers form segments on their own (NOTE [ segment boundaries ]): the harder case.
+# Without workers the follow examples (tests/test_examples_smoke.py) are killed while tables grow.
+@pytest.mark.parametrize("workers", [2])
 def test_a_follower_killed_three_times_while_a_writer_appends_trains_like_one_never_killed(
         tmp_path: Path, workers: int) -> None:
     table, go, release = tmp_path / "table", tmp_path / "go", tmp_path / "release"

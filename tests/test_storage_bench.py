@@ -29,6 +29,19 @@ def test_the_object_store_bench_counts_one_get_per_row_group_and_one_footer_per_
     assert "requests per row group read  1.00" in format_report(report)
 
 
+def test_the_object_store_bench_pairs_rounds_and_counts_requests_in_flight_with_latency(
+        s3: S3Server) -> None:
+    uri = f"s3://{s3.bucket('latency')}/table"
+    report = run_store_read_bench(uri, s3.options(), rows=40_000, rounds=2, latency_ms=30)
+    assert len(report.ratios) == len(report.latency_ratios) == 2
+    assert report.latency_ratio is not None and report.in_flight_mean is not None
+    assert report.in_flight_peak == report.row_groups == 4  # all four fetched at once
+    text = format_report(report)
+    assert "median of 2 paired rounds" in text and "requests in flight then" in text
+    s3.reset()
+    assert s3._control("faults")["faults"]["latency_ms"] == 0  # the latency is taken off
+
+
 def test_the_cli_runs_the_object_store_bench(s3: S3Server,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     uri = f"s3://{s3.bucket('cli')}/table"

@@ -7,6 +7,7 @@ import pickle
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -53,12 +54,11 @@ def test_expected_items_are_read_ahead_depth_at_a_time_and_each_once() -> None:
     assert all(name.startswith("lakeckpt-prefetch") for name in reads.threads)
 
 
-def test_two_interleaved_readers_each_get_their_items_read_once() -> None:
+def test_gets_out_of_the_expected_order_each_get_their_item_read_once() -> None:
     """The reader reads ahead one window while it cuts another: their gets interleave."""
     reads = Reads(delay=0.01)
     fetch = Prefetch(reads, depth=4)
-    fetch.expect(range(0, 10))
-    fetch.expect(range(10, 20))
+    fetch.expect(range(20))
     order = [i for pair in zip(range(0, 10), range(10, 20), strict=True) for i in pair]
     assert [fetch.get(i) for i in order] == [i * 10 for i in order]
     assert reads.calls == Counter(range(20))
@@ -137,3 +137,96 @@ def test_a_parquet_file_reads_row_groups_from_many_threads_at_once(tmp_path: Pat
     with ThreadPoolExecutor(max_workers=8) as pool:
         got = list(pool.map(read, [i for _ in range(5) for i in range(40)]))
     assert got == [list(range(i * 1_000, (i + 1) * 1_000)) for _ in range(5) for i in range(40)]
+
+
+def test_the_expected_sequence_is_pulled_lazily_as_slots_free_up() -> None:
+    """A whole pass's row groups are expected at once: only ``depth`` are pulled ahead."""
+    pulled: list[int] = []
+
+    def sequence() -> Iterator[int]:
+        for i in range(1_000):
+            pulled.append(i)
+            yield i
+
+    reads = Reads()
+    fetch = Prefetch(reads, depth=3)
+    fetch.expect(sequence())
+    assert pulled == [0, 1, 2]
+    assert [fetch.get(i) for i in range(5)] == [0, 10, 20, 30, 40]
+    assert pulled == list(range(8))  # five taken, three ahead
+    wait_for(lambda: set(reads.calls) == set(range(8)))
+    assert reads.calls == Counter(range(8))
+
+
+def test_a_later_sequence_replaces_the_earlier_one() -> None:
+    """A new pass: the abandoned pass's sequence is not fetched any further."""
+    reads = Reads()
+    fetch = Prefetch(reads, depth=2)
+    fetch.expect(range(100))
+    assert fetch.get(0) == 0
+    wait_for(lambda: {1, 2} <= set(reads.calls))
+    fetch.expect(range(200, 210))
+    assert list(fetch._queue) == [200, 201]  # 1 and 2, read ahead, give their slots back
+    assert [fetch.get(i) for i in range(200, 210)] == [i * 10 for i in range(200, 210)]
+    wait_for(lambda: sum(reads.calls.values()) == 13)
+    # 0, the two ahead of it (1, 2), then the new pass only
+    assert reads.calls == Counter([0, 1, 2, *range(200, 210)])
+
+
+class Sized:
+    nbytes = 10
+
+
+def test_no_read_starts_while_finished_reads_hold_the_byte_budget() -> None:
+    calls: Counter[int] = Counter()
+    go = threading.Event()
+
+    def read(item: int) -> Sized:
+        calls[item] += 1
+        go.wait()
+        return Sized()
+
+    fetch = Prefetch(read, depth=4, max_bytes=20)
+    fetch.expect(range(10))
+    wait_for(lambda: len(calls) == 4)  # none finished yet: the budget holds no bytes
+    go.set()
+    wait_for(lambda: fetch._waiting == 40)  # the four finished: 40 bytes wait
+    fetch.get(0)
+    fetch.get(1)
+    time.sleep(0.05)
+    assert set(calls) == {0, 1, 2, 3}  # 20 bytes still wait: nothing new starts
+    fetch.get(2)  # 10 bytes wait: the next read starts, and counts 10 more
+    wait_for(lambda: 4 in calls)
+    time.sleep(0.05)
+    assert set(calls) == set(range(5))
+    assert [fetch.get(i) for i in range(3, 10)] and calls == Counter(range(10))
+
+
+def wait_for(done: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_running_reads_count_against_the_byte_budget_at_the_last_results_size() -> None:
+    """Row groups of hundreds of MB: reads still running count as the last result's size."""
+    calls: Counter[int] = Counter()
+    first, later = threading.Event(), threading.Event()
+
+    def read(item: int) -> Sized:
+        calls[item] += 1
+        (first if item < 8 else later).wait()
+        return Sized()
+
+    fetch = Prefetch(read, depth=8, max_bytes=30)
+    fetch.expect(range(20))
+    wait_for(lambda: len(calls) == 8)  # no size known yet: the depth is the limit
+    first.set()
+    wait_for(lambda: fetch._waiting == 80)
+    for i in range(6):
+        fetch.get(i)  # 20 bytes wait
+    time.sleep(0.05)
+    assert set(calls) == set(range(9))  # 20 waiting + one running at 10 reach 30
+    later.set()
+    assert [fetch.get(i) for i in range(6, 20)] and calls == Counter(range(20))

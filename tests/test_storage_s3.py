@@ -13,6 +13,7 @@ from typing import Any
 
 import _s3server
 import numpy as np
+import pyarrow as pa
 import pytest
 from _s3server import S3Server
 from conftest import ROW_GROUP_ROWS, file_ranges, loader_for, rows_table, write_delta
@@ -21,6 +22,7 @@ from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.errors import StorageError
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.io.prefetch import DEFAULT_PREFETCH
+from lakeckpt_tables.reader.readahead import PLAIN_PIECE_UNITS
 from lakeckpt_tables.sources import _footers
 
 s3 = _s3server.s3  # the fixtures of the module
@@ -198,7 +200,9 @@ def test_row_group_reads_on_s3_are_in_flight_together_and_still_read_once(
         s3.faults()
     gets = [r for r in s3.requests() if r[0] == "GET" and r[1].endswith(".parquet")]
     assert got == expected and sorted(got) == IDS
-    assert (alone, together) == (1, min(DEFAULT_PREFETCH, len(row_groups)))
+    # pyarrow's I/O thread pool (8 threads) sends the GETs: no more are in flight than that
+    assert (alone, together) == (1, min(DEFAULT_PREFETCH, pa.io_thread_count(),
+                                        len(row_groups)))
     assert len(row_groups) <= len(gets) <= 2 * len(row_groups)
     assert len(set(gets)) == len(gets)  # no range fetched twice
 
@@ -292,3 +296,59 @@ def test_iceberg_data_files_are_read_with_at_most_two_requests_per_row_group(
     assert np.array_equal(np.sort(ids_of(dataset)), IDS)
     gets = [r for r in s3.requests() if r[0] == "GET" and r[1].endswith(".parquet")]
     assert len(units) <= len(gets) <= 2 * len(units)
+
+
+def test_the_prefetch_runs_ahead_across_pieces_and_windows_each_row_group_once(
+        delta_on_s3: str, s3: S3Server) -> None:
+    """NOTE [ prefetch ]: the reader tells the prefetch the whole pass, so with one window
+    read ahead (``read_ahead=1``: one piece of 4 row groups, or one shuffle window of 2, being
+    read at a time) the requests in flight still reach the prefetch depth; every row group is
+    fetched once, and the rows are those of a reader without read-ahead, in the same order."""
+    def dataset(read_ahead: int, shuffle: bool) -> LakeDataset:
+        return LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options()),
+                           columns=["id"], batch_size=24, seed=5, shuffle=shuffle,
+                           shuffle_window=2, read_ahead=read_ahead)
+
+    for shuffle in (False, True):
+        sequential, ahead = dataset(0, shuffle), dataset(1, shuffle)
+        row_groups = {(u.path, u.row_group) for u in sequential.snapshot.units}
+        assert len(row_groups) > min(DEFAULT_PREFETCH, pa.io_thread_count()) > PLAIN_PIECE_UNITS
+        expected = ids_of(sequential)
+        s3.reset()
+        s3.faults(latency_ms=200)
+        try:
+            got = ids_of(ahead)
+        finally:
+            s3.faults()
+        gets = [r for r in s3.requests() if r[0] == "GET" and r[1].endswith(".parquet")]
+        assert got == expected and sorted(got) == IDS
+        assert s3.peak() == min(DEFAULT_PREFETCH, pa.io_thread_count())
+        assert len(gets) == len(row_groups)  # one coalesced range each
+        assert len({(r[1], r[2]) for r in gets}) == len(gets)  # none fetched twice
+
+
+def test_a_resumed_pass_prefetches_only_the_row_groups_it_still_reads(
+        delta_on_s3: str, s3: S3Server) -> None:
+    """The sequence told to the prefetch starts at the resume position: a pass resumed
+    half-way fetches the row groups holding the rows it delivers, and no earlier one."""
+    def dataset() -> LakeDataset:
+        return LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options()),
+                           columns=["id"], batch_size=24, shuffle=False, read_ahead=2)
+
+    full = ids_of(dataset())
+    assert sorted(full) == IDS
+    first = dataset()
+    it = iter(first)
+    head = [i for _ in range(8) for i in next(it)["id"].tolist()]
+    state = first.state_dict()
+    it.close()
+    resumed = dataset()
+    resumed.load_state_dict(state)
+    s3.reset()
+    rest = [i for batch in resumed for i in batch["id"].tolist()]
+    assert head + rest == full
+    gets = [r for r in s3.requests() if r[0] == "GET" and r[1].endswith(".parquet")]
+    units = resumed.snapshot.units  # in the table's order: an unshuffled pass reads in it
+    starts = np.cumsum([0] + [u.rows for u in units])
+    needed = sum(1 for i in range(len(units)) if starts[i + 1] > len(head))
+    assert len(gets) == needed

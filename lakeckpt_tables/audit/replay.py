@@ -22,6 +22,7 @@ from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
 from lakeckpt_tables.plan.accounting import slice_spans
 from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
+from lakeckpt_tables.plan.shuffle import LEGACY
 
 __all__ = ["ROWS_SCHEMA", "CheckpointRows", "checkpoint_rows", "dataset_for", "lineage", "rows"]
 
@@ -184,6 +185,8 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                           world_size=world, drop_last=bool(config.get("drop_last", False)),
                           shuffle_window=int(config.get("shuffle_window", 4)),
                           unit_rows=int(config.get("unit_rows", DEFAULT_UNIT_ROWS)), **kwargs)
+    # the permutation the run's windows were shuffled with (NOTE [ keyed permutation ])
+    dataset.shuffler = str(config.get("shuffler", LEGACY))
     if cache is not None:
         cache[key] = dataset
     return dataset

@@ -8,12 +8,17 @@ One token table (``id`` int64, ``tokens`` list<int32> of 8-64 tokens) is read, i
   read: the ceiling for any dataset under that loader (per-batch hand-off included);
 - ``library``: the same loader over :class:`~lakeckpt_tables.LakeDataset` (shuffle off, so the
   rows read are the same);
+- ``chunked``: :class:`~lakeckpt_tables.ChunkedLoader` over the same dataset, at each worker
+  count above 0 (workers convert, hand over shared-memory chunks; batches cut in this process);
 - ``hf``: Hugging Face ``datasets`` streaming the same Parquet files under the same loader
   (installed through the ``bench`` extra; reported as skipped when absent).
 
-Each loader runs at 0 and 2 DataLoader workers. Resume: time to the first batch after resuming
-at 0, 50 and 90% of a pass, for the library (a seek), a naive skip-ahead resume (read and drop
-the rows already delivered: what a loader without positions does) and ``hf``.
+Each loader runs at 0 and 2 DataLoader workers. Then a grid across batch sizes
+(``bench/workers.py``): the library at 0 workers, at 2 workers one batch per hand-off
+(``StatefulDataLoader``) and 2 workers in chunks, beside the raw loop. Resume: time to the first
+batch after resuming at 0, 50 and 90% of a pass, for the library (a seek), a naive skip-ahead
+resume (read and drop the rows already delivered: what a loader without positions does) and
+``hf``.
 
 NOTE [ fair rounds ]
 The loaders run one after the other in rounds (raw, plain, library, hf, raw, ...), and each
@@ -41,6 +46,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.bench._common import Progress, quiet
+from lakeckpt_tables.bench.workers import LoaderGrid, measure_loader_grid
 
 __all__ = [
     "DEFAULT_ROWS",
@@ -49,6 +55,7 @@ __all__ = [
     "PlainParquetDataset",
     "ensure_token_table",
     "format_peers",
+    "grid_lines",
     "run_peers_bench",
 ]
 
@@ -58,6 +65,7 @@ BATCH_SIZE = 1024
 ROW_GROUP_ROWS = 65_536
 COLUMNS = ("id", "tokens")
 RESUME_FRACTIONS = (0.0, 0.5, 0.9)
+GRID_BATCH_SIZES = (256, 1024, 8192)
 
 Batch = dict[str, torch.Tensor]
 
@@ -204,6 +212,7 @@ class PeersReport:
     throughput: dict[str, float] = field(default_factory=dict)
     resume_s: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    grid: LoaderGrid | None = None
 
     def ratio(self, a: str, b: str) -> float | None:
         if a in self.throughput and b in self.throughput and self.throughput[b] > 0:
@@ -215,13 +224,15 @@ class PeersReport:
             "library/plain, 0 workers": self.ratio("library@0", "plain@0"),
             "library/raw, 0 workers (token column)": self.ratio("library@0", "raw"),
             "library 2 workers / 0 workers": self.ratio("library@2", "library@0"),
+            "chunked 2 workers / library 0 workers": self.ratio("chunked@2", "library@0"),
             "plain 2 workers / 0 workers": self.ratio("plain@2", "plain@0"),
             "library/hf, 0 workers": self.ratio("library@0", "hf@0"),
             "library/hf, 2 workers": self.ratio("library@2", "hf@2"),
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ratios": self.ratios()}
+        return {**asdict(self), "grid": None if self.grid is None else self.grid.to_json(),
+                "ratios": self.ratios()}
 
 
 def _timed_pass(name: str, make: Callable[[], Any], expected: int) -> float:
@@ -246,6 +257,8 @@ def _throughput_makers(uri: str, files: Sequence[str], batch: int,
     for w in workers:
         makers[f"plain@{w}"] = functools.partial(_plain_loader, files, batch, w)
         makers[f"library@{w}"] = functools.partial(_library_loader, uri, batch, w)
+        if w:
+            makers[f"chunked@{w}"] = functools.partial(_chunked_loader, uri, batch, w)
         if hf_available():
             makers[f"hf@{w}"] = functools.partial(_hf_loader, files, batch, w)
     return makers
@@ -257,6 +270,12 @@ def _plain_loader(files: Sequence[str], batch: int, workers: int) -> Any:
 
 def _library_loader(uri: str, batch: int, workers: int) -> Any:
     return _loader(_library(uri, batch), workers, batch_size=None)
+
+
+def _chunked_loader(uri: str, batch: int, workers: int) -> Any:
+    from lakeckpt_tables import ChunkedLoader
+
+    return ChunkedLoader(_library(uri, batch), num_workers=workers)
 
 
 def _hf_loader(files: Sequence[str], batch: int, workers: int) -> Any:
@@ -313,8 +332,10 @@ def _measure_resume(report: PeersReport, uri: str, files: Sequence[str], rows: i
 
 def run_peers_bench(root: str | Path, *, rows: int = DEFAULT_ROWS, batch_size: int = BATCH_SIZE,
                     rounds: int = 3, workers: Sequence[int] = (0, 2),
+                    grid_batch_sizes: Sequence[int] = GRID_BATCH_SIZES,
                     progress: Progress = quiet) -> PeersReport:
-    """Build (or reuse) the token table under ``root`` and measure every peer side by side."""
+    """Build (or reuse) the token table under ``root`` and measure every peer side by side,
+    then the worker grid across ``grid_batch_sizes`` (none: no grid)."""
     uri, files = ensure_token_table(root, rows)
     report = PeersReport(rows, batch_size, rounds)
     if not hf_available():
@@ -326,6 +347,14 @@ def run_peers_bench(root: str | Path, *, rows: int = DEFAULT_ROWS, batch_size: i
             progress(f"round {r + 1}/{rounds}: {name}")
             samples[name].append(_timed_pass(name, make, rows))
     report.throughput = {name: statistics.median(v) for name, v in samples.items()}
+    progress("throughput (rows/s): " + ", ".join(f"{name} {value:,.0f}"
+                                                  for name, value in report.throughput.items()))
+    if grid_batch_sizes:
+        units = _units(files)
+        report.grid = measure_loader_grid(
+            uri, batch_sizes=grid_batch_sizes, workers=workers, rounds=rounds,
+            columns=COLUMNS, raw=functools.partial(raw_batches, units), chunked=True,
+            progress=progress)
     _measure_resume(report, uri, files, rows, batch_size, progress)
     return report
 
@@ -340,12 +369,34 @@ def format_peers(report: PeersReport) -> str:
     lines += ["", "| ratio | value |", "|---|---|"]
     for name, ratio in report.ratios().items():
         lines.append(f"| {name} | {'n/a' if ratio is None else f'{ratio:.2f}x'} |")
+    lines += grid_lines(report.grid)
     lines += ["", "| resume: first batch after | seconds |", "|---|---|"]
     for name, seconds in report.resume_s.items():
         lines.append(f"| {name} | {seconds:.3f} |")
     for peer, why in report.skipped.items():
         lines.append(f"\nskipped {peer}: {why}")
     return "\n".join(lines)
+
+
+def grid_lines(grid: LoaderGrid | None) -> list[str]:
+    """The worker grid: rows/s per batch size and loader, and 2 workers in chunks / 0 workers."""
+    if grid is None:
+        return []
+    workers = sorted({int(k.split("@")[0]) for k in grid.library})
+    chunked = sorted({int(k.split("@")[0]) for k in grid.chunked})
+    head = (["batch", "raw"] + [f"{w} workers" if w == 0 else f"{w} workers, per batch"
+                                for w in workers]
+            + [f"{w} workers, chunked" for w in chunked]
+            + [f"chunked {w} / 0 workers" for w in chunked if 0 in workers])
+    lines = ["", f"Workers, whole passes of {grid.rows:,} rows (median of {grid.rounds}), "
+             "rows/s:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for batch in grid.raw:
+        cells = [batch, f"{grid.raw[batch]:,.0f}"]
+        cells += [f"{grid.library[f'{w}@{batch}']:,.0f}" for w in workers]
+        cells += [f"{grid.chunked[f'{w}@{batch}']:,.0f}" for w in chunked]
+        cells += [f"{grid.chunked_speedup(w, int(batch)):.2f}x" for w in chunked if 0 in workers]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_json(report: PeersReport, path: str | Path) -> None:

@@ -414,7 +414,7 @@ def _figures(t: ThroughputResult, resume: list[ResumeResult],
                f"CPU time, median of {t.rounds} paired rounds ({min(t.round_ratios):.2f}-"
                f"{max(t.round_ratios):.2f}); wall clock {t.wall_ratio:.2f}x"),
         Figure("reader / raw, shuffle on", t.shuffled_ratio, "x", "", None,
-               "window shuffle: gather + permute copies"),
+               "window shuffle: one Arrow take per window, batches sliced from it"),
     ]
     for r in resume:
         mode = "on" if r.shuffle else "off"
@@ -504,7 +504,8 @@ def _shuffle_figures(r: ShuffleResult) -> list[Figure]:
         Figure("|rank corr.| row id vs delivery position", r.rho, "", f"<= {RHO_TARGET}",
                r.rho <= RHO_TARGET, where),
         Figure("shuffle on / raw read, one row group", r.ratio, "x", f">= {SHUFFLE_TARGET}x",
-               r.ratio >= SHUFFLE_TARGET, f"CPU time; {where}"),
+               r.ratio >= SHUFFLE_TARGET,
+               f"CPU time, median of {len(r.round_ratios)} paired rounds; {where}"),
     ]
 
 

@@ -5,21 +5,26 @@ epoch; bounded plan units (NOTE [ bounded units ] in ``reader/rounds.py``) must 
 - overlap: the share of a rank's epoch-1 rows it sees again in epoch 2 (target 1/world +- 5%);
 - |rho|: Spearman rank correlation between row id and delivery position (target <= 0.05);
 - throughput: shuffle on against the raw pyarrow -> torch read of the same row group
-  (target >= 0.8x), CPU time of this process, best of ``rounds`` interleaved rounds.
+  (target >= 0.8x): the two loops interleaved batch by batch, the median over rounds of the
+  paired CPU-time ratios (NOTE [ interleaving ] in ``_common.py``), as ``bench read`` measures
+  its own; each round reads with a fresh dataset (its row group cache empty) built outside
+  the timed calls, as the raw loop's file is opened outside them.
 """
 
 from __future__ import annotations
 
-import time
+import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from lakeckpt_tables import DeltaSource, LakeDataset
-from lakeckpt_tables.bench._common import write_delta
+from lakeckpt_tables.bench._common import interleaved_rounds, write_delta
 from lakeckpt_tables.reader.rounds import DEFAULT_UNIT_ROWS
 
 __all__ = ["ShuffleResult", "measure_shuffle"]
@@ -39,9 +44,13 @@ class ShuffleResult:
     rho: float
     raw_rows_per_s: float
     shuffled_rows_per_s: float
+    round_ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
+        """Shuffle on / raw: the median of the rounds' paired CPU-time ratios."""
+        if self.round_ratios:
+            return statistics.median(self.round_ratios)
         return self.shuffled_rows_per_s / self.raw_rows_per_s
 
 
@@ -77,17 +86,8 @@ def _rank_epochs(uri: str, rank: int, world: int, batch_size: int,
     return [np.concatenate(batches[:half]), np.concatenate(batches[half:])]
 
 
-def _cpu_rate(fn: object, rounds: int) -> float:
-    best = 0.0
-    for _ in range(rounds):
-        t0 = time.process_time()
-        rows = fn()  # type: ignore[operator]
-        best = max(best, rows / max(time.process_time() - t0, 1e-9))
-    return best
-
-
 def measure_shuffle(root: str | Path, *, rows: int = 500_000, world_size: int = 2,
-                    batch_size: int = 8192, rounds: int = 3,
+                    batch_size: int = 8192, rounds: int = 5, min_seconds: float = 1.0,
                     unit_rows: int = DEFAULT_UNIT_ROWS) -> ShuffleResult:
     """Measure overlap, rank correlation and throughput on a one-row-group table.
 
@@ -96,7 +96,8 @@ def measure_shuffle(root: str | Path, *, rows: int = 500_000, world_size: int = 
         rows: rows of the table's single row group.
         world_size: simulated ranks.
         batch_size: rows per batch.
-        rounds: throughput rounds (best kept).
+        rounds: least throughput rounds (the median ratio is kept).
+        min_seconds: add rounds (up to 50) until this much time is spent.
         unit_rows: the reader's plan unit size.
     """
     uri = one_row_group_table(root, rows)
@@ -105,19 +106,21 @@ def measure_shuffle(root: str | Path, *, rows: int = 500_000, world_size: int = 
         first, second = _rank_epochs(uri, rank, world_size, batch_size, unit_rows)
         overlaps.append(len(np.intersect1d(first, second)) / len(first))
         rhos.append(abs(_spearman(first)))
+    from lakeckpt_tables.bench.read import raw_batches  # the same raw limit as bench read
+
     path = DeltaSource(uri).snapshot().units[0].path
+    handles = {path: pq.ParquetFile(path)}
 
-    def raw() -> int:
-        from lakeckpt_tables.bench.read import raw_pass  # the same raw limit as bench read
+    def loops() -> dict[str, Iterable[Mapping[str, torch.Tensor]]]:
+        # read_ahead=0: its threads would decode while the raw loop is timed
+        shuffled = LakeDataset(DeltaSource(uri), columns=["id", "x"], batch_size=batch_size,
+                               seed=1, unit_rows=unit_rows, read_ahead=0)
+        return {"raw": raw_batches(handles, [(path, 0)], ["id", "x"], batch_size),
+                "shuffled": shuffled}
 
-        return raw_pass({path: pq.ParquetFile(path)}, [(path, 0)], ["id", "x"], batch_size)
-
-    def shuffled() -> int:
-        dataset = LakeDataset(DeltaSource(uri), columns=["id", "x"], batch_size=batch_size,
-                              seed=1, unit_rows=unit_rows)
-        return sum(b["id"].shape[0] for b in dataset)
-
-    raw_rate = _cpu_rate(raw, rounds)
-    shuffled_rate = _cpu_rate(shuffled, rounds)
+    runs = interleaved_rounds(loops, "id", {"raw": rows, "shuffled": rows}, rounds=rounds,
+                              min_seconds=min_seconds)
     return ShuffleResult(rows, world_size, float(np.mean(overlaps)), float(max(rhos)),
-                         raw_rate, shuffled_rate)
+                         max(r["raw"].cpu_rate for r in runs),
+                         max(r["shuffled"].cpu_rate for r in runs),
+                         tuple(r["raw"].cpu_s / max(r["shuffled"].cpu_s, 1e-9) for r in runs))

@@ -1,12 +1,15 @@
 """The reader under ``StatefulDataLoader`` at 0 and 2 workers, across batch sizes (issue 12
-item 4): what handing batches from worker processes costs, beside the raw in-process limit.
+item 4): what handing batches from worker processes costs, beside the raw in-process limit,
+and (``chunked=True``) what :class:`~lakeckpt_tables.ChunkedLoader` gains back.
 
-For each batch size, one round runs, one after the other: the raw pyarrow -> torch loop of
-``bench read`` in this process, then the library under ``StatefulDataLoader`` (shuffle off)
-at each worker count. Workers run in other processes, so the figure is wall-clock rows per
-second, from the first batch to the last (worker start-up excluded: it is paid once per pass,
-not per batch); the median over rounds, the loops' order rotating between rounds. Compare
-figures of one run only, under the load printed with them.
+For each batch size, one round runs, one after the other: the raw pyarrow -> torch loop in
+this process, then the library under ``StatefulDataLoader`` (shuffle off) at each worker
+count, then ``ChunkedLoader`` at each worker count above 0. Workers run in other processes, so
+the figure is wall-clock rows per second of a whole pass, worker start-up included (a chunked
+loader's first batch waits for a whole chunk, and its workers prefetch: timing from the first
+batch would credit it rows decoded before the clock started); the median over rounds, the
+loops' order rotating between rounds. Compare figures of one run only, under the load printed
+with them.
 """
 
 from __future__ import annotations
@@ -14,12 +17,19 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from lakeckpt_tables.bench._common import Figure, Progress, clock, no_loader_warnings, quiet
+from lakeckpt_tables.bench._common import (
+    Figure,
+    Progress,
+    clock,
+    machine_note,
+    no_loader_warnings,
+    quiet,
+)
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.sources.delta import DeltaSource
 
@@ -38,39 +48,51 @@ class LoaderGrid:
         rounds: rounds per batch size (medians reported).
         raw: batch size -> rows/s of the raw in-process loop.
         library: ``"<workers>@<batch size>"`` -> rows/s of the library under the loader.
+        chunked: ``"<workers>@<batch size>"`` -> rows/s of ``ChunkedLoader`` (workers > 0).
     """
 
     rows: int
     rounds: int
     raw: dict[str, float]
     library: dict[str, float]
+    chunked: dict[str, float] = field(default_factory=dict)
 
     def ratio(self, workers: int, batch_size: int) -> float:
         """Library at ``workers`` workers over the raw limit, at ``batch_size``."""
         return self.library[f"{workers}@{batch_size}"] / self.raw[str(batch_size)]
 
+    def chunked_speedup(self, workers: int, batch_size: int) -> float:
+        """``ChunkedLoader`` at ``workers`` workers over the library at 0 workers."""
+        return self.chunked[f"{workers}@{batch_size}"] / self.library[f"0@{batch_size}"]
+
     def to_json(self) -> dict[str, Any]:
-        return {"rows": self.rows, "rounds": self.rounds, "raw": dict(self.raw),
-                "library": dict(self.library),
-                "ratios": {k: v / self.raw[k.split("@")[1]] for k, v in self.library.items()}}
+        out = {"rows": self.rows, "rounds": self.rounds, "raw": dict(self.raw),
+               "library": dict(self.library),
+               "ratios": {k: v / self.raw[k.split("@")[1]] for k, v in self.library.items()}}
+        if self.chunked:
+            out["chunked"] = dict(self.chunked)
+            out["chunked_over_0_workers"] = {
+                k: v / self.library[f"0@{k.split('@')[1]}"] for k, v in self.chunked.items()}
+        return out
 
 
-def _rate(make: Callable[[], Iterable[Any]], expected: int) -> float:
-    """Rows/s of one pass, from its first batch to its end.
+def _rate(make: Callable[[], Iterable[Any]], expected: int, column: str = "id") -> float:
+    """Rows/s of one whole pass, worker start-up and the first chunk's wait included: a
+    loader that prefetches a chunk must not be timed from after it.
 
     Raises:
         RuntimeError: the pass delivered another number of rows.
     """
-    batches = iter(make())
-    first = next(batches)
-    rows = int(first["id"].shape[0])
     start = clock()
+    batches = iter(make())
+    rows = 0
     for batch in batches:
-        rows += int(batch["id"].shape[0])
+        rows += int(batch[column].shape[0])
     elapsed = clock() - start
+    del batches  # a loader's workers end here, not during the next loop's pass
     if rows != expected:
         raise RuntimeError(f"a loader pass delivered {rows} rows, expected {expected}")
-    return (rows - int(first["id"].shape[0])) / max(elapsed, 1e-9)
+    return rows / max(elapsed, 1e-9)
 
 
 def measure_loader_grid(
@@ -79,43 +101,80 @@ def measure_loader_grid(
     batch_sizes: Sequence[int] = BATCH_SIZES,
     workers: Sequence[int] = WORKERS,
     rounds: int = 3,
+    columns: Sequence[str] = ("id", "x"),
+    raw: Callable[[int], Iterable[Any]] | None = None,
+    chunked: bool = False,
     progress: Progress = quiet,
 ) -> LoaderGrid:
-    """Raw limit and library at each worker count, for each batch size (module docstring)."""
+    """Raw limit and library at each worker count, for each batch size (module docstring).
+
+    Args:
+        uri: the Delta table.
+        batch_sizes: batch sizes, one grid row each.
+        workers: DataLoader worker counts.
+        rounds: rounds per batch size (medians reported).
+        columns: columns read (the first one counts the rows).
+        raw: batch size -> the raw loop's batches; by default ``bench read``'s loop, which
+            takes numeric columns only.
+        chunked: also ``ChunkedLoader`` at each worker count above 0.
+        progress: called with a line per batch size.
+
+    Returns:
+        The grid.
+    """
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from lakeckpt_tables.bench.read import raw_batches
+    from lakeckpt_tables.reader.handoff import ChunkedLoader
+
+    cols = list(columns)
+
+    def dataset(batch: int) -> LakeDataset:
+        return LakeDataset(DeltaSource(uri), columns=cols, batch_size=batch, shuffle=False)
 
     def library(batch: int, w: int) -> Callable[[], Iterable[Any]]:
         def make() -> Iterable[Any]:
-            dataset = LakeDataset(DeltaSource(uri), columns=["id", "x"], batch_size=batch,
-                                  shuffle=False)
-            loader: Iterable[Any] = StatefulDataLoader(dataset, batch_size=None, num_workers=w)
+            loader: Iterable[Any] = StatefulDataLoader(dataset(batch), batch_size=None,
+                                                       num_workers=w)
             return loader
         return make
 
-    probe = LakeDataset(DeltaSource(uri), columns=["id", "x"], batch_size=1024, shuffle=False)
-    units = [(u.path, u.row_group) for u in probe.snapshot.units]
-    handles = {p: pq.ParquetFile(p) for p in dict.fromkeys(p for p, _ in units)}
+    def in_chunks(batch: int, w: int) -> Callable[[], Iterable[Any]]:
+        return lambda: ChunkedLoader(dataset(batch), num_workers=w)
+
+    probe = dataset(1024)
+    if raw is None:
+        from lakeckpt_tables.bench.read import raw_batches
+
+        units = [(u.path, u.row_group) for u in probe.snapshot.units]
+        handles = {p: pq.ParquetFile(p) for p in dict.fromkeys(p for p, _ in units)}
+        raw = functools.partial(raw_batches, handles, units, cols)
     expected = probe.snapshot.rows
-    raw: dict[str, float] = {}
+    limit: dict[str, float] = {}
     ours: dict[str, float] = {}
+    theirs: dict[str, float] = {}
     with no_loader_warnings():
         for batch in batch_sizes:
             makers: dict[str, Callable[[], Iterable[Any]]] = {
-                "raw": functools.partial(raw_batches, handles, units, ["id", "x"], batch)}
+                "raw": functools.partial(raw, batch)}
             makers.update({f"{w}@{batch}": library(batch, w) for w in workers})
+            if chunked:
+                makers.update({f"chunked {w}@{batch}": in_chunks(batch, w)
+                               for w in workers if w})
             samples: dict[str, list[float]] = {name: [] for name in makers}
             names = list(makers)
             for r in range(rounds):
                 for name in names[r % len(names):] + names[:r % len(names)]:
-                    samples[name].append(_rate(makers[name], expected))
-            raw[str(batch)] = statistics.median(samples.pop("raw"))
-            ours.update({name: statistics.median(v) for name, v in samples.items()})
-            progress(f"loader grid, batch {batch}: raw {raw[str(batch)] / 1e6:.1f} Mrows/s; "
-                     + ", ".join(f"{w} workers {ours[f'{w}@{batch}'] / 1e6:.1f}"
-                                 for w in workers))
-    return LoaderGrid(expected, rounds, raw, ours)
+                    samples[name].append(_rate(makers[name], expected, cols[0]))
+            limit[str(batch)] = statistics.median(samples.pop("raw"))
+            for name, values in samples.items():
+                kind, _, key = name.rpartition(" ")
+                (theirs if kind else ours)[key] = statistics.median(values)
+            progress(f"loader grid, batch {batch}: raw {limit[str(batch)] / 1e6:.2f} Mrows/s; "
+                     + ", ".join(f"{w} workers {ours[f'{w}@{batch}'] / 1e6:.2f}"
+                                 for w in workers)
+                     + "".join(f", chunked {w} workers {theirs[f'{w}@{batch}'] / 1e6:.2f}"
+                               for w in workers if w and chunked))
+    return LoaderGrid(expected, rounds, limit, ours, theirs)
 
 
 def grid_figures(grid: LoaderGrid) -> list[Figure]:
@@ -127,4 +186,48 @@ def grid_figures(grid: LoaderGrid) -> list[Figure]:
                           grid.ratio(w, batch), "x", "", None,
                           f"{rate / 1e6:.1f} Mrows/s wall clock, raw "
                           f"{grid.raw[str(batch)] / 1e6:.1f}; median of {grid.rounds}"))
+    for key, rate in grid.chunked.items():
+        w, batch = (int(v) for v in key.split("@"))
+        out.append(Figure(f"ChunkedLoader, {w} workers / 0 workers, batch {batch}",
+                          grid.chunked_speedup(w, batch), "x", "", None,
+                          f"{rate / 1e6:.2f} Mrows/s wall clock, 0 workers "
+                          f"{grid.library[f'0@{batch}'] / 1e6:.2f}; median of {grid.rounds}"))
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lakeckpt_tables.bench.workers``: the worker grid of ``lakeckpt bench peers``
+    alone, on its token table (a minute where the whole peers bench takes ten)."""
+    import argparse
+    import sys
+    import tempfile
+
+    from lakeckpt_tables.bench import peers
+
+    parser = argparse.ArgumentParser(prog="python -m lakeckpt_tables.bench.workers",
+                                     description=main.__doc__)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the token table")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (median taken)")
+    parser.add_argument("--batch-sizes", default="256,1024,8192",
+                        help="comma-separated batch sizes (default 256,1024,8192)")
+    parser.add_argument("--dir", metavar="PATH", default=None,
+                        help="keep the token table under PATH and reuse it (default: temporary)")
+    args = parser.parse_args(argv)
+    sizes = [int(v) for v in args.batch_sizes.split(",")]
+
+    def progress(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="lakeckpt-workers-") as scratch:
+        uri, files = peers.ensure_token_table(args.dir or scratch, args.rows)
+        grid = measure_loader_grid(
+            uri, batch_sizes=sizes, workers=WORKERS, rounds=args.rounds, columns=peers.COLUMNS,
+            raw=functools.partial(peers.raw_batches, peers._units(files)), chunked=True,
+            progress=progress)
+    print("\n".join(peers.grid_lines(grid)))
+    print(f"\n{machine_note()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

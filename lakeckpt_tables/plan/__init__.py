@@ -35,8 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from lakeckpt_tables.plan.shuffle import FEISTEL, LEGACY, SHUFFLERS, WindowOrder, permutation
+
 __all__ = [
     "DEFAULT_SHUFFLE_WINDOW",
+    "FEISTEL",
+    "LEGACY",
+    "SHUFFLERS",
     "EpochPlan",
     "Piece",
     "PlanPolicy",
@@ -59,11 +64,6 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def permutation(n: int, seed: int) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """A seeded permutation of ``range(n)``."""
-    return np.random.Generator(np.random.PCG64(seed)).permutation(n).astype(np.int64)
-
-
 @dataclass(frozen=True, kw_only=True)
 class PlanPolicy:
     """Everything besides the data that decides who reads which rows in which order.
@@ -76,6 +76,8 @@ class PlanPolicy:
         seed: base seed; epoch and window seeds derive from it.
         shuffle_window: units read together and shuffled as one window.
         drop_last: deliver only full batches; the rest of each slice is reported undelivered.
+        shuffler: how a window's rows are permuted (NOTE [ keyed permutation ] in
+            ``plan/shuffle.py``); :data:`LEGACY` for reader states that name none.
     """
 
     batch_size: int
@@ -85,8 +87,12 @@ class PlanPolicy:
     seed: int = 0
     shuffle_window: int = DEFAULT_SHUFFLE_WINDOW
     drop_last: bool = False
+    shuffler: str = FEISTEL
 
     def __post_init__(self) -> None:
+        if self.shuffler not in SHUFFLERS:
+            raise ValueError(f"PlanPolicy.shuffler must be one of {SHUFFLERS}, "
+                             f"got {self.shuffler!r}")
         for name in ("batch_size", "world_size", "workers", "shuffle_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -107,12 +113,14 @@ Span = tuple[int, int]
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """Rows ``[lo, hi)`` of the base-space ``spans`` laid end to end, permuted by ``seed``."""
+    """Rows ``[lo, hi)`` of the base-space ``spans`` laid end to end, permuted by ``seed``
+    with ``shuffler`` (:mod:`lakeckpt_tables.plan.shuffle`)."""
 
     spans: tuple[Span, ...]
     seed: int | None
     lo: int
     hi: int
+    shuffler: str = LEGACY
 
     @classmethod
     def plain(cls, spans: Sequence[Span]) -> Piece:
@@ -133,7 +141,8 @@ class Piece:
     def cut(self, start: int, stop: int) -> Piece:
         """Rows ``[start, stop)`` of this piece's order, as a piece."""
         if self.seed is not None:
-            return Piece(self.spans, self.seed, self.lo + start, self.lo + stop)
+            return Piece(self.spans, self.seed, self.lo + start, self.lo + stop,
+                         self.shuffler)
         return Piece.plain(cut_spans(self.spans, self.lo + start, self.lo + stop))
 
     def rows(self) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -141,17 +150,28 @@ class Piece:
         base = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in self.spans] or
                               [np.empty(0, np.int64)])
         if self.seed is not None:
-            base = base[permutation(len(base), self.seed)]
+            return base[self.order()(self.lo, self.hi)]
         return base[self.lo : self.hi]
 
+    def order(self) -> WindowOrder:
+        """The permutation of the spans' rows (a seeded piece only)."""
+        assert self.seed is not None
+        return WindowOrder(self.shuffler, sum(b - a for a, b in self.spans), self.seed)
+
     def to_json(self) -> list[Any]:
-        return [[list(s) for s in self.spans], self.seed, self.lo, self.hi]
+        value = [[list(s) for s in self.spans], self.seed, self.lo, self.hi]
+        # the legacy shuffler is not named: states written before shufflers had names
+        return value if self.seed is None or self.shuffler == LEGACY else [*value,
+                                                                           self.shuffler]
 
     @classmethod
     def from_json(cls, value: Any) -> Piece:
-        spans, seed, lo, hi = value
+        spans, seed, lo, hi, *named = value
+        shuffler = str(named[0]) if len(named) == 1 else LEGACY
+        if len(named) > 1 or shuffler not in SHUFFLERS:
+            raise ValueError(f"malformed piece {value!r}")
         piece = cls(tuple((int(a), int(b)) for a, b in spans),
-                    None if seed is None else int(seed), int(lo), int(hi))
+                    None if seed is None else int(seed), int(lo), int(hi), shuffler)
         total = sum(b - a for a, b in piece.spans)
         if (not 0 <= piece.lo <= piece.hi <= total
                 or any(not 0 <= a <= b for a, b in piece.spans)
@@ -325,7 +345,7 @@ class EpochPlan:
             if self.policy.shuffle:
                 seed = derive_seed(self.policy.seed, self.segment, self.epoch, g,
                                    first_index + len(out), "window")
-                window = Piece(window.spans, seed, 0, window.size)
+                window = Piece(window.spans, seed, 0, window.size, self.policy.shuffler)
             out.append(window)
         return out
 

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from lakeckpt_tables.plan import EpochPlan, Piece, cut_spans, permutation
+from lakeckpt_tables.plan import EpochPlan, Piece, cut_spans
 from lakeckpt_tables.plan.rounds import Round, RoundUnits
 
 __all__ = [
@@ -260,8 +260,7 @@ def _window_part(plan: EpochPlan, window: Piece, a: int,
             y - x for x, y in window.spans):
         return [(u, r0, r1, r1 - r0) for u, r0, r1 in chunks]
     # a seeded subset: count the consumed rows falling in each chunk of the window
-    total = sum(y - x for x, y in window.spans)
-    ordinal = permutation(total, window.seed)[window.lo + a : window.lo + b]
+    ordinal = window.order()(window.lo + a, window.lo + b)
     starts = np.cumsum([0] + [r1 - r0 for _, r0, r1 in chunks])
     counts = np.bincount(np.searchsorted(starts, ordinal, "right") - 1, minlength=len(chunks))
     return [(u, r0, r1, int(n)) for (u, r0, r1), n in zip(chunks, counts, strict=True) if n]

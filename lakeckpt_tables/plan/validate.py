@@ -38,17 +38,19 @@ def position_problem(plan: EpochPlan, g: int, position: int) -> str | None:
 def layout_problem(layout: Sequence[Piece], total: int) -> str | None:
     """Why ``layout`` cannot be a re-plan of a round of ``total`` rows (None when it can).
 
-    Pieces sharing spans and seed are cuts of one shuffled window: their ``[lo, hi)`` must be
-    disjoint. Otherwise no two pieces may share a base row.
+    Pieces sharing spans, seed and shuffler are cuts of one shuffled window: their
+    ``[lo, hi)`` must be disjoint. Otherwise no two pieces may share a base row (cuts of one
+    window permuted by two shufflers may: they are refused).
     """
-    groups: dict[tuple[tuple[tuple[int, int], ...], int | None], list[tuple[int, int]]] = {}
+    groups: dict[tuple[tuple[tuple[int, int], ...], int | None, str], list[tuple[int, int]]] = {}
     for piece in layout:
         if any(a < 0 or b > total for a, b in piece.spans):
             return f"a layout piece names rows {list(piece.spans)} outside the round's {total}"
-        key = (piece.spans, piece.seed) if piece.seed is not None else (piece.spans, None)
+        key = ((piece.spans, piece.seed, piece.shuffler) if piece.seed is not None
+               else (piece.spans, None, ""))
         groups.setdefault(key, []).append((piece.lo, piece.hi))
     spans: list[tuple[int, int]] = []
-    for (group_spans, seed), cuts in groups.items():
+    for (group_spans, seed, _), cuts in groups.items():
         cuts.sort()
         if any(b > c for (_, b), (c, _) in itertools.pairwise(cuts)):
             return "two layout pieces are overlapping cuts of one window"

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import torch
 
 from lakeckpt_tables.errors import UnsupportedTableError
+from lakeckpt_tables.sources._deletes import PLAIN_NUMERIC
 
 __all__ = ["DECIMAL_POLICIES", "OUTPUTS", "Ragged", "check_convertible", "convert",
            "to_device", "to_tensors"]
@@ -79,13 +80,6 @@ def _spend_readonly_warning() -> None:
 
 
 _spend_readonly_warning()
-
-# Types whose non-null arrays go straight to torch zero-copy (the hot path: one set lookup
-# instead of a dozen type predicates per column per batch).
-_PLAIN_NUMERIC = frozenset(t.id for t in (
-    pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),
-    pa.uint64(), pa.float16(), pa.float32(), pa.float64()))
-
 
 def check_convertible(where: str, schema: pa.Schema, columns: list[str], *, output: str,
                       nulls: str, decimals: str) -> None:
@@ -175,7 +169,7 @@ def to_tensors(table: pa.Table) -> dict[str, Any]:
 def _column(name: str, column: pa.ChunkedArray) -> Any:
     array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     kind = array.type
-    if kind.id in _PLAIN_NUMERIC and not array.null_count:
+    if kind.id in PLAIN_NUMERIC and not array.null_count:
         return torch.from_numpy(array.to_numpy(zero_copy_only=True))
     if pa.types.is_dictionary(kind):
         array = array.dictionary_decode()
@@ -240,7 +234,7 @@ def _list(name: str, array: pa.Array) -> Any:
     first, last = int(raw[0]), int(raw[-1])
     flat = array.values.slice(first, last - first)
     values = (flat.to_numpy(zero_copy_only=True)
-              if flat.type.id in _PLAIN_NUMERIC and not flat.null_count else _numpy(name, flat))
+              if flat.type.id in PLAIN_NUMERIC and not flat.null_count else _numpy(name, flat))
     n = len(array)
     width = int(raw[1]) - first if n else 0
     if n and width * n == last - first and (np.diff(raw) == width).all():

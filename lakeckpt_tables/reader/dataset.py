@@ -29,6 +29,7 @@ from lakeckpt_tables.plan import (
     EpochPlan,
     Piece,
 )
+from lakeckpt_tables.plan.shuffle import FEISTEL, LEGACY, SHUFFLERS
 from lakeckpt_tables.reader._cache import RowGroupCache
 from lakeckpt_tables.reader._torchdata import (
     is_loader_state,
@@ -201,6 +202,7 @@ class LakeDataset(IterableDataset[Batch]):
         self._check_output()
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.epochs, self.drop_last, self.shuffle_window = epochs, drop_last, shuffle_window
+        self.shuffler = FEISTEL  # a loaded state may name another (NOTE [ keyed permutation ])
         self.transform = transform
         self.rank, self.world_size = rank, world_size
         self.follow = options.follow_policy()
@@ -227,6 +229,8 @@ class LakeDataset(IterableDataset[Batch]):
             "seed": self.seed, "shuffle": self.shuffle, "shuffle_window": self.shuffle_window,
             "drop_last": self.drop_last, "epochs": self.epochs, "columns": list(self.columns),
             "unit_rows": self.unit_rows}
+        if self.shuffle and self.shuffler != LEGACY:  # states without one: LEGACY
+            config["shuffler"] = self.shuffler
         if self.refresh is not None:
             config["refresh"] = self.refresh
         if self.filter is not None:
@@ -255,7 +259,7 @@ class LakeDataset(IterableDataset[Batch]):
         return RoundPlanner(self.rounds, self.shuffle, self.seed, self.shuffle_window,
                             self.drop_last, self.epochs, follows=self.follow is not None,
                             refreshes=self.refresh is not None, rank=self.rank,
-                            where=self.snapshot.describe())
+                            where=self.snapshot.describe(), shuffler=self.shuffler)
 
     def _empty_state(self, shape: PlanShape | None) -> ReaderState:
         slices = () if shape is None else (None,) * (shape[0] * shape[1])
@@ -336,6 +340,11 @@ class LakeDataset(IterableDataset[Batch]):
             ours = self._empty_state(None)
         if self._adopt_min_segment_rows(state):
             ours = self._empty_state(None)
+        before = self.shuffler
+        theirs = state.config.get("shuffler", LEGACY)
+        if self.shuffle and state.config.get("shuffle") is True and theirs in SHUFFLERS:
+            self.shuffler = theirs  # the state's rows were ordered with it
+            ours = self._empty_state(None)
         if state.version != ours.version:
             how = (f"pass version={state.version}" if self._requested_version is not None
                    else "resume through dataset.load_state_dict(saved) in the main process, "
@@ -347,6 +356,7 @@ class LakeDataset(IterableDataset[Batch]):
                 diffs.append(f"{key}: state has {state.config.get(key)!r}, this reader "
                              f"{ours.config.get(key)!r}")
         if diffs:
+            self.shuffler = before
             raise StateMismatchError("reader state does not match this LakeDataset: "
                                      + "; ".join(diffs))
 

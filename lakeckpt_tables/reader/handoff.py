@@ -1,13 +1,20 @@
-"""DataLoader workers that hand batches over in coarse chunks (issue 12 item 4).
+"""DataLoader workers that hand batches over in coarse chunks of tensors (issue 12 item 4).
 
 NOTE [ chunked hand-off ]
 Handing one batch from a worker process to the training loop costs about a millisecond under
 a DataLoader, whatever the dataset: at ~1k-row batches that is the whole budget. So workers
-decode and cut batches as usual but hand them over ``chunk_rows`` rows at a time, as Arrow
-tables (pickled by value: no shared-memory segment per tensor), and the main process converts
-them batch by batch. A chunk is copied out of its decoded window first: a pickled Arrow slice
-carries its whole parent buffer. Nothing about the rows changes:
+decode, cut and *convert* batches as usual and hand them over ``chunk_rows`` rows at a time;
+the main process only cuts batches out of a chunk, as views. Nothing about the rows changes:
 
+- Tensors. A worker converts each batch as the dataset would (``convert``), then copies each
+  column's batches end to end into one tensor allocated in shared memory: the only copy. Torch
+  pickles a shared tensor as a file descriptor, so a chunk crosses the pipe as a few handles,
+  not its bytes. A list column keeps its values end to end and each batch's own (rebased)
+  offsets end to end, with the shape each batch had (2-D when its lengths were equal,
+  ``Ragged`` otherwise): a batch in the main process is two views and its output is the
+  dataset's, type for type. Strings and bytes travel as Python lists; ``output="arrow"`` as one
+  Arrow table copied out of its decoded window (a pickled Arrow slice carries its whole parent
+  buffer), converted batch by batch in the main process.
 - Order. Batches are emitted round-robin over the workers, one batch each in turn, skipping a
   worker that has no batch left: the order a ``StatefulDataLoader`` over the same dataset with
   the same ``num_workers`` gives. Chunks of different workers hold different batch counts (a
@@ -17,27 +24,35 @@ carries its whole parent buffer. Nothing about the rows changes:
   cursor stood at after it, and the worker's state after its last batch. The state of this
   loader is, per worker, that state with the position of the last batch *delivered to the
   loop*: rows handed over but not yet delivered are not counted. A chunk never spans two
-  rounds, so a state's round descriptor is always its batch's.
+  rounds, so a state's round descriptor is always its batch's. Delivering a batch records
+  (chunk, batch index) only; the state is built when ``state_dict()`` asks for it.
 - Resume. The state is a dataset state (inside ``{"dataset_state": ...}``, the shape of a
   0-worker ``StatefulDataLoader`` state), loaded through ``dataset.load_state_dict``: exact at
   any world size and worker count, and a finished pass stays finished.
   ``CheckpointManager.save(dataloader=...)`` and ``restore(dataloader=...)`` take this loader.
 - Every worker sends a first chunk before any batch (empty if its slice is), so the state
-  holds every slice as soon as the first batch is delivered.
+  holds every slice as soon as the first batch is delivered. Its next chunk holds one batch,
+  and each one after that twice as many rows, up to ``chunk_rows``: the loop's first batch
+  waits for one batch decoded, not for a whole chunk, and the workers' pipeline fills as fast.
+- Pinned memory. With ``pin_memory=True`` the DataLoader's pin thread pins a chunk once (its
+  few tensors); the batches cut from it are views of pinned memory.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lakeckpt_tables.reader._torchdata import DATASET_STATE
-from lakeckpt_tables.reader.convert import convert
+from lakeckpt_tables.reader.convert import Ragged, convert
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.reader.state import ReaderState, merge_states
 
@@ -47,20 +62,211 @@ DEFAULT_CHUNK_ROWS = 64 * 1024
 """Rows per hand-off: 64 batches of 1k rows, so the per-hand-off cost is spread thin."""
 
 
+# ------------------------------------------------------------------ a chunk's columns
+
+
+@dataclass
+class _Dense:
+    """A tensor column: its batches end to end along the first dimension."""
+
+    data: torch.Tensor
+
+    def cut(self, j: int, lo: int, hi: int) -> torch.Tensor:
+        return self.data[lo:hi]
+
+    def pin_memory(self) -> _Dense:
+        return _Dense(self.data.pin_memory())
+
+
+@dataclass
+class _Lists:
+    """A list column: values end to end, each batch's own offsets end to end, and per batch
+    (first value, end of values, first offset, width): a width >= 0 is a 2-D batch."""
+
+    values: torch.Tensor
+    offsets: torch.Tensor
+    spans: list[tuple[int, int, int, int]]
+
+    def cut(self, j: int, lo: int, hi: int) -> torch.Tensor | Ragged:
+        first, end, at, width = self.spans[j]
+        if width >= 0:
+            return self.values[first:end].view(hi - lo, width)
+        return Ragged(self.values[first:end], self.offsets[at:at + hi - lo + 1])
+
+    def pin_memory(self) -> _Lists:
+        return _Lists(self.values.pin_memory(), self.offsets.pin_memory(), self.spans)
+
+
+@dataclass
+class _Objects:
+    """Strings or bytes: one Python list (pickled by value)."""
+
+    items: list[Any]
+
+    def cut(self, j: int, lo: int, hi: int) -> list[Any]:
+        return self.items[lo:hi]
+
+    def pin_memory(self) -> _Objects:
+        return self
+
+
+@dataclass
+class _Each:
+    """Anything of no common shape: each batch's own value, handed over as it is."""
+
+    values: list[Any]
+
+    def cut(self, j: int, lo: int, hi: int) -> Any:
+        return self.values[j]
+
+    def pin_memory(self) -> _Each:
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return _Each([pin_memory(v) for v in self.values])  # type: ignore[no-untyped-call]
+
+
+_Column = _Dense | _Lists | _Objects | _Each
+
+
+_ALIGN = 64
+"""Byte alignment of each tensor in a chunk's storage (a multiple of every element size)."""
+
+
+class _Arena:
+    """The tensors of one chunk, each a run of batches end to end, in one shared-memory
+    storage: a single copy of each value, one allocation, and one file descriptor per hand-off
+    (torch pickles a shared storage as a descriptor, once however many tensors view it;
+    ``Tensor.share_memory_`` would copy again)."""
+
+    def __init__(self) -> None:
+        self._runs: list[Sequence[torch.Tensor]] = []
+        self._built: list[torch.Tensor] = []
+
+    def add(self, parts: Sequence[torch.Tensor]) -> int:
+        """Reserve a tensor of ``parts`` end to end (same dtype and trailing shape)."""
+        self._runs.append(parts)
+        return len(self._runs) - 1
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self._built[index]
+
+    def build(self) -> None:
+        """Allocate the storage and copy every run into it."""
+        layout: list[tuple[int, torch.Size, torch.dtype]] = []
+        size = 0
+        for parts in self._runs:
+            first = parts[0]
+            shape = torch.Size((sum(int(p.shape[0]) for p in parts), *first.shape[1:]))
+            size = -(-size // _ALIGN) * _ALIGN
+            layout.append((size, shape, first.dtype))
+            size += shape.numel() * first.element_size()
+        storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(  # type: ignore[no-untyped-call]
+            size)
+        for (at, shape, dtype), parts in zip(layout, self._runs, strict=True):
+            out = torch.empty(0, dtype=dtype)
+            out.set_(storage, at // out.element_size(), shape, _strides(shape))
+            # numpy copies on this thread; torch.cat would fan out to intra-op threads, which
+            # cost ten times the copy on a loaded machine (a DataLoader worker has one thread,
+            # not every caller does)
+            np.concatenate([p.numpy() for p in parts], out=out.numpy())
+            self._built.append(out)
+
+
+def _strides(shape: torch.Size) -> tuple[int, ...]:
+    """Row-major strides of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _pack(batches: list[dict[str, Any]]) -> dict[str, _Column]:
+    """The converted batches of a chunk, column by column (NOTE [ chunked hand-off ])."""
+    arena = _Arena()
+    columns = {name: _pack_column([b[name] for b in batches], arena) for name in batches[0]}
+    arena.build()
+    return {name: make() for name, make in columns.items()}
+
+
+def _pack_column(parts: list[Any], arena: _Arena) -> Callable[[], _Column]:
+    """How to build the column once ``arena`` holds its tensors."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor) and all(
+            isinstance(p, torch.Tensor) and p.dtype == first.dtype
+            and p.shape[1:] == first.shape[1:] for p in parts):
+        data = arena.add(parts)
+        return lambda: _Dense(arena[data])
+    if all(_is_list_batch(p) for p in parts):
+        values = [p.values if isinstance(p, Ragged) else p.reshape(-1) for p in parts]
+        if all(v.dtype == values[0].dtype for v in values):
+            return _lists(parts, values, arena)
+    if all(isinstance(p, list) for p in parts):
+        items = list(itertools.chain.from_iterable(parts))
+        return lambda: _Objects(items)
+    return lambda: _Each(parts)
+
+
+def _is_list_batch(part: Any) -> bool:
+    return (isinstance(part, Ragged) and part.values.dim() == 1) or (
+        isinstance(part, torch.Tensor) and part.dim() == 2)
+
+
+def _lists(parts: list[Any], values: list[torch.Tensor],
+           arena: _Arena) -> Callable[[], _Lists]:
+    spans: list[tuple[int, int, int, int]] = []
+    offsets: list[torch.Tensor] = []
+    first = at = 0
+    for part, flat in zip(parts, values, strict=True):
+        end = first + int(flat.shape[0])
+        if isinstance(part, Ragged):
+            spans.append((first, end, at, -1))
+            offsets.append(part.offsets)
+            at += int(part.offsets.shape[0])
+        else:
+            spans.append((first, end, 0, int(part.shape[1])))
+        first = end
+    flat_values = arena.add(values)
+    packed = arena.add(offsets) if offsets else -1
+
+    def make() -> _Lists:
+        own = arena[packed] if packed >= 0 else torch.zeros(0, dtype=torch.int64)
+        return _Lists(arena[flat_values], own, spans)
+    return make
+
+
+# ------------------------------------------------------------------ chunks
+
+
 @dataclass
 class _Chunk:
-    """What a worker hands over: batches (as one table), where each ends, the state after."""
+    """What a worker hands over: batches (packed columns, or one Arrow table for
+    ``output="arrow"``), where each ends, the state after."""
 
     worker: int
     slice_index: int
-    table: pa.Table | None
+    columns: dict[str, _Column] | pa.Table | None
     rows: list[int]  # rows of each batch, in order
     marks: list[tuple[int, int]]  # (round, position) after each batch
     state: dict[str, Any]  # the worker's dataset state after the chunk (before it if empty)
 
+    def batch(self, j: int, lo: int, hi: int, output: str, nulls: str) -> Any:
+        """Batch ``j`` (rows ``lo:hi`` of the chunk) in the dataset's output."""
+        columns = self.columns
+        if isinstance(columns, pa.Table):
+            return convert(columns.slice(lo, hi - lo), output, nulls)
+        assert columns is not None  # an empty chunk has no batch
+        return {name: column.cut(j, lo, hi) for name, column in columns.items()}
+
+    def pin_memory(self) -> _Chunk:
+        """The chunk with its tensors pinned (the DataLoader's ``pin_memory=True``)."""
+        if not isinstance(self.columns, dict):
+            return self
+        return replace(self, columns={k: c.pin_memory() for k, c in self.columns.items()})
+
 
 class _Chunks(IterableDataset[_Chunk]):
-    """Runs in each DataLoader worker: the dataset's batches, grouped into chunks."""
+    """Runs in each DataLoader worker: the dataset's batches, converted, grouped into chunks."""
 
     def __init__(self, dataset: LakeDataset, chunk_rows: int) -> None:
         self.dataset = dataset
@@ -73,86 +279,114 @@ class _Chunks(IterableDataset[_Chunk]):
         start = dataset.state_dict()  # the slice and where it starts, before any batch
         g = next(i for i, s in enumerate(ReaderState.from_dict(start).slices) if s is not None)
         yield _Chunk(worker, g, None, [], [], start)
+        arrow = dataset.output == "arrow"
         tables: list[pa.Table] = []
+        batches: list[dict[str, Any]] = []
         rows: list[int] = []
         marks: list[tuple[int, int]] = []
         state: dict[str, Any] = start
         held = 0
+        limit = 1  # rows: the first chunk is one batch, then the limit doubles to chunk_rows
+
+        def chunk() -> _Chunk:
+            columns = _concat(tables) if arrow else _pack(batches)
+            return _Chunk(worker, g, columns, rows, marks, state)
+
         for table in dataset._tables():
             cursor = dataset._cursor
             assert cursor is not None  # set by _tables before its first batch
             if marks and marks[-1][0] != cursor.epoch:  # a chunk never spans two rounds
-                yield _Chunk(worker, g, _concat(tables), rows, marks, state)
-                tables, rows, marks, held = [], [], [], 0
+                yield chunk()
+                tables, batches, rows, marks, held = [], [], [], [], 0
             if not marks:  # the state of a batch of this round (its round descriptor)
                 state = dataset.state_dict()
-            tables.append(table)
+            if arrow:
+                tables.append(table)
+            else:
+                batches.append(convert(table, dataset.output, dataset.nulls))
             rows.append(table.num_rows)
             marks.append((cursor.epoch, cursor.position))
             held += table.num_rows
-            if held >= self.chunk_rows:
-                yield _Chunk(worker, g, _concat(tables), rows, marks, state)
-                tables, rows, marks, held = [], [], [], 0
+            if held >= limit:
+                yield chunk()
+                tables, batches, rows, marks, held = [], [], [], [], 0
+                limit = min(max(limit, table.num_rows) * 2, self.chunk_rows)
         if marks:
-            yield _Chunk(worker, g, _concat(tables), rows, marks, state)
+            yield chunk()
 
 
 class ChunkedLoader:
-    """Batches of ``dataset`` read by DataLoader workers and handed over in chunks.
+    """Batches of ``dataset`` read and converted by DataLoader workers, handed over in chunks.
 
     Iterate it as a ``StatefulDataLoader(dataset, batch_size=None, num_workers=...)``: the same
-    batches in the same order, converted (and ``transform`` applied) in the main process.
-    ``state_dict()`` counts the rows delivered to the loop (NOTE [ chunked hand-off ]).
+    batches in the same order, cut out of shared-memory chunks in the main process
+    (``transform`` applied there). ``state_dict()`` counts the rows delivered to the loop
+    (NOTE [ chunked hand-off ]). With ``num_workers=0`` it iterates the dataset in this process
+    (read-ahead threads decode ahead), so the worker count stays a setting of one loader.
 
     Args:
         dataset: the reader; its batch size, shuffle and output are kept.
-        num_workers: DataLoader worker processes (at least 1).
-        chunk_rows: rows a worker hands over at a time (whole batches; a chunk ends at a round).
+        num_workers: DataLoader worker processes; 0 reads in this process.
+        chunk_rows: rows a worker hands over at a time (whole batches; a chunk ends at a round);
+            a worker's first chunks are smaller (one batch, then doubling), so the first batch
+            does not wait for a whole chunk.
         prefetch_chunks: chunks each worker prepares ahead (the DataLoader's prefetch factor).
+        pin_memory: pin each chunk in page-locked memory (the DataLoader's pin thread), so
+            batches move to an accelerator without blocking.
         multiprocessing_context: as for a DataLoader (``"fork"`` by default: workers start in
             ~0.06 s; see DESIGN.md on deltalake and fork).
 
     Raises:
-        ValueError: ``num_workers`` < 1, ``chunk_rows`` < 1, or a ``follow=True`` dataset.
+        ValueError: ``num_workers`` < 0, ``chunk_rows`` < 1, or a ``follow=True`` dataset
+            with workers.
     """
 
     batch_size = None  # the dataset makes the batches (CheckpointManager checks this)
 
     def __init__(self, dataset: LakeDataset, *, num_workers: int,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, prefetch_chunks: int = 2,
+                 pin_memory: bool = False,
                  multiprocessing_context: str | None = "fork") -> None:
-        if not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers!r} (without workers "
-                             "iterate the dataset or a StatefulDataLoader over it)")
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
         if not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
-        if dataset.follow is not None:
+        if dataset.follow is not None and num_workers:
             # a worker waiting for the next commit would hold the end of the segment it read
             raise ValueError("follow=True: a chunk would wait for the next commit to fill up; "
-                             "use StatefulDataLoader(dataset, batch_size=None) instead")
+                             "use num_workers=0 or StatefulDataLoader(dataset, batch_size=None)")
         self.dataset = dataset
         self.num_workers = num_workers
         self.chunk_rows = chunk_rows
         self.prefetch_chunks = prefetch_chunks
+        self.pin_memory = pin_memory
         self.multiprocessing_context = multiprocessing_context
-        self._delivered: dict[int, ReaderState] = {}  # worker -> state at its last delivery
+        # worker -> (chunk, index of its last batch delivered; -1: none, its start state)
+        self._delivered: dict[int, tuple[_Chunk, int]] = {}
 
     def __iter__(self) -> Iterator[Any]:
+        if not self.num_workers:
+            return iter(self.dataset)
+        return self._chunked()
+
+    def _chunked(self) -> Iterator[Any]:
         loader = DataLoader(_Chunks(self.dataset, self.chunk_rows), batch_size=None,
                             num_workers=self.num_workers, prefetch_factor=self.prefetch_chunks,
+                            pin_memory=self.pin_memory,
                             multiprocessing_context=self.multiprocessing_context,
                             collate_fn=_as_is)
         chunks = iter(loader)
         workers = self.num_workers
-        pending: list[deque[tuple[pa.Table, tuple[int, int], _Chunk]]] = [
-            deque() for _ in range(workers)]
+        pending: list[deque[tuple[_Chunk, int, int, int]]] = [deque() for _ in range(workers)]
         self._delivered = {}
         for _ in range(workers):  # every worker's first chunk: its start state, no batch
             first: _Chunk = next(chunks)
-            self._delivered[first.worker] = ReaderState.from_dict(first.state)
+            self._delivered[first.worker] = (first, -1)
         ended = [False] * workers  # no chunk will come from this worker any more
         source = 0  # the worker whose chunk the DataLoader yields next, in its round-robin
         dataset = self.dataset
+        output, nulls, transform = dataset.output, dataset.nulls, dataset.transform
+        delivered = self._delivered
         w = 0
         while not all(ended) or any(pending):
             while not pending[w] and not ended[w]:
@@ -166,18 +400,22 @@ class ChunkedLoader:
                 source = _next_live(ended, chunk.worker)
                 pending[chunk.worker].extend(_batches_of(chunk))
             if pending[w]:
-                table, mark, chunk = pending[w].popleft()
-                self._delivered[w] = ReaderState.from_dict(chunk.state).with_slice(
-                    chunk.slice_index, mark)
-                batch = convert(table, dataset.output, dataset.nulls)
-                yield dataset.transform(batch) if dataset.transform is not None else batch
+                chunk, j, lo, hi = pending[w].popleft()
+                delivered[w] = (chunk, j)
+                batch = chunk.batch(j, lo, hi, output, nulls)
+                yield transform(batch) if transform is not None else batch
             w = (w + 1) % workers
 
     def state_dict(self) -> dict[str, Any]:
         """The rows delivered to the loop, per slice: a dataset state in a loader's shape."""
-        if len(self._delivered) < self.num_workers:
+        if not self.num_workers or len(self._delivered) < self.num_workers:
             return {DATASET_STATE: self.dataset.state_dict()}
-        return {DATASET_STATE: merge_states(self._delivered.values()).to_dict()}
+        states = []
+        for chunk, j in self._delivered.values():
+            state = ReaderState.from_dict(chunk.state)
+            states.append(state if j < 0 else state.with_slice(chunk.slice_index,
+                                                                chunk.marks[j]))
+        return {DATASET_STATE: merge_states(states).to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state of this loader, a ``StatefulDataLoader`` or the dataset: the
@@ -186,12 +424,12 @@ class ChunkedLoader:
         self._delivered = {}
 
 
-def _batches_of(chunk: _Chunk) -> Iterator[tuple[pa.Table, tuple[int, int], _Chunk]]:
-    offset = 0
-    for rows, mark in zip(chunk.rows, chunk.marks, strict=True):
-        assert chunk.table is not None
-        yield chunk.table.slice(offset, rows), mark, chunk
-        offset += rows
+def _batches_of(chunk: _Chunk) -> Iterator[tuple[_Chunk, int, int, int]]:
+    """(chunk, batch index, first row, end row) of each batch of ``chunk``."""
+    lo = 0
+    for j, rows in enumerate(chunk.rows):
+        yield chunk, j, lo, lo + rows
+        lo += rows
 
 
 def _next_live(ended: list[bool], after: int) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy, replan_rounds
+from lakeckpt_tables.plan.shuffle import FEISTEL
 from lakeckpt_tables.plan.validate import layout_problem, position_problem
 from lakeckpt_tables.reader._torchdata import next_worker_in_turn
 from lakeckpt_tables.reader.rounds import Round, RoundSequence, RoundUnits, Tails
@@ -38,6 +39,7 @@ class RoundPlanner:
         refreshes: ``refresh="epoch"``: each epoch pins its own version.
         rank: this process's rank.
         where: the table and version, for messages.
+        shuffler: how windows are permuted (NOTE [ keyed permutation ] in plan/shuffle.py).
     """
 
     rounds: RoundSequence
@@ -50,6 +52,7 @@ class RoundPlanner:
     refreshes: bool
     rank: int
     where: str
+    shuffler: str = FEISTEL
 
     @property
     def pinned(self) -> bool:
@@ -61,7 +64,8 @@ class RoundPlanner:
         world, workers, batch = shape
         return PlanPolicy(batch_size=batch, world_size=world, workers=workers,
                           shuffle=self.shuffle, seed=self.seed,
-                          shuffle_window=self.shuffle_window, drop_last=self.drop_last)
+                          shuffle_window=self.shuffle_window, drop_last=self.drop_last,
+                          shuffler=self.shuffler)
 
     def plan(self, policy: PlanPolicy, rnd: Round, layout: Sequence[Piece] | None) -> EpochPlan:
         """Round ``rnd``'s plan under ``policy`` (and an elastic re-plan's ``layout``)."""

@@ -12,11 +12,23 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["PhysicalNames", "conform", "constant", "parse_partition_value"]
+__all__ = ["PhysicalNames", "conform", "constant", "parquet_field_id", "parse_partition_value"]
 
 PhysicalNames = Mapping[str, Any]
-"""Logical field name -> (physical name, PhysicalNames of its children) for column mapping.
+"""Logical field name -> (physical name, PhysicalNames of its children) for column mapping,
+or, in mode ``id``, (physical name, children, field id): a struct's fields are then matched by
+Parquet field id where the file has them (NOTE [ column mapping id ] in ``sources/delta.py``).
 A list's children are its element's; a map's are ``{"key": (...), "value": (...)}``."""
+
+_PARQUET_FIELD_ID = b"PARQUET:field_id"
+
+
+def parquet_field_id(field: pa.Field) -> int | None:
+    """The Parquet field id pyarrow read into ``field``'s metadata; None when it has none."""
+    raw = (field.metadata or {}).get(_PARQUET_FIELD_ID)
+    if raw is None or not raw.strip().lstrip(b"-").isdigit():
+        return None
+    return int(raw)
 
 
 def constant(value: Any, kind: pa.DataType, rows: int) -> pa.Array:
@@ -61,13 +73,20 @@ def _offsets(array: pa.Array) -> pa.Array:
 
 
 def _struct(array: pa.Array, kind: pa.StructType, names: PhysicalNames) -> pa.Array:
-    present = {array.type.field(i).name: c for i, c in enumerate(array.flatten())}
+    flat = array.flatten()
+    present = {array.type.field(i).name: c for i, c in enumerate(flat)}
+    by_id = {fid: c for i, c in enumerate(flat)
+             if (fid := parquet_field_id(array.type.field(i))) is not None}
     children = []
     for i in range(kind.num_fields):
         child = kind.field(i)
-        physical, nested = names.get(child.name, (child.name, None))
-        if physical in present:
-            children.append(conform(present[physical], child, nested))
+        physical, nested, *field_id = names.get(child.name, (child.name, None))
+        # mode id: by field id when the file has ids, by physical name otherwise (as at the
+        # top level: a file without ids is read as deltalake reads it)
+        found = (by_id.get(field_id[0], present.get(physical)) if field_id and by_id
+                 else present.get(physical))
+        if found is not None:
+            children.append(conform(found, child, nested))
         else:
             children.append(pa.nulls(len(array), child.type))
     return pa.StructArray.from_arrays(children, fields=list(kind), mask=array.is_null())

@@ -28,6 +28,7 @@ from lakeckpt_tables.sources._arrow import (
     PhysicalNames,
     conform,
     constant,
+    parquet_field_id,
     parse_partition_value,
 )
 from lakeckpt_tables.sources._deletes import Deletes
@@ -46,7 +47,6 @@ __all__ = ["READABLE_READER_FEATURES", "DeltaRowGroupReader", "DeltaSource"]
 _COLUMN_MAPPING_KEY = "delta.columnMapping.mode"
 _PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
 _FIELD_ID_KEY = "delta.columnMapping.id"
-_PARQUET_FIELD_ID = b"PARQUET:field_id"
 _DV_FEATURE = "deletionVectors"
 
 READABLE_READER_FEATURES = frozenset({
@@ -88,6 +88,13 @@ class DeltaSource:
         if version is not None and version < 0:  # delta-rs raises OverflowError for these
             raise SourceNotFoundError(f"Delta table {self.uri} has no version {version}: "
                                       "versions start at 0")
+        if version is not None and not self._storage.exists(f"_delta_log/{version:020d}.json"):
+            # delta-rs 1.6 does not return for a version far past the latest (2**31: minutes);
+            # one HEAD answers the usual case, the latest version the rest
+            newest = int(self._open(None).version())
+            if version > newest:
+                raise SourceNotFoundError(f"Delta table {self.uri} has no version {version}: "
+                                          f"its latest is {newest}")
         try:
             return DeltaTable(self.uri, version=version,
                               storage_options=self._storage.delta_options())
@@ -213,8 +220,8 @@ class DeltaRowGroupReader(RowGroupReader):
     def _names(self, column: str) -> tuple[str, PhysicalNames | None]:
         if self.physical is None:
             return column, None
-        name, nested = self.physical.get(column, (column, None))
-        return str(name), nested
+        entry = self.physical.get(column, (column, None))
+        return str(entry[0]), entry[1]
 
     def _file_name(self, handle: Any, path: str | None, column: str) -> str:
         """The file's top-level column holding ``column``.
@@ -224,7 +231,9 @@ class DeltaRowGroupReader(RowGroupReader):
         name: files converted from Iceberg, or written by engines that keep their own names,
         hold the column under another name with the same id. A file without field ids is
         read by physical name (as deltalake 1.6.6 reads every file: by name only). Nested
-        fields are resolved by physical name.
+        struct fields are resolved the same way, each by its own id (``conform``); a list's
+        element and a map's key and value are their parent's only child of that role in
+        Parquet, so they need no id to be found.
         """
         physical = self._names(column)[0]
         if self.field_ids is None or column not in self.field_ids:
@@ -233,9 +242,9 @@ class DeltaRowGroupReader(RowGroupReader):
         if by_id is None:
             by_id = {}
             for field in handle.file.schema_arrow:
-                raw = (field.metadata or {}).get(_PARQUET_FIELD_ID)
-                if raw is not None and raw.strip().lstrip(b"-").isdigit():
-                    by_id[int(raw)] = field.name
+                field_id = parquet_field_id(field)
+                if field_id is not None:
+                    by_id[field_id] = field.name
             if path is not None:
                 if len(self._by_id) >= 1024:
                     self._by_id.clear()
@@ -281,7 +290,8 @@ def _reader(dt: Any, identity: TableIdentity, version: int,
     arrow = pa.schema(dt.schema().to_arrow())
     schema = pa.schema([pa.field(f.name, f.type) for f in arrow])  # no mapping metadata
     mode = dt.metadata().configuration.get(_COLUMN_MAPPING_KEY, "none")
-    physical = _physical_names(fields) if mode not in ("none", None) else None
+    physical = (_physical_names(fields, ids=mode == "id") if mode not in ("none", None)
+                else None)
     ids = ({f["name"]: int(f["metadata"][_FIELD_ID_KEY]) for f in fields
             if _FIELD_ID_KEY in f.get("metadata", {})} if mode == "id" else None)
     return DeltaRowGroupReader(identity, version, schema,
@@ -289,22 +299,30 @@ def _reader(dt: Any, identity: TableIdentity, version: int,
                                field_ids=ids)
 
 
-def _physical_names(fields: list[dict[str, Any]]) -> dict[str, Any]:
-    """Column mapping: logical name -> (physical name, children) from the schema JSON."""
-    return {f["name"]: (f.get("metadata", {}).get(_PHYSICAL_NAME_KEY, f["name"]),
-                        _nested_names(f["type"])) for f in fields}
+def _physical_names(fields: list[dict[str, Any]], *, ids: bool = False) -> dict[str, Any]:
+    """Column mapping: logical name -> (physical name, children) from the schema JSON; with
+    ``ids`` (mode ``id``), (physical name, children, field id) where the field has an id."""
+    out: dict[str, Any] = {}
+    for f in fields:
+        meta = f.get("metadata", {})
+        entry: tuple[Any, ...] = (meta.get(_PHYSICAL_NAME_KEY, f["name"]),
+                                  _nested_names(f["type"], ids=ids))
+        if ids and _FIELD_ID_KEY in meta:
+            entry = (*entry, int(meta[_FIELD_ID_KEY]))
+        out[f["name"]] = entry
+    return out
 
 
-def _nested_names(kind: Any) -> dict[str, Any] | None:
+def _nested_names(kind: Any, *, ids: bool = False) -> dict[str, Any] | None:
     if not isinstance(kind, dict):
         return None
     if kind.get("type") == "struct":
-        return _physical_names(kind["fields"])
+        return _physical_names(kind["fields"], ids=ids)
     if kind.get("type") == "array":
-        return _nested_names(kind["elementType"])
+        return _nested_names(kind["elementType"], ids=ids)
     if kind.get("type") == "map":
-        return {"key": ("key", _nested_names(kind["keyType"])),
-                "value": ("value", _nested_names(kind["valueType"]))}
+        return {"key": ("key", _nested_names(kind["keyType"], ids=ids)),
+                "value": ("value", _nested_names(kind["valueType"], ids=ids))}
     return None
 
 

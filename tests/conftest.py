@@ -68,6 +68,17 @@ def write_delta(uri: str | Path, ranges: Iterable[tuple[int, int]], **kwargs: An
                         **kwargs)
 
 
+def write_one_row_group(uri: str | Path, rows: int) -> str:
+    """ids ``0..rows-1`` (column ``id`` only) as one file of one row group: a range of rows
+    is its ids."""
+    from deltalake import WriterProperties, write_deltalake
+
+    props = WriterProperties(max_row_group_size=rows, write_batch_size=rows)
+    write_deltalake(str(uri), pa.table({"id": np.arange(rows, dtype=np.int64)}),
+                    writer_properties=props)
+    return str(uri)
+
+
 def sql_catalog(root: Path) -> Any:
     """A pyiceberg SqlCatalog on SQLite with its warehouse under ``root``."""
     from pyiceberg.catalog.sql import SqlCatalog

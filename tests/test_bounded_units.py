@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
-from conftest import flat, loader_for, take
-from deltalake import WriterProperties, write_deltalake
+from conftest import flat, loader_for, take, write_one_row_group
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
@@ -27,10 +25,7 @@ ROWS = 600
 @pytest.fixture(scope="module")
 def one_row_group(tmp_path_factory: pytest.TempPathFactory) -> str:
     uri = str(tmp_path_factory.mktemp("one") / "rows")
-    props = WriterProperties(max_row_group_size=ROWS, write_batch_size=ROWS)
-    write_deltalake(uri, pa.table({"id": np.arange(ROWS, dtype=np.int64)}),
-                    writer_properties=props)
-    return uri
+    return write_one_row_group(uri, ROWS)
 
 
 def reader(uri: str, rank: int, **kwargs: Any) -> LakeDataset:

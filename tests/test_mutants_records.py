@@ -7,11 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pytest
-from conftest import loader_for
-from deltalake import WriterProperties, write_deltalake
+from conftest import loader_for, write_one_row_group
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
@@ -24,10 +21,7 @@ ROWS = 600
 def one_row_group(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One 600-row row group, ids 0..599 in row order: a record's range is its ids."""
     uri = str(tmp_path_factory.mktemp("one") / "rows")
-    props = WriterProperties(max_row_group_size=ROWS, write_batch_size=ROWS)
-    write_deltalake(uri, pa.table({"id": np.arange(ROWS, dtype=np.int64)}),
-                    writer_properties=props)
-    return uri
+    return write_one_row_group(uri, ROWS)
 
 
 def test_with_drop_last_the_ledger_records_only_the_rows_delivered_in_each_epoch(

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import write_one_row_group
 from deltalake import WriterProperties, write_deltalake
 
 from lakeckpt_tables import DeltaSource, LakeDataset
@@ -91,10 +92,7 @@ def test_a_piece_names_its_shuffler_in_json_and_legacy_pieces_keep_the_old_form(
 @pytest.fixture(scope="module")
 def one_group(tmp_path_factory: pytest.TempPathFactory) -> str:
     uri = str(tmp_path_factory.mktemp("shuffle") / "rows")
-    props = WriterProperties(max_row_group_size=ROWS, write_batch_size=ROWS)
-    write_deltalake(uri, pa.table({"id": np.arange(ROWS, dtype=np.int64)}),
-                    writer_properties=props)
-    return uri
+    return write_one_row_group(uri, ROWS)
 
 
 def reader(uri: str, **kwargs: Any) -> LakeDataset:

@@ -33,6 +33,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -224,6 +225,7 @@ class _Job:
         self.launcher = launcher
         self.starts = 0
         self.table, self.root, self.out, self.timeout = table, root, out, timeout
+        self.last_named = ""  # the last named error's class and message, as a job wrote it
 
     def start(self, *, nproc: int = 1, crash: str | None = None, out: Path | None = None,
               pause: float = 0.0) -> _Proc:
@@ -248,6 +250,7 @@ class _Job:
             kind, _, rest = text.partition(" ")
             if kind == "named":
                 trial.named.append(rest.split(" ", 1)[0])
+                self.last_named = rest
             elif kind == "unnamed":
                 trial.unnamed.append(rest[:200])
         done = bool(outcomes) and all(t.startswith("done") for t in outcomes)
@@ -265,20 +268,26 @@ class _Job:
                 trial.finished = True
                 return
             if trial.named and trial.named[-1] == "LedgerCorruptError":
-                _repair_ledger(self.root)
+                _repair_ledger(self.root, self.last_named)
 
 
-def _repair_ledger(root: Path) -> None:
-    """The way out LedgerCorruptError names: move unreadable files aside, repair the log."""
+def _repair_ledger(root: Path, message: str) -> None:
+    """The way out LedgerCorruptError names: move the file it names (and any file pyarrow
+    cannot read) aside, then repair the log. A flipped bit in a footer's schema can leave a
+    file pyarrow reads but the ledger cannot: only the error's message names that one."""
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
     ledger = root / "_ledger"
+    named = set(re.findall(r"data file (\S+?\.parquet)", message))
     for path in ledger.glob("*.parquet"):
-        try:
-            pq.read_table(path, page_checksum_verification=True)
-        except Exception:
-            path.rename(root / f"aside-{path.name}")
+        if str(path) not in named:
+            try:
+                pq.read_table(path, page_checksum_verification=True)
+                continue
+            except Exception:
+                pass
+        path.rename(root / f"aside-{path.name}")
     DeltaTable(str(ledger)).repair()
 
 

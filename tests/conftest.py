@@ -79,6 +79,23 @@ def write_one_row_group(uri: str | Path, rows: int) -> str:
     return str(uri)
 
 
+def same_batch(a: Any, b: Any) -> bool:
+    """Equal values of the same type, dtype and shape (2-D stays 2-D, Ragged stays Ragged)."""
+    import torch
+
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_batch(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_batch(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, pa.RecordBatch):
+        return bool(a.equals(b))
+    return bool(a == b)
+
+
 def sql_catalog(root: Path) -> Any:
     """A pyiceberg SqlCatalog on SQLite with its warehouse under ``root``."""
     from pyiceberg.catalog.sql import SqlCatalog

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import torch
-from conftest import Table
+from conftest import Table, same_batch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lakeckpt_tables
@@ -233,21 +233,6 @@ def test_a_chunk_carries_its_rows_only_not_the_window_it_was_cut_from() -> None:
 ALL = ["id", "x", "vec", "tokens", "name"]
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal values of the same type, dtype and shape (2-D stays 2-D, Ragged stays Ragged)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, pa.RecordBatch):
-        return bool(a.equals(b))
-    return bool(a == b)
-
-
 @pytest.mark.parametrize(("batch_size", "output"), [(1, "torch"), (2, "torch"), (7, "arrow")])
 def test_every_column_type_comes_out_as_the_datasets_batches_type_for_type(
     delta_table: Table, batch_size: int, output: str,
@@ -259,7 +244,7 @@ def test_every_column_type_comes_out_as_the_datasets_batches_type_for_type(
                                        num_workers=2))
     got = list(ChunkedLoader(delta_table.dataset(**args), num_workers=2, chunk_rows=40))
     assert len(got) == len(expected)
-    assert all(_same(a, b) for a, b in zip(got, expected, strict=True))
+    assert all(same_batch(a, b) for a, b in zip(got, expected, strict=True))
     if output == "torch":
         kinds = {(type(b["tokens"]), b["tokens"].dim() if isinstance(b["tokens"], torch.Tensor)
                   else 1) for b in got}
@@ -314,7 +299,7 @@ def test_packed_list_batches_cut_back_to_themselves() -> None:
     for j, part in enumerate(parts):
         hi = lo + len(part["s"])
         cut = {name: column.cut(j, lo, hi) for name, column in packed.items()}
-        assert _same(cut, part)
+        assert same_batch(cut, part)
         lo = hi
     assert packed["t"].values.tolist() == [5, 6, 7, 8, 9, 10, 11, 12]  # type: ignore[union-attr]
 
@@ -351,7 +336,7 @@ def test_null_policies_decimals_and_bytes_match_the_dataset(tmp_path: Path, null
 
     expected = list(StatefulDataLoader(dataset(), batch_size=None, num_workers=2))
     got = list(ChunkedLoader(dataset(), num_workers=2, chunk_rows=8))
-    assert all(_same(a, b) for a, b in zip(got, expected, strict=True))
+    assert all(same_batch(a, b) for a, b in zip(got, expected, strict=True))
     assert len(got) == len(expected) == 14  # 20 and 20 rows over 2 workers: 7 batches each
     assert ("label__is_null" in got[0]) == (nulls == "mask")
     assert sorted(i for b in got for i in b["id"].tolist()) == list(range(40))
@@ -367,7 +352,7 @@ def test_pin_memory_is_accepted_and_changes_no_batch(delta_table: Table) -> None
         pinned = list(ChunkedLoader(delta_table.dataset(**args), num_workers=2, chunk_rows=40,
                                     pin_memory=True))
     assert len(pinned) == len(plain) == 112
-    assert all(_same(a, b) for a, b in zip(pinned, plain, strict=True))
+    assert all(same_batch(a, b) for a, b in zip(pinned, plain, strict=True))
     if torch.accelerator.is_available():  # the chunk is pinned once; batches are its views
         assert all(b["id"].is_pinned() for b in pinned)
         assert all(b["tokens"].values.is_pinned() for b in pinned

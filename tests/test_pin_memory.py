@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import torch
-from conftest import Table
+from conftest import Table, same_batch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lakeckpt_tables import Ragged
@@ -30,26 +30,12 @@ def _loaded(table: Table, workers: int, pin: bool, **kwargs: Any) -> list[Any]:
                                        pin_memory=pin))
 
 
-def _same(a: Any, b: Any) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, pa.RecordBatch):
-        return bool(a.equals(b))
-    return bool(a == b)
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_pin_memory_changes_no_batch_of_any_column_type(delta_table: Table, workers: int) -> None:
     plain = _loaded(delta_table, workers, pin=False)
     pinned = _loaded(delta_table, workers, pin=True)
     assert len(pinned) == len(plain)
-    assert all(_same(a, b) for a, b in zip(plain, pinned, strict=True))
+    assert all(same_batch(a, b) for a, b in zip(plain, pinned, strict=True))
     kinds = {type(b["tokens"]) for b in pinned}
     assert Ragged in kinds  # the ragged path was exercised, and stayed Ragged
     assert sorted(i for b in pinned for i in b["id"].tolist()) == delta_table.ids.tolist()
@@ -59,18 +45,18 @@ def test_pin_memory_takes_arrow_output_as_it_is(delta_table: Table) -> None:
     plain = _loaded(delta_table, 0, pin=False, output="arrow")
     pinned = _loaded(delta_table, 0, pin=True, output="arrow")
     assert all(isinstance(b, pa.RecordBatch) for b in pinned)
-    assert all(_same(a, b) for a, b in zip(plain, pinned, strict=True))
+    assert all(same_batch(a, b) for a, b in zip(plain, pinned, strict=True))
 
 
 def test_to_device_moves_every_batch_type_and_keeps_its_shape(delta_table: Table) -> None:
     for batch in _loaded(delta_table, 0, pin=False):
         moved = to_device(batch, "cpu", non_blocking=True)
-        assert _same(moved, batch)
+        assert same_batch(moved, batch)
         assert isinstance(moved["tokens"], (Ragged, torch.Tensor))
     nested = {"pair": (torch.ones(2), Ragged(torch.arange(3), torch.tensor([0, 1, 3]))),
               "names": ["a", "b"], "n": 2}
     moved = to_device(nested, torch.device("cpu"))
-    assert _same(moved, nested) and isinstance(moved["pair"][1], Ragged)
+    assert same_batch(moved, nested) and isinstance(moved["pair"][1], Ragged)
 
 
 def test_a_ragged_moves_both_its_tensors() -> None:
@@ -90,4 +76,4 @@ def test_a_pinned_ragged_stays_ragged_with_both_tensors_pinned() -> None:
     assert isinstance(pinned["t"], Ragged) and pinned["s"] == ["x"]
     assert pinned["t"].values.is_pinned() and pinned["t"].offsets.is_pinned()
     device = torch.accelerator.current_accelerator()
-    assert _same(to_device(pinned, "cpu"), batch) and device is not None
+    assert same_batch(to_device(pinned, "cpu"), batch) and device is not None

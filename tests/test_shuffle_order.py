@@ -25,6 +25,7 @@ from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy
 from lakeckpt_tables.plan.rounds import RoundUnits
 from lakeckpt_tables.plan.shuffle import (
+    BALANCED,
     FEISTEL,
     LEGACY,
     SMALL_WINDOW,
@@ -126,7 +127,7 @@ def test_a_state_that_names_no_shuffler_resumes_to_the_legacy_order(one_group: s
     fresh = reader(one_group)
     assert ids(fresh, limit=3) == new_order[:1500]
     state = fresh.state_dict()
-    assert state["config"]["shuffler"] == FEISTEL
+    assert state["config"]["shuffler"] == BALANCED
     again = reader(one_group)
     again.load_state_dict(state)
     assert ids(again) == new_order[1500:]
@@ -140,7 +141,29 @@ def test_a_state_naming_an_unknown_shuffler_is_refused_by_name(one_group: str) -
     other = reader(one_group)
     with pytest.raises(StateMismatchError, match="shuffler: state has 'zigzag'"):
         other.load_state_dict(state)
-    assert other.shuffler == FEISTEL
+    assert other.shuffler == BALANCED
+
+
+def test_a_state_written_with_the_feistel_shuffler_resumes_to_its_unit_order(
+        one_group: str) -> None:
+    # feistel states order units at random; balanced ones by slot (NOTE [ balanced unit
+    # order ]): with 2 ranks the two orders differ, and a feistel state keeps its own
+    def rank0(shuffler: str | None = None, state: Any = None, limit: int | None = None
+              ) -> tuple[list[int], Any]:
+        dataset = reader(one_group, rank=0, world_size=2, epochs=2)
+        if shuffler is not None:
+            dataset.shuffler = shuffler
+        if state is not None:
+            dataset.load_state_dict(state)
+        return ids(dataset, limit), dataset.state_dict()
+
+    old_order, _ = rank0(FEISTEL)
+    new_order, _ = rank0()
+    assert len(old_order) == len(new_order) == ROWS and old_order != new_order
+    first, state = rank0(FEISTEL, limit=4)
+    assert first == old_order[:2000] and state["config"]["shuffler"] == FEISTEL
+    rest, state = rank0(state=state)
+    assert first + rest == old_order and state["config"]["shuffler"] == FEISTEL
 
 
 def _unit(path: str, group: int, rows: int) -> Unit:
@@ -184,7 +207,7 @@ def test_a_shuffled_read_delivers_its_plan_rows_in_every_column(tmp_path: Path) 
     base = np.concatenate([np.arange(units.first[u], units.first[u] + units.rows[u])
                            for u in plan.order])
     windows = plan.windows(0)
-    assert [w.shuffler for w in windows] == [FEISTEL] and windows[0].size > SMALL_WINDOW
+    assert [w.shuffler for w in windows] == [BALANCED] and windows[0].size > SMALL_WINDOW
     expected = np.concatenate([base[w.rows()] for w in windows])
     delivered = np.concatenate([b["id"].numpy() for b in got])
     assert np.array_equal(delivered, expected)

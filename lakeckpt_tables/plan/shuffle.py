@@ -28,15 +28,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FEISTEL", "LEGACY", "ROUNDS", "SHUFFLERS", "SMALL_WINDOW", "WindowOrder",
+__all__ = ["BALANCED", "FEISTEL", "LEGACY", "ROUNDS", "SHUFFLERS", "SMALL_WINDOW", "WindowOrder",
            "permutation", "window_order"]
 
 LEGACY = "pcg64"
 """``Generator(PCG64(seed)).permutation(n)`` for every window: reader states without a
 shuffler name were made with it."""
 FEISTEL = "feistel"
-"""The keyed permutation of NOTE [ keyed permutation ]: the default."""
-SHUFFLERS = (LEGACY, FEISTEL)
+"""The keyed permutation of NOTE [ keyed permutation ] for windows; units in a plain seeded
+order (reader states written with it keep it)."""
+BALANCED = "balanced"
+"""The default: windows as :data:`FEISTEL`, units in the balanced order of NOTE [ balanced
+unit order ] in ``lakeckpt_tables.plan``."""
+SHUFFLERS = (LEGACY, FEISTEL, BALANCED)
 
 ROUNDS = 4
 """Feistel rounds: four rounds with random round functions (Luby-Rackoff) already look

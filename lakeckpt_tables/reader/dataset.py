@@ -29,7 +29,7 @@ from lakeckpt_tables.plan import (
     EpochPlan,
     Piece,
 )
-from lakeckpt_tables.plan.shuffle import FEISTEL, LEGACY, SHUFFLERS
+from lakeckpt_tables.plan.shuffle import BALANCED, LEGACY, SHUFFLERS
 from lakeckpt_tables.reader._cache import RowGroupCache
 from lakeckpt_tables.reader._torchdata import (
     is_loader_state,
@@ -202,7 +202,7 @@ class LakeDataset(IterableDataset[Batch]):
         self._check_output()
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.epochs, self.drop_last, self.shuffle_window = epochs, drop_last, shuffle_window
-        self.shuffler = FEISTEL  # a loaded state may name another (NOTE [ keyed permutation ])
+        self.shuffler = BALANCED  # a loaded state may name another (NOTE [ keyed permutation ])
         self.transform = transform
         self.rank, self.world_size = rank, world_size
         self.follow = options.follow_policy()

@@ -18,7 +18,7 @@ import numpy as np
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy, replan_rounds
-from lakeckpt_tables.plan.shuffle import FEISTEL
+from lakeckpt_tables.plan.shuffle import BALANCED
 from lakeckpt_tables.plan.validate import layout_problem, position_problem
 from lakeckpt_tables.reader._torchdata import next_worker_in_turn
 from lakeckpt_tables.reader.rounds import Round, RoundSequence, RoundUnits, Tails
@@ -52,7 +52,7 @@ class RoundPlanner:
     refreshes: bool
     rank: int
     where: str
-    shuffler: str = FEISTEL
+    shuffler: str = BALANCED
 
     @property
     def pinned(self) -> bool:

@@ -314,7 +314,8 @@ def _block_size(size: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np
     """The largest of :data:`BLOCK_SIZES` at most ``sqrt(size)``: about as many blocks as
     layers."""
     index = np.searchsorted(BLOCK_SIZES, np.sqrt(size), side="right") - 1
-    return BLOCK_SIZES[np.maximum(index, 0)]
+    sizes: np.ndarray[Any, np.dtype[np.int64]] = BLOCK_SIZES[np.maximum(index, 0)]
+    return sizes
 
 
 def _deal(family: np.ndarray[Any, np.dtype[np.int64]], order: np.ndarray[Any, np.dtype[np.int64]],

@@ -213,6 +213,31 @@ def test_a_transform_runs_in_the_main_process(
     assert got == reference and pids == {os.getpid()}
 
 
+def test_a_worker_reads_on_its_own_thread_without_read_ahead_threads(
+    delta_table: Table, tmp_path: Path, reference: list[list[int]],
+) -> None:
+    # NOTE [ no threads in a worker ]: the forked workers inherit this wrapped read, which
+    # logs the thread each row group is decoded on
+    log = tmp_path / "threads.txt"
+    loader = _chunked(delta_table)
+    dataset = loader.dataset
+    read = dataset._read_unit
+
+    def logged(unit: Any) -> pa.Table:
+        import threading
+
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {threading.current_thread().name}\n")
+        return read(unit)
+
+    dataset._prefetch._read = logged  # the cache's reads go through it
+    assert _ids(loader) == reference
+    lines = log.read_text().split()
+    assert lines and set(lines[1::2]) == {"MainThread"}  # the worker's own thread
+    assert os.getpid() not in {int(p) for p in lines[0::2]} and len(set(lines[0::2])) == 2
+    assert dataset.read_ahead == 2  # the dataset in this process keeps its setting
+
+
 def test_a_chunk_carries_its_rows_only_not_the_window_it_was_cut_from() -> None:
     import pickle
 

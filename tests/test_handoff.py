@@ -403,3 +403,15 @@ def test_a_workers_first_chunks_grow_from_one_batch_to_chunk_rows(delta_table: T
     assert sizes[0] == []  # the start state, before any batch
     assert [sum(r) for r in sizes[1:5]] == [5, 10, 20, 40]  # the first batch waits for one
     assert all(sum(r) == 40 for r in sizes[4:-1]) and sum(map(sum, sizes)) == 387
+
+
+def test_populating_a_fresh_chunk_storage_keeps_it_zero_and_a_refused_call_is_harmless() -> None:
+    from lakeckpt_tables.reader.handoff import _populate
+
+    storage = torch.UntypedStorage._new_shared(1 << 20)  # type: ignore[no-untyped-call]
+    _populate(storage.data_ptr(), 1 << 20)
+    data = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (1 << 20,), (1,))
+    assert not data.any()
+    data[-1] = 7  # still writable, and the write lands
+    assert int(data.sum()) == 7
+    _populate(storage.data_ptr() + 1, 100)  # not page-aligned: the kernel refuses, no error

@@ -213,6 +213,31 @@ def test_a_transform_runs_in_the_main_process(
     assert got == reference and pids == {os.getpid()}
 
 
+def test_a_worker_reads_on_its_own_thread_without_read_ahead_threads(
+    delta_table: Table, tmp_path: Path, reference: list[list[int]],
+) -> None:
+    # NOTE [ no threads in a worker ]: the forked workers inherit this wrapped read, which
+    # logs the thread each row group is decoded on
+    log = tmp_path / "threads.txt"
+    loader = _chunked(delta_table)
+    dataset = loader.dataset
+    read = dataset._read_unit
+
+    def logged(unit: Any) -> pa.Table:
+        import threading
+
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {threading.current_thread().name}\n")
+        return read(unit)
+
+    dataset._prefetch._read = logged  # the cache's reads go through it
+    assert _ids(loader) == reference
+    lines = log.read_text().split()
+    assert lines and set(lines[1::2]) == {"MainThread"}  # the worker's own thread
+    assert os.getpid() not in {int(p) for p in lines[0::2]} and len(set(lines[0::2])) == 2
+    assert dataset.read_ahead == 2  # the dataset in this process keeps its setting
+
+
 def test_a_chunk_carries_its_rows_only_not_the_window_it_was_cut_from() -> None:
     import pickle
 
@@ -378,3 +403,15 @@ def test_a_workers_first_chunks_grow_from_one_batch_to_chunk_rows(delta_table: T
     assert sizes[0] == []  # the start state, before any batch
     assert [sum(r) for r in sizes[1:5]] == [5, 10, 20, 40]  # the first batch waits for one
     assert all(sum(r) == 40 for r in sizes[4:-1]) and sum(map(sum, sizes)) == 387
+
+
+def test_populating_a_fresh_chunk_storage_keeps_it_zero_and_a_refused_call_is_harmless() -> None:
+    from lakeckpt_tables.reader.handoff import _populate
+
+    storage = torch.UntypedStorage._new_shared(1 << 20)  # type: ignore[no-untyped-call]
+    _populate(storage.data_ptr(), 1 << 20)
+    data = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (1 << 20,), (1,))
+    assert not data.any()
+    data[-1] = 7  # still writable, and the write lands
+    assert int(data.sum()) == 7
+    _populate(storage.data_ptr() + 1, 100)  # not page-aligned: the kernel refuses, no error

@@ -135,3 +135,79 @@ def test_read_pieces_cut_only_unshuffled_windows_and_keep_their_rows_in_order() 
     assert [r for p in pieces for r in p.rows().tolist()] == plain.rows().tolist()
     shuffled = Piece(plain.spans, 7, 0, plain.size)
     assert read_pieces(shuffled, unit_rows=3) == [shuffled]
+
+
+# ------------------------------------------------------------------ the row group cache
+# (NOTE [ row group cache ] in reader/_cache.py): read-ahead threads share it
+
+
+def _unit(row_group: int) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(path="f.parquet", row_group=row_group)
+
+
+def test_two_row_groups_decode_at_once_and_one_asked_twice_decodes_once() -> None:
+    import pyarrow as pa
+
+    from lakeckpt_tables.reader._cache import RowGroupCache
+
+    both = threading.Barrier(2, timeout=5)  # broken unless two reads run at the same time
+    calls: list[int] = []
+
+    def read(unit: Any) -> pa.Table:
+        calls.append(unit.row_group)
+        both.wait()
+        return pa.table({"rg": [unit.row_group]})
+
+    cache = RowGroupCache(read)
+    out: dict[str, Any] = {}
+    threads = [threading.Thread(target=lambda n=n, g=g: out.__setitem__(n, cache.get(_unit(g))))
+               for n, g in (("a", 0), ("b", 1), ("c", 0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert sorted(calls) == [0, 1]  # row group 0 once, though two threads asked for it
+    assert out["a"] is out["c"] and out["b"]["rg"].to_pylist() == [1]
+
+
+def test_a_failed_read_raises_in_its_caller_and_is_tried_again_by_the_next() -> None:
+    import pyarrow as pa
+
+    from lakeckpt_tables.reader._cache import RowGroupCache
+
+    fails = [True]
+
+    def read(unit: Any) -> pa.Table:
+        if fails.pop():
+            raise OSError("disk gone")
+        return pa.table({"rg": [unit.row_group]})
+
+    fails.insert(0, False)
+    cache = RowGroupCache(read)
+    with pytest.raises(OSError, match="disk gone"):
+        cache.get(_unit(3))
+    assert cache.get(_unit(3))["rg"].to_pylist() == [3]
+
+
+def test_a_row_group_still_held_is_found_beyond_the_budget_and_one_let_go_is_not() -> None:
+    import pyarrow as pa
+
+    from lakeckpt_tables.reader._cache import RowGroupCache
+
+    calls: list[int] = []
+
+    def read(unit: Any) -> pa.Table:
+        calls.append(unit.row_group)
+        return pa.table({"rg": [unit.row_group] * 1000})
+
+    cache = RowGroupCache(read, budget=0)  # keeps only the last one used
+    held = cache.get(_unit(0))
+    cache.get(_unit(1))
+    cache.get(_unit(2))
+    assert cache.get(_unit(0)) is held  # a pending read holds it: no second decode
+    assert calls == [0, 1, 2]
+    cache.get(_unit(3))
+    assert cache.get(_unit(1))["rg"][0].as_py() == 1  # nobody held it: decoded again
+    assert calls == [0, 1, 2, 3, 1]

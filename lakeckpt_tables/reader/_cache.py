@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -11,21 +12,38 @@ import pyarrow as pa
 
 from lakeckpt_tables.types import Unit
 
-DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
+DEFAULT_BUDGET_BYTES = 64 * 1024 * 1024
 
 
 class RowGroupCache:
-    """The most recently used decoded row groups, within ``budget`` bytes (at least one).
+    """Decoded row groups: every one still held by a reader's pending rows, and the most
+    recently used ones within ``budget`` bytes (at least one).
 
-    A slice reads the parts of a row group one after the other (the plan keeps a group's parts
-    together), so a small budget already reads each row group once per slice and epoch.
+    NOTE [ row group cache ]
+    A slice reads the parts of a row group one after the other (the plan keeps a group's
+    parts together), so a row group is wanted again only by a read that overlaps its first
+    one (the next window, decoding on another read-ahead thread) or follows it at once. The
+    first holds the table until its rows are delivered: a weak reference finds it. The second
+    finds it among the last few used. Keeping more (this was a 512 MB LRU) costs time, not only
+    memory: every pass then decodes into fresh pages the kernel must zero (15% of a token-table
+    pass), where freed ones are reused.
+
+    Read-ahead threads share it: a row group is decoded once however many threads ask for it
+    (the later ones wait for the first), and different row groups decode at once, outside the
+    lock (pyarrow releases the GIL: two cores decode two row groups).
     """
 
     def __init__(self, read: Callable[[Unit], pa.Table],
                  budget: int = DEFAULT_BUDGET_BYTES) -> None:
         self._read = read
         self._budget = budget
-        self._tables: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._tables: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()  # recent ones
+        self._held: weakref.WeakValueDictionary[tuple[str, int], pa.Table] = (
+            weakref.WeakValueDictionary())  # every one still referenced
+        self._reading: dict[tuple[str, int], threading.Event] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -36,34 +54,52 @@ class RowGroupCache:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
-        self._tables = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._reset()
 
     def get(self, unit: Unit) -> pa.Table:
         if self._pid != os.getpid():
             # a forked DataLoader worker: a read-ahead thread of the parent may have held the
             # lock at the fork, and no thread here will ever release it
-            self.__setstate__(self.__getstate__())
-        # read-ahead threads share the cache (and the reader's open files): one at a time
-        with self._lock:
-            return self._get(unit)
-
-    def _get(self, unit: Unit) -> pa.Table:
+            self._reset()
         key = (unit.path, unit.row_group)
-        table = self._tables.get(key)
-        if table is not None:
+        while True:
+            with self._lock:
+                table = self._held.get(key)
+                if table is not None:
+                    self._keep(key, table)
+                    return table
+                busy = self._reading.get(key)
+                if busy is None:
+                    done = self._reading[key] = threading.Event()
+                    break
+            busy.wait()  # another thread decodes it; a failed read is tried again here
+        try:
+            table = self._read(unit)
+        except BaseException:
+            with self._lock:
+                del self._reading[key]
+            done.set()
+            raise
+        with self._lock:
+            del self._reading[key]
+            self._held[key] = table
+            self._keep(key, table)
+        done.set()
+        return table
+
+    def _keep(self, key: tuple[str, int], table: pa.Table) -> None:
+        """``table`` becomes the most recently used (the caller holds the lock)."""
+        if key in self._tables:
             self._tables.move_to_end(key)
-            return table
-        table = self._read(unit)
+            return
         self._tables[key] = table
         self._bytes += table.nbytes
         while len(self._tables) > 1 and self._bytes > self._budget:
             _, old = self._tables.popitem(last=False)
             self._bytes -= old.nbytes
-        return table
 
     def clear(self) -> None:
-        self._tables.clear()
-        self._bytes = 0
+        with self._lock:
+            self._tables.clear()
+            self._held.clear()
+            self._bytes = 0

@@ -40,7 +40,10 @@ the main process only cuts batches out of a chunk, as views. Nothing about the r
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import itertools
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -162,6 +165,7 @@ class _Arena:
             size += shape.numel() * first.element_size()
         storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(  # type: ignore[no-untyped-call]
             size)
+        _populate(storage.data_ptr(), size)
         for (at, shape, dtype), parts in zip(layout, self._runs, strict=True):
             out = torch.empty(0, dtype=dtype)
             out.set_(storage, at // out.element_size(), shape, _strides(shape))
@@ -170,6 +174,32 @@ class _Arena:
             # not every caller does)
             np.concatenate([p.numpy() for p in parts], out=out.numpy())
             self._built.append(out)
+
+
+_MADV_POPULATE_WRITE = 23
+
+
+@functools.cache
+def _madvise() -> Any:
+    """libc's ``madvise`` on Linux, None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _populate(address: int, size: int) -> None:
+    """Map a fresh shared storage's pages in one call rather than one fault per page as the
+    copy first writes them (a quarter of the copy's time: 40 ms instead of 53-60 ms for
+    117 MB). Linux 5.14 or later; elsewhere, or refused, the copy faults them in as before."""
+    madvise = _madvise()
+    if madvise is not None and size:
+        madvise(address, size, _MADV_POPULATE_WRITE)
 
 
 def _strides(shape: torch.Size) -> tuple[int, ...]:
@@ -276,6 +306,12 @@ class _Chunks(IterableDataset[_Chunk]):
         dataset = self.dataset
         info = get_worker_info()
         worker = 0 if info is None else info.id
+        if info is not None:
+            # NOTE [ no threads in a worker ]: the worker processes already keep the cores
+            # busy; read-ahead threads in each only add switching (a worker's pass of half
+            # the token table: 0.29 s of CPU with them, 0.22 s without). Object-store
+            # prefetch (I/O, not decoding) is the dataset's and stays on.
+            dataset.read_ahead = 0
         start = dataset.state_dict()  # the slice and where it starts, before any batch
         g = next(i for i, s in enumerate(ReaderState.from_dict(start).slices) if s is not None)
         yield _Chunk(worker, g, None, [], [], start)

@@ -73,7 +73,10 @@ def test_a_campaign_directory_takes_only_its_own_trials(tmp_path: Path) -> None:
     base = ["chaos", "--trials", "0", "--launch", "exec", "--dir", str(tmp_path)]
     with pytest.raises(SystemExit, match=r"--report reads trials\.jsonl"):
         main(["chaos", "--dir", str(tmp_path), "--report"])
+    before = signal.getsignal(signal.SIGTERM)
     assert main([*base, "--seed", "3"]) == 0
+    # its SIGTERM handler ends with the campaign: later work (tests, forked workers) keeps its own
+    assert signal.getsignal(signal.SIGTERM) is before
     with pytest.raises(SystemExit, match="campaign with seed 3 and scenarios kill,"):
         main([*base, "--seed", "4"])
     # a trial line cut short by a killed campaign is run again, and the next line stays whole

@@ -595,31 +595,35 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     _end_line(base / _RESULTS)
     # SIGTERM (as SIGINT) ends the campaign cleanly: its jobs are killed, its trials kept
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with lock, ThreadPoolExecutor(args.jobs) as pool, open(base / _RESULTS, "a") as results:
-        running: set[Future[Trial]] = set()
-        try:
-            while True:
-                for k in todo:
-                    running.add(pool.submit(_run_one, k, args.seed, scenarios, base,
-                                            args.timeout, launcher, code))
-                    if len(running) >= args.jobs:
+    # (restored after: a campaign run inside another program, a test, leaves its handler be)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with lock, ThreadPoolExecutor(args.jobs) as pool, open(base / _RESULTS, "a") as results:
+            running: set[Future[Trial]] = set()
+            try:
+                while True:
+                    for k in todo:
+                        running.add(pool.submit(_run_one, k, args.seed, scenarios, base,
+                                                args.timeout, launcher, code))
+                        if len(running) >= args.jobs:
+                            break
+                    if not running:
                         break
-                if not running:
-                    break
-                ended, running = wait(running, return_when=FIRST_COMPLETED)
-                for future in ended:
-                    trial = future.result()  # a failure of the campaign itself stops it
-                    done[trial.index] = trial
-                    results.write(json.dumps(asdict(trial)) + "\n")
-                    results.flush()
-                    if args.output == "table":
-                        _print(trial)
-                        if len(done) % 25 == 0:
-                            _tally(list(done.values()))
-        except BaseException:
-            launcher.stop()
-            raise
+                    ended, running = wait(running, return_when=FIRST_COMPLETED)
+                    for future in ended:
+                        trial = future.result()  # a failure of the campaign itself stops it
+                        done[trial.index] = trial
+                        results.write(json.dumps(asdict(trial)) + "\n")
+                        results.flush()
+                        if args.output == "table":
+                            _print(trial)
+                            if len(done) % 25 == 0:
+                                _tally(list(done.values()))
+            except BaseException:
+                launcher.stop()
+                raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return _report([done[k] for k in sorted(done)], time.monotonic() - t0, resumed, args.output)
 
 

@@ -22,9 +22,9 @@ Both loops read the same units in the same order with ``read_row_group(..., colu
 and end each batch as a dict of tensors. The raw loop keeps its Parquet handles open across
 passes and cuts batches within each row group (a row group's last batch may be short); the
 reader cuts exact batches across row groups, which is part of the work a reader must do.
-Each pass gets a fresh dataset: a dataset keeps the row groups it decoded
-(``reader/_cache.py``, up to 512 MB), so its second pass over a table that fits would decode
-nothing (measured: 3.5x the raw loop, which decodes on every pass). The reader runs without
+Each pass gets a fresh dataset: a dataset keeps the last row groups it decoded
+(``reader/_cache.py``, up to 64 MB), so its second pass over a table that fits would decode
+little or nothing, where the raw loop decodes on every pass. The reader runs without
 read-ahead: its threads would decode while another loop is timed, and the process's CPU
 clock (NOTE [ interleaving ]) would charge that loop for them. What read-ahead gains shows in
 wall-clock figures taken one loop at a time (``bench peers``, the loader grid).

@@ -211,3 +211,36 @@ def test_a_row_group_still_held_is_found_beyond_the_budget_and_one_let_go_is_not
     cache.get(_unit(3))
     assert cache.get(_unit(1))["rg"][0].as_py() == 1  # nobody held it: decoded again
     assert calls == [0, 1, 2, 3, 1]
+
+
+def _read_in_forked_child(cache: Any, result: Any) -> None:
+    out: dict[int, Any] = {}
+    threads = [threading.Thread(target=lambda g=g: out.__setitem__(g, cache.get(_unit(g))))
+               for g in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    result.put(sorted(int(t["rg"][0].as_py()) for t in out.values()))
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_worker_starts_with_an_empty_cache_whatever_the_parent_held() -> None:
+    # the parent forks while one of its threads holds the lock and decodes row group 0: the
+    # child's threads must neither wait for that read nor reset the cache under each other
+    import multiprocessing
+
+    import pyarrow as pa
+
+    from lakeckpt_tables.reader._cache import RowGroupCache
+
+    cache = RowGroupCache(lambda unit: pa.table({"rg": [unit.row_group]}))
+    cache._reading[("f.parquet", 0)] = threading.Event()  # a read in flight at the fork
+    context = multiprocessing.get_context("fork")
+    result = context.Queue()
+    with cache._lock:
+        child = context.Process(target=_read_in_forked_child, args=(cache, result))
+        child.start()
+    assert result.get(timeout=30) == [0, 1]
+    child.join(timeout=30)
+    assert child.exitcode == 0

@@ -14,6 +14,20 @@ from lakeckpt_tables.types import Unit
 
 DEFAULT_BUDGET_BYTES = 64 * 1024 * 1024
 
+_CACHES: weakref.WeakSet[RowGroupCache] = weakref.WeakSet()
+
+
+def _empty_in_child() -> None:
+    """A forked process (a DataLoader worker) starts every cache empty, before any of its
+    threads runs: a read-ahead thread of the parent may have held a lock or a pending read at
+    the fork, and no thread here will ever finish it. (Checked lazily instead, by the first
+    threads to call ``get``, two of them could each reset the cache under the other.)"""
+    for cache in list(_CACHES):
+        cache._reset()
+
+
+os.register_at_fork(after_in_child=_empty_in_child)
+
 
 class RowGroupCache:
     """Decoded row groups: every one still held by a reader's pending rows, and the most
@@ -38,6 +52,7 @@ class RowGroupCache:
         self._read = read
         self._budget = budget
         self._reset()
+        _CACHES.add(self)
 
     def _reset(self) -> None:
         self._tables: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()  # recent ones
@@ -46,7 +61,6 @@ class RowGroupCache:
         self._reading: dict[tuple[str, int], threading.Event] = {}
         self._bytes = 0
         self._lock = threading.Lock()
-        self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, object]:
         # crosses into spawned DataLoader workers empty: decoded tables stay in their process
@@ -55,12 +69,9 @@ class RowGroupCache:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._reset()
+        _CACHES.add(self)
 
     def get(self, unit: Unit) -> pa.Table:
-        if self._pid != os.getpid():
-            # a forked DataLoader worker: a read-ahead thread of the parent may have held the
-            # lock at the fork, and no thread here will ever release it
-            self._reset()
         key = (unit.path, unit.row_group)
         while True:
             with self._lock:

@@ -107,6 +107,7 @@ __all__ = [
     "reader_pass",
     "run_read_bench",
     "simulated_state",
+    "table_batches",
 ]
 
 DEFAULT_ROWS = 10_000_000
@@ -135,15 +136,19 @@ def raw_batches(
     batch_size: int,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The raw batch limit: read each row group, cut batches, hand columns to torch zero-copy."""
-    cols = list(columns)
     for path, row_group in units:
-        table = handles[path].read_row_group(row_group, columns=cols)
-        arrays = [_one_array(table.column(c)) for c in cols]
-        n = table.num_rows
-        for start in range(0, n, batch_size):
-            length = min(batch_size, n - start)
-            yield {c: torch.from_numpy(a.slice(start, length).to_numpy(zero_copy_only=True))
-                   for c, a in zip(cols, arrays, strict=True)}
+        yield from table_batches(handles[path].read_row_group(row_group, columns=list(columns)),
+                                 columns, batch_size)
+
+
+def table_batches(table: pa.Table, columns: Sequence[str],
+                  batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+    """``table`` cut into batches of ``batch_size`` rows, columns handed to torch zero-copy."""
+    arrays = [_one_array(table.column(c)) for c in columns]
+    for start in range(0, table.num_rows, batch_size):
+        length = min(batch_size, table.num_rows - start)
+        yield {c: torch.from_numpy(a.slice(start, length).to_numpy(zero_copy_only=True))
+               for c, a in zip(columns, arrays, strict=True)}
 
 
 def raw_pass(

@@ -17,7 +17,7 @@ epoch; bounded plan units (NOTE [ bounded units ] in ``reader/rounds.py``) must 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,17 +79,6 @@ def one_row_group_table(root: str | Path, rows: int) -> str:
     return uri
 
 
-def _gathered_batches(handle: pq.ParquetFile, columns: list[str], batch_size: int,
-                      index: np.ndarray) -> Iterable[dict[str, torch.Tensor]]:
-    """The raw read, gathered by ``index`` in one take: what a per-row shuffle cannot beat."""
-    taken = handle.read_row_group(0, columns=columns).take(index)
-    arrays = [taken.column(c).chunk(0) for c in columns]
-    for start in range(0, taken.num_rows, batch_size):
-        length = min(batch_size, taken.num_rows - start)
-        yield {c: torch.from_numpy(a.slice(start, length).to_numpy(zero_copy_only=True))
-               for c, a in zip(columns, arrays, strict=True)}
-
-
 def _spearman(ids: np.ndarray) -> float:
     position = np.arange(len(ids), dtype=np.float64)
     ranks = np.empty(len(ids), dtype=np.float64)
@@ -126,11 +115,16 @@ def measure_shuffle(root: str | Path, *, rows: int = 500_000, world_size: int = 
         first, second = _rank_epochs(uri, rank, world_size, batch_size, unit_rows)
         overlaps.append(len(np.intersect1d(first, second)) / len(first))
         rhos.append(abs(_spearman(first)))
-    from lakeckpt_tables.bench.read import raw_batches  # the same raw limit as bench read
+    from lakeckpt_tables.bench.read import raw_batches, table_batches  # bench read's raw limit
 
     path = DeltaSource(uri).snapshot().units[0].path
     handles = {path: pq.ParquetFile(path)}
     index = np.random.default_rng(0).permutation(rows)
+
+    def gathered() -> Iterator[dict[str, torch.Tensor]]:
+        # the raw read gathered by a free permutation, read when iterated (inside the clock)
+        table = handles[path].read_row_group(0, columns=["id", "x"]).take(index)
+        yield from table_batches(table, ["id", "x"], batch_size)
 
     def loops() -> dict[str, Iterable[Mapping[str, torch.Tensor]]]:
         # read_ahead=0: its threads would decode while the raw loop is timed
@@ -138,7 +132,7 @@ def measure_shuffle(root: str | Path, *, rows: int = 500_000, world_size: int = 
                                seed=1, unit_rows=unit_rows, read_ahead=0)
         return {"raw": raw_batches(handles, [(path, 0)], ["id", "x"], batch_size),
                 "shuffled": shuffled,
-                "gathered": _gathered_batches(handles[path], ["id", "x"], batch_size, index)}
+                "gathered": gathered()}
 
     runs = interleaved_rounds(loops, "id", {"raw": rows, "shuffled": rows, "gathered": rows},
                               rounds=rounds, min_seconds=min_seconds)

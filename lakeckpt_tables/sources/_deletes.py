@@ -17,6 +17,7 @@ import pyarrow as pa
 
 __all__ = ["Deletes", "select_live"]
 
+
 def select_live(table: pa.Table, keep: np.ndarray[Any, Any]) -> pa.Table:
     """The rows of ``table`` that ``keep`` (a numpy bool mask) marks live.
 

@@ -124,7 +124,8 @@ def test_a_damaged_page_met_inside_a_query_is_a_named_error_naming_the_file(
     ledger.compact()
     data = _live_file(root)
     damaged = bytearray(data.read_bytes())
-    for k in range(8, len(damaged) // 2, 97):  # pages, not the footer: the file still opens
+    footer = len(damaged) - 8 - int.from_bytes(damaged[-8:-4], "little")
+    for k in range(8, footer, 97):  # pages, not the footer: the file still opens
         damaged[k] ^= 0x10
     data.write_bytes(bytes(damaged))
     read_ledger(str(tmp_path))  # the footer is intact: the damage is met by the scan

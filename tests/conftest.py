@@ -9,9 +9,11 @@ The helpers below are imported by the reader test modules (``from conftest impor
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
-from collections.abc import Callable, Iterable, Sequence
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,6 +187,30 @@ def loader_for(dataset: LakeDataset, workers: int) -> Any:
 def take(loader: Any, limit: int | None = None) -> list[list[int]]:
     """The id column of the next ``limit`` batches (all when None), without fetching more."""
     return [batch["id"].tolist() for batch in itertools.islice(loader, limit)]
+
+
+@contextlib.contextmanager
+def raised_in_workers(expected: type[BaseException], match: str) -> Iterator[None]:
+    """``pytest.raises`` for an error a DataLoader worker raised, then the workers shut down.
+
+    torch re-raises a worker's error from a frame that holds it, so the error, its traceback
+    and the loader's iterator form a reference cycle. The cyclic garbage collector clears the
+    weak references of the iterator's queues before the iterator's ``__del__`` runs, so their
+    feeder threads have ended when ``__del__`` sends each worker its stop signal: it waits 5 s
+    per worker before terminating it, inside whichever later test the collector ran in. So the
+    workers are shut down here, and the finished frames cleared to break the cycle (it also
+    held every loader of the test's frame).
+    """
+    with pytest.raises(expected, match=match) as info:
+        yield
+    tb = info.tb
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if callable(getattr(owner, "_shutdown_workers", None)):
+            owner._shutdown_workers()
+        tb = tb.tb_next
+    traceback.clear_frames(info.tb)
+    del info, owner  # this frame is in the traceback too
 
 
 def flat(batches: Iterable[Sequence[int]]) -> list[int]:

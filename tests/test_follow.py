@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import flat, loader_for, sql_catalog, take
+from conftest import flat, loader_for, raised_in_workers, sql_catalog, take
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
@@ -412,7 +412,7 @@ def test_a_resumed_follower_after_until_version_yields_nothing_more(tiny: Writte
         again = loader_for(_follow(tiny, until_version=60), workers)
         again.load_state_dict(saved)
         if workers:
-            with pytest.raises(ResumePathError, match="at the end of its pass"):
+            with raised_in_workers(ResumePathError, "at the end of its pass"):
                 take(again)
         else:
             assert _bounded(lambda a=again: take(a)) == []

@@ -72,7 +72,8 @@ def test_a_resumed_reader_reads_only_the_row_groups_still_needed(
     assert sorted(resumed.reads) == sorted(needed_units(source, args, len(flat(head))))
 
 
-def test_resuming_at_90_percent_reads_about_a_tenth_of_the_row_groups(source: Table) -> None:
+def test_resuming_at_90_percent_reads_only_the_row_groups_of_the_last_tenth(
+        source: Table) -> None:
     args = {"batch_size": 10, "shuffle_window": 1, "seed": 4}
     loader = loader_for(counting(source, **args), 0)
     batches = take(loader, int(0.9 * source.rows / 10))
@@ -81,7 +82,10 @@ def test_resuming_at_90_percent_reads_about_a_tenth_of_the_row_groups(source: Ta
     rest = take(loader_for(resumed, 0))
     units = len(resumed.snapshot.units)
     assert len(flat(batches)) + len(flat(rest)) == source.rows
-    assert len(resumed.reads) <= 0.1 * units + 2
+    assert sorted(resumed.reads) == sorted(needed_units(source, args, len(flat(batches))))
+    # The last 47 of 387 rows and the begun row group: 5 of 25 row groups at most, even when
+    # the five smallest come last (Iceberg's file names, and so the unit order, vary per table).
+    assert len(resumed.reads) <= units // 5
 
 
 @pytest.mark.parametrize(("workers", "steps"), [(0, 14), (2, 22)])

@@ -205,12 +205,15 @@ def raised_in_workers(expected: type[BaseException], match: str) -> Iterator[Non
         yield
     tb = info.tb
     while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        if callable(getattr(owner, "_shutdown_workers", None)):
-            owner._shutdown_workers()
+        # only the loader's frames: f_locals caches a snapshot of a frame's locals on it, and
+        # a snapshot of the re-raising frame (or of this one) would hold the error again
+        if tb.tb_frame.f_code.co_filename.endswith("dataloader.py"):
+            owner = tb.tb_frame.f_locals.get("self")
+            if callable(getattr(owner, "_shutdown_workers", None)):
+                owner._shutdown_workers()
         tb = tb.tb_next
     traceback.clear_frames(info.tb)
-    del info, owner  # this frame is in the traceback too
+    del info  # this frame is in the traceback too
 
 
 def flat(batches: Iterable[Sequence[int]]) -> list[int]:

@@ -415,3 +415,25 @@ def test_populating_a_fresh_chunk_storage_keeps_it_zero_and_a_refused_call_is_ha
     data[-1] = 7  # still writable, and the write lands
     assert int(data.sum()) == 7
     _populate(storage.data_ptr() + 1, 100)  # not page-aligned: the kernel refuses, no error
+
+
+def test_a_worker_error_stops_every_worker_before_it_reaches_the_loop(tmp_path: Path) -> None:
+    """A data file gone after the snapshot was pinned: the worker's named error reaches the loop
+    and the workers are already stopped (torch's re-raise holds the DataLoader's iterator in a
+    reference cycle; left to the garbage collector, its shutdown waits 5 s per worker)."""
+    import multiprocessing
+
+    from conftest import file_ranges, write_delta
+
+    from lakeckpt_tables import DeltaSource, LakeDataset
+    from lakeckpt_tables.errors import PinnedFileMissingError
+
+    uri = tmp_path / "rows"
+    write_delta(uri, file_ranges())
+    dataset = LakeDataset(DeltaSource(str(uri)), columns=["id"], batch_size=7)
+    for data in uri.glob("*.parquet"):
+        data.unlink()
+    before = set(multiprocessing.active_children())
+    with pytest.raises(PinnedFileMissingError, match=r"\.parquet of the pinned version is gone"):
+        list(ChunkedLoader(dataset, num_workers=2))
+    assert set(multiprocessing.active_children()) <= before

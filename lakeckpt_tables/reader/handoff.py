@@ -412,6 +412,14 @@ class ChunkedLoader:
                             multiprocessing_context=self.multiprocessing_context,
                             collate_fn=_as_is)
         chunks = iter(loader)
+        try:
+            yield from self._deliver(chunks)
+        finally:  # left, ended or failed: the workers stop now
+            _stop_workers(chunks)
+
+    def _deliver(self, chunks: Iterator[_Chunk]) -> Iterator[Any]:
+        """The batches of the workers' chunks, in the order of a StatefulDataLoader's
+        round-robin over the workers' batches."""
         workers = self.num_workers
         pending: list[deque[tuple[_Chunk, int, int, int]]] = [deque() for _ in range(workers)]
         self._delivered = {}
@@ -458,6 +466,20 @@ class ChunkedLoader:
         next iteration continues it (``dataset.load_state_dict``)."""
         self.dataset.load_state_dict(state)
         self._delivered = {}
+
+
+def _stop_workers(chunks: Iterator[Any]) -> None:
+    """Stop the DataLoader's workers now rather than when its iterator is collected.
+
+    A worker's error is re-raised by a frame that holds it, so the error, its traceback and the
+    DataLoader's iterator form a reference cycle. Left to the cyclic garbage collector, which
+    clears the weak references of the iterator's queues before its ``__del__`` runs, the stop
+    signal is never sent and ``__del__`` waits 5 s per worker before terminating it, at some
+    later step of the loop. Stopping twice is harmless: the iterator stops once.
+    """
+    stop = getattr(chunks, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
 
 
 def _batches_of(chunk: _Chunk) -> Iterator[tuple[_Chunk, int, int, int]]:

@@ -118,9 +118,10 @@ def test_progress_per_run_in_json_and_csv(root: tuple[Path, list[SimulatedRun]],
     code, out, _ = _run(["progress", str(path)], capsys)
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()
              if line.startswith("│")]
-    assert code == 0 and [c[:3] + c[4:7] for c in cells] == [
+    assert code == 0 and [c[:3] + c[5:8] for c in cells] == [
         ["a", "0", "0", "400", "400", "100"], ["a", "0", "1", "400", "400", "100"],
         ["b", "0", "0", "120", "400", "30"]]
+    assert [c[3] for c in cells[:2]] == ["done", "done"] and cells[2][3] in ("running", "stale")
 
 
 def test_piping_into_head_ends_quietly(root: tuple[Path, list[SimulatedRun]]) -> None:
@@ -223,8 +224,13 @@ def test_tag_gc_and_maintain(table: Path, tmp_path: Path,
     done = _json(["gc", str(tmp_path), "--keep-last", "2"], capsys)
     assert sorted(r["location"] for r in done) == want
     assert not (tmp_path / "g" / "step-orphan").exists()
+    # the checkpoints gc removed the files of are shown removed: not restorable any more
+    shown = _json(["checkpoints", str(tmp_path)], capsys)
+    assert [(r["step"], r["status"], r["restorable"]) for r in shown] == [
+        (1, "committed", True), (2, "removed", False), (3, "removed", False),
+        (4, "committed", True), (5, "committed", True)]
     compacted = _json(["maintain", str(tmp_path)], capsys)
-    assert compacted[0]["rows_before"] == compacted[0]["rows_after"] == 6
+    assert compacted[0]["rows_before"] == compacted[0]["rows_after"] == 8  # + 2 removed events
     assert len(_json(["checkpoints", str(tmp_path)], capsys)) == 5
 
 

@@ -41,7 +41,12 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``lakeckpt`` console script."""
+    """Entry point of the ``lakeckpt`` console script.
+
+    Expected failures (the library's named errors, a store or catalog that cannot be reached,
+    a file that cannot be written) end in one line on stderr, credentials removed, and exit
+    status 2; a bug still shows its traceback.
+    """
     parser = argparse.ArgumentParser(prog="lakeckpt", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, help_text) in _COMMANDS.items():
@@ -56,9 +61,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = int(command.run(cmd_args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at exit
         return status
-    except LakeckptError as exc:
-        print(f"lakeckpt {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         # the reader of our output went away (`| head`): not an error, and no traceback when
         # Python flushes stdout at exit
@@ -67,13 +69,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        if not _ledger_scan_failed(exc):
+        named = _named(exc, cmd_args)
+        if named is None:
             raise
+        from lakeckpt_tables.cli._options import redact, secrets_of
+
+        print(f"lakeckpt {args.command}: error: {redact(named, secrets_of(cmd_args))}",
+              file=sys.stderr)
+        return 2
+
+
+# modules whose exceptions are expected failures of a store, a catalog or a query
+_EXPECTED = ("deltalake", "pyiceberg", "sqlalchemy", "duckdb", "pyarrow", "botocore", "s3fs",
+             "fsspec", "aiobotocore", "psycopg")
+
+
+def _named(exc: Exception, args: argparse.Namespace) -> str | None:
+    """The one line an expected failure is told in; None for a bug (it keeps its traceback)."""
+    if _ledger_scan_failed(exc):
         from lakeckpt_tables.audit._target import damage_error
 
-        named = damage_error(getattr(cmd_args, "target", None), exc)
-        print(f"lakeckpt {args.command}: error: {named}", file=sys.stderr)
-        return 2
+        return str(damage_error(getattr(args, "target", None), exc))
+    module = type(exc).__module__.lstrip("_").split(".")[0]
+    if isinstance(exc, LakeckptError):
+        text = str(exc)
+    elif isinstance(exc, OSError) or module in _EXPECTED:
+        text = f"{type(exc).__name__}: {exc}"
+    else:
+        return None
+    text = " ".join(text.split())
+    if len(text) > 600:
+        text = text[:600] + " [...]"
+    return text + _hint(exc, args)
+
+
+def _hint(exc: Exception, args: argparse.Namespace) -> str:
+    """How to pass storage options, when a store failed and none were given."""
+    from lakeckpt_tables.cli._options import ENV_STORAGE_OPTIONS, remote, storage_options
+    from lakeckpt_tables.errors import AuditError, LedgerCorruptError, LedgerError, StorageError
+
+    target = getattr(args, "target", None)
+    if isinstance(exc, AuditError | LedgerCorruptError) or not remote(target):
+        return ""
+    if not isinstance(exc, StorageError | LedgerError | OSError) and \
+            type(exc).__module__.split(".")[0] not in ("deltalake", "botocore", "s3fs"):
+        return ""
+    try:
+        given = storage_options(args) is not None
+    except LakeckptError:
+        given = True
+    if given:
+        return ". Check the endpoint and credentials of the storage options"
+    return (f". {target} is on an object store and no storage options were given: pass "
+            f"--storage-options JSON (or @FILE.json), or set {ENV_STORAGE_OPTIONS}")
 
 
 def _ledger_scan_failed(exc: Exception) -> bool:

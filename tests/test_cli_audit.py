@@ -254,3 +254,87 @@ def test_progress_watch_shows_again_until_told_to_stop(root: tuple[Path, list[Si
                          "csv"], capsys)
     assert code == 0
     assert out.count("run_id,segment,epoch") == 3
+
+
+def test_audit_where_without_table_uses_each_runs_own_table(
+        root: tuple[Path, list[SimulatedRun]], table: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = root
+    told = _json(["audit", str(path), "--where", "user_id = 42", "--table", str(table)], capsys)
+    found = _json(["audit", str(path), "--where", "user_id = 42"], capsys)
+    assert found == told and [r["run_id"] for r in found] == ["a", "b"]
+
+
+def test_verify_names_its_finished_passes_readably(root: tuple[Path, list[SimulatedRun]],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = root
+    code, out, _ = _run(["verify", str(path), "--output", "csv"], capsys)
+    rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert code == 0 and rows["a"]["finished_passes"] == "segment 0 epochs 0-1"
+    assert rows["b"]["finished_passes"] == "none"
+    verdicts = _json(["verify", str(path), "--run", "a"], capsys)
+    assert verdicts[0]["finished_passes"] == [{"segment": 0, "epoch": 0},
+                                              {"segment": 0, "epoch": 1}]
+
+
+def test_rates_are_never_printed_in_scientific_notation(
+        root: tuple[Path, list[SimulatedRun]], capsys: pytest.CaptureFixture[str]) -> None:
+    from lakeckpt_tables.cli._output import _text
+
+    assert (_text(1234567.8), _text(96.5), _text(0.00012)) == ("1,234,568", "96.5", "0.00012")
+    assert (_text(1234567.8, plain=True), _text(1.5e-05, plain=True)) == ("1234567.8",
+                                                                           "0.000015")
+    path, _ = root
+    for fmt in ("table", "csv"):
+        code, out, _ = _run(["progress", str(path), "--output", fmt], capsys)
+        assert code == 0 and "e+" not in out and "e-" not in out
+
+
+def test_an_iceberg_source_is_found_in_the_catalog_the_ledger_records_or_the_one_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from lakeckpt_tables import IcebergSource
+
+    monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))  # an empty default catalog
+    uri = f"sqlite:///{tmp_path}/j.db"
+    jcat = SqlCatalog("jcat", uri=uri, warehouse=f"file://{tmp_path}/wh")
+    jcat.create_namespace("data")
+    events = jcat.create_table("data.events", schema=pa.schema([("id", pa.int64())]),
+                               properties={"write.parquet.row-group-limit": "25"})
+    events.append(pa.table({"id": np.arange(60, dtype=np.int64)}))
+    ledger = DeltaLedger(str(tmp_path / "ck" / "_ledger"))
+    run = SimulatedRun(lambda: IcebergSource("data.events", catalog=jcat), ledger, "ice",
+                       world=1, batch=6, window=2)
+    while run.train(4):
+        run.checkpoint()
+    if run.pending:
+        run.checkpoint()
+    target = str(tmp_path / "ck")
+    for command in (["verify"], ["audit", "--where", "id = 7"]):
+        code, _, err = _run([*command, target], capsys)
+        assert code == 2 and err.count("\n") == 1 and "--source-catalog" in err, err
+        assert "'jcat'" not in err  # the catalogs searched are named: the default, not jcat
+        code, _, err = _run([*command, target, "--source-catalog", uri, "--output", "json"],
+                              capsys)
+        assert code == 0, err
+    assert _json(["verify", target, "--source-catalog", uri], capsys)[0]["ok"] is True
+    assert [r["rows"] for r in _json(["audit", target, "--where", "id = 7", "--source-catalog",
+                                      uri], capsys)] == [1]
+    assert _run(["report", target, "-o", str(tmp_path / "r.html"), "--source-catalog", uri],
+                capsys)[0] == 0
+    # the ledger records the source's catalog by name: found without being told
+    monkeypatch.setenv("PYICEBERG_CATALOG__JCAT__TYPE", "sql")
+    monkeypatch.setenv("PYICEBERG_CATALOG__JCAT__URI", uri)
+    import pyiceberg.catalog
+    from pyiceberg.utils.config import Config
+
+    # pyiceberg reads its environment once, at import: as a new process would, read it again
+    monkeypatch.setattr(pyiceberg.catalog, "_ENV_CONFIG", Config())
+    source = run.run.records[0].source
+    assert source is not None
+    ledger.record_events("ice", [LedgerEvent("source", {
+        **source.to_json(), "catalog": "jcat"})])
+    assert _json(["verify", target], capsys)[0]["ok"] is True

@@ -177,7 +177,8 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
         source = open_source(state.table.format, state.table.location, catalog=snapshot.catalog,
                              table_id=state.table.table_id, storage_options=storage_options,
                              source_catalog=source_catalog,
-                             recorded_catalog=recorded.get(state.table.location))
+                             recorded_catalog=recorded.get(state.table.location,
+                                                          recorded.get(state.table.table_id)))
     follow = config.get("follow")
     kwargs: dict[str, Any] = {}
     if isinstance(follow, dict):

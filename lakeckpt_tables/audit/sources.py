@@ -87,7 +87,10 @@ def _catalogs(source_catalog: Any, recorded: str | None, ledger_catalog: Any) ->
 
     if source_catalog is not None:
         # told explicitly: the only one searched, so a wrong name is not hidden by a fallback
-        yield load_catalog(source_catalog)
+        if isinstance(source_catalog, str) and "://" in source_catalog:
+            yield from _sql_catalogs(source_catalog)
+        else:
+            yield load_catalog(source_catalog)
         return
     seen: set[str] = set()
     if recorded:
@@ -107,6 +110,27 @@ def _catalogs(source_catalog: Any, recorded: str | None, ledger_catalog: Any) ->
         yield load_catalog(None)
 
 
+def _sql_catalogs(uri: str) -> Iterable[Any]:
+    """Every catalog a SQL catalog database at ``uri`` holds: a pyiceberg SQL catalog sees
+    only the tables of its own name, and a URI does not say which name wrote them."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakeckpt_tables.audit.registry import load_catalog
+
+    first = load_catalog(uri)
+    yield first
+    try:
+        import sqlalchemy
+
+        with first.engine.connect() as connection:
+            names = [r[0] for r in connection.execute(sqlalchemy.text(
+                "SELECT DISTINCT catalog_name FROM iceberg_tables"))]
+    except Exception:  # not pyiceberg's schema (or no table yet): only the catalog loaded
+        return
+    for name in sorted(set(names) - {first.name}):
+        yield SqlCatalog(name, uri=uri)
+
+
 def _find(catalog: Any, location: str, table_id: str | None) -> tuple[str, ...] | None:
     from lakeckpt_tables.sources.base import local_path_or_uri
 
@@ -121,7 +145,8 @@ def _find(catalog: Any, location: str, table_id: str | None) -> tuple[str, ...] 
 
 
 def recorded_catalogs(scan: Callable[[Any, list[str]], Any]) -> dict[str, str]:
-    """Source location -> the catalog name the ledger's ``source`` events record for it.
+    """Source location (and table id) -> the catalog name the ledger's ``source`` events
+    record for it.
 
     Args:
         scan: reads the ledger rows matching a filter, with the given columns (a
@@ -138,6 +163,8 @@ def recorded_catalogs(scan: Callable[[Any, list[str]], Any]) -> dict[str, str]:
                   [s.DETAIL])
     for text in events[s.DETAIL].to_pylist():
         detail = json.loads(text or "{}")
-        if detail.get("location") and detail.get("catalog"):
-            found[str(detail["location"])] = str(detail["catalog"])
+        if detail.get("catalog"):
+            for key in ("location", "table_id"):
+                if detail.get(key):
+                    found[str(detail[key])] = str(detail["catalog"])
     return found

@@ -90,7 +90,8 @@ def trained_on(target: Any, predicate: str, table: str | None = None, *, catalog
             sources[identity.table_id] = open_source(
                 identity.format, identity.location, catalog=snapshot.catalog,
                 table_id=identity.table_id, storage_options=storage_options,
-                source_catalog=source_catalog, recorded_catalog=recorded.get(identity.location))
+                source_catalog=source_catalog,
+                recorded_catalog=recorded.get(identity.location, recorded.get(identity.table_id)))
         parent = by_id.get((record.run_id, record.parent_id or ""))
         replayed = checkpoint_rows(record, parent, snapshot,
                                    source=sources[identity.table_id],

@@ -92,15 +92,27 @@ def _named(exc: Exception, args: argparse.Namespace) -> str | None:
         return str(damage_error(getattr(args, "target", None), exc))
     module = type(exc).__module__.lstrip("_").split(".")[0]
     if isinstance(exc, LakeckptError):
-        text = str(exc)
+        text = " ".join(str(exc).split())
     elif isinstance(exc, OSError) or module in _EXPECTED:
-        text = f"{type(exc).__name__}: {exc}"
+        text = f"{type(exc).__name__}: {_summary(str(exc))}"
     else:
         return None
-    text = " ".join(text.split())
     if len(text) > 600:
         text = text[:600] + " [...]"
-    return text + _hint(exc, args)
+    hint = _hint(exc, args)
+    return f"{hint}: {text}" if hint.startswith("no storage") else text + hint
+
+
+def _summary(text: str) -> str:
+    """A store client's message on one line: its first causes (delta-rs chains them with
+    '↳'), the S3 error code of an XML body instead of the body."""
+    import re
+
+    code = re.search(r"<Code>([^<]+)</Code>", text)
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", re.sub(r"<\?xml.*", "", text, flags=re.S))
+    causes = [" ".join(c.split()).rstrip(" .") for c in text.split("↳") if c.strip()]
+    out = ": ".join(causes[:3])
+    return f"{out} (S3 error {code.group(1)})" if code else out
 
 
 def _hint(exc: Exception, args: argparse.Namespace) -> str:
@@ -119,8 +131,8 @@ def _hint(exc: Exception, args: argparse.Namespace) -> str:
     except LakeckptError:
         given = True
     if given:
-        return ". Check the endpoint and credentials of the storage options"
-    return (f". {target} is on an object store and no storage options were given: pass "
+        return ". Check the endpoint, bucket and credentials of the storage options"
+    return (f"no storage options given for {target}, which is on an object store: pass "
             f"--storage-options JSON (or @FILE.json), or set {ENV_STORAGE_OPTIONS}")
 
 

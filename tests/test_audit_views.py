@@ -205,3 +205,27 @@ def test_a_ledger_object_is_read_at_one_version(table: Path, tmp_path: Path) -> 
     _half_run(table, ledger, "later")  # committed after connect(): not seen by it
     assert _all(con, "SELECT count(*) FROM checkpoints") == [(2,)]
     assert _all(connect(ledger), "SELECT count(*) FROM checkpoints") == [(4,)]
+
+
+def test_catalog_readme_documents_every_column_of_every_view_and_every_event_kind(
+        tmp_path: Path) -> None:
+    import re
+
+    readme = (Path(__file__).parent.parent / "catalog" / "README.md").read_text()
+    sections = re.split(r"^## ", readme, flags=re.M)
+    DeltaLedger(str(tmp_path / "_ledger"))
+    con = connect(str(tmp_path))
+    for view in VIEWS:
+        (section,) = [s for s in sections if s.split("\n", 1)[0].strip() == view]
+        documented = re.findall(r"^\| ([a-z_]+) \| [A-Z]", section, flags=re.M)
+        assert documented == con.sql(f"SELECT * FROM {view}").columns, view
+    (events,) = [s for s in sections if s.startswith("events")]
+    kinds = set(re.findall(r"^\| `([a-z_]+)` \|", events, flags=re.M))
+    # every event kind the library records, by name in its source
+    source = "\n".join(p.read_text() for p in (Path(__file__).parent.parent /
+                                               "lakeckpt_tables").rglob("*.py"))
+    recorded = set(re.findall(r'LedgerEvent\(\s*"([a-z_]+)"', source))
+    recorded |= set(re.findall(r'\("([a-z_]+)", \{', source)) & {
+        "round", "segment", "skipped_commit", "undelivered", "policy_change"}
+    recorded |= {"claim", "retired", "tag", "compaction_failed", "finished", "source"}
+    assert recorded <= kinds, recorded - kinds

@@ -98,9 +98,9 @@ def connect(target: Any = None, *, catalog: Any = None,
             stale_after: str | float | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection over one consistent version of a ledger (or of every registered run).
 
-    Views: ``checkpoints``, ``consumption``, ``events``, ``progress``, ``recoveries``,
-    ``follow_lag`` (see ``catalog/README.md``); tables: ``ledger`` (the raw rows) and
-    ``ledgers`` (which ledger versions were read). An empty ledger gives empty views.
+    Views: ``checkpoints``, ``consumption``, ``events``, ``progress``, ``runs``,
+    ``recoveries``, ``follow_lag`` (see ``catalog/README.md``); tables: ``ledger`` (the raw
+    rows) and ``ledgers`` (which ledger versions were read). An empty ledger gives empty views.
 
     Args:
         target: a checkpoint root, ``"delta:<uri>"``, ``"iceberg:<namespace.table>"``, or a

@@ -338,3 +338,33 @@ def test_an_iceberg_source_is_found_in_the_catalog_the_ledger_records_or_the_one
     ledger.record_events("ice", [LedgerEvent("source", {
         **source.to_json(), "catalog": "jcat"})])
     assert _json(["verify", target], capsys)[0]["ok"] is True
+
+
+def test_expected_failures_of_every_command_are_one_line_and_exit_2(
+        root: tuple[Path, list[SimulatedRun]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))
+    path, _ = root
+    target = str(path)
+    failing = [
+        (["sql", target, "SELECT nope FROM checkpoints"], "nope"),
+        (["tag", target, "ffffffffff", "best"], "0 checkpoints match"),
+        (["audit", target, "--checkpoint", "ffffffffff"], "no checkpoint with id"),
+        (["verify", target, "--checkpoint", "ffffffffff"], "no single checkpoint"),
+        (["progress", target, "--plot", str(tmp_path / "no" / "dir" / "p.png")], "p.png"),
+        (["report", target, "-o", str(tmp_path / "no" / "dir" / "r.html")], "r.html"),
+        (["checkpoints", "iceberg:ml.nothing"], "no ledger"),
+        (["maintain", str(tmp_path / "missing")], "does not exist"),
+        (["gc", str(tmp_path / "missing")], "does not exist"),
+        (["runs", "--catalog", "no-such-catalog"], "no-such-catalog"),
+        (["verify", target, "--source-catalog", "no-such-catalog"], "no-such-catalog"),
+        (["audit", target, "--where", "user_id = 1", "--table", str(tmp_path / "none")],
+         str(tmp_path / "none")),
+        (["progress", target, "--storage-options", "@" + str(tmp_path / "none.json")],
+         "none.json cannot be read"),
+    ]
+    for args, named in failing:
+        code, out, err = _run(args, capsys)  # an exception escaping main fails the test
+        assert code == 2, (args, out, err)
+        assert err.startswith(f"lakeckpt {args[0]}: error: ") and err.count("\n") == 1, err
+        assert named in err, (args, err)

@@ -20,7 +20,7 @@ from typing import Any
 from lakeckpt_tables.errors import AuditError
 
 __all__ = ["ENV_STORAGE_OPTIONS", "add_source_catalog", "add_storage_options", "redact",
-           "storage_options"]
+           "secrets_of", "source_catalog", "storage_options"]
 
 ENV_STORAGE_OPTIONS = "LAKECKPT_STORAGE_OPTIONS"
 """The environment variable read when ``--storage-options`` is not given (same syntax)."""
@@ -146,3 +146,14 @@ def remote(target: Any) -> bool:
     text = target.removeprefix("delta:")
     scheme, sep, _ = text.partition("://")
     return bool(sep) and scheme.lower() not in ("file", "")
+
+
+def source_catalog(args: argparse.Namespace) -> str | None:
+    """``--source-catalog``, checked now: a catalog that cannot be loaded is an error even when
+    no run turns out to need it (a typo is not silently ignored)."""
+    value: str | None = getattr(args, "source_catalog", None)
+    if value is not None:
+        from lakeckpt_tables.audit.registry import load_catalog
+
+        load_catalog(value)
+    return value

@@ -38,11 +38,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.replay import rows
-    from lakeckpt_tables.cli._options import storage_options
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
     table = rows(args.target, checkpoint=args.checkpoint, cumulative=args.cumulative,
                  catalog=args.catalog, storage_options=storage_options(args),
-                 source_catalog=args.source_catalog)
+                 source_catalog=source_catalog(args))
     if args.output != "table":
         emit(table, args.output)
         return 0
@@ -60,10 +60,10 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 def _file(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.views import connect
-    from lakeckpt_tables.cli._options import storage_options
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
     con = connect(args.target, catalog=args.catalog, storage_options=storage_options(args),
-                  source_catalog=args.source_catalog)
+                  source_catalog=source_catalog(args))
     result = con.sql(
         "SELECT run_id, step, checkpoint_id, status, list(DISTINCT row_group ORDER BY row_group)"
         " AS row_groups, CAST(sum(rows) AS BIGINT) AS rows FROM consumption "
@@ -76,11 +76,11 @@ def _file(args: argparse.Namespace) -> int:
 
 def _where(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.where import exposure, trained_on
-    from lakeckpt_tables.cli._options import storage_options
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
     options = storage_options(args)
     matches = trained_on(args.target, args.where, args.table, catalog=args.catalog,
-                         storage_options=options, source_catalog=args.source_catalog)
+                         storage_options=options, source_catalog=source_catalog(args))
     runs = exposure(args.target, matches, catalog=args.catalog, storage_options=options)
     if args.output == "json":
         emit([r.to_json() for r in runs], "json")

@@ -50,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> None:
     from lakeckpt_tables.audit.views import connect
-    from lakeckpt_tables.cli._options import storage_options
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
     con = connect(args.target, catalog=args.catalog, storage_options=storage_options(args),
-                  source_catalog=args.source_catalog, stale_after=args.stale_after)
+                  source_catalog=source_catalog(args), stale_after=args.stale_after)
     params = {} if args.run is None else {"run": args.run}
     where = "" if args.run is None else "WHERE run_id = $run"
     table = con.sql(f"SELECT * FROM progress {where} ORDER BY run_id, segment, epoch",

@@ -21,10 +21,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.report import render_report
     from lakeckpt_tables.audit.views import connect
-    from lakeckpt_tables.cli._options import storage_options
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
     con = connect(args.target, catalog=args.catalog, storage_options=storage_options(args),
-                  source_catalog=args.source_catalog, stale_after=args.stale_after)
+                  source_catalog=source_catalog(args), stale_after=args.stale_after)
     page = render_report(con, title=args.title or f"lakeckpt report: {args.target}")
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(page)

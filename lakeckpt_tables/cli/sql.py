@@ -24,10 +24,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.views import connect
-    from lakeckpt_tables.cli._options import storage_options
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
     con = connect(args.target, catalog=args.catalog, storage_options=storage_options(args),
-                  source_catalog=args.source_catalog, stale_after=args.stale_after)
+                  source_catalog=source_catalog(args), stale_after=args.stale_after)
     try:
         result = con.sql(args.query)
     except duckdb.Error as e:

@@ -26,11 +26,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.exactly_once import verify
-    from lakeckpt_tables.cli._options import storage_options
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
     verdicts = verify(args.target, run=args.run, checkpoint=args.checkpoint,
                       catalog=args.catalog, storage_options=storage_options(args),
-                      source_catalog=args.source_catalog)
+                      source_catalog=source_catalog(args))
     rows = []
     for v in verdicts:
         row = v.to_json()

@@ -18,6 +18,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from lakeckpt_tables.errors import (
+    SourceArgumentError,
     SourceNotFoundError,
     StorageError,
     TableMetadataError,
@@ -125,8 +126,10 @@ class DeltaSource:
         """The newest committed version."""
         return int(self._open(None).version())
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
-        """Pin ``version`` (the latest when None) and list its units.
+    def snapshot(self, version: int | None = None, *,
+                 schema_id: int | None = None) -> Snapshot:
+        """Pin ``version`` (the latest when None) and list its units, read with the version's
+        own schema (a Delta schema is its version's: ``schema_id`` must be None).
 
         Raises:
             SourceNotFoundError: no table at ``uri``, or no such version.
@@ -135,6 +138,10 @@ class DeltaSource:
             PinnedFileMissingError: a data file of the version is gone.
             RowCountMismatchError: the log and a file footer disagree.
         """
+        if schema_id is not None:
+            raise SourceArgumentError(
+                f"{self!r}.snapshot(schema_id={schema_id!r}): a Delta version is read with its "
+                "own schema; the schema id is for Iceberg tables (is the reader state of one?)")
         if version is not None and version in self._snapshots:
             return self._snapshots[version]
         dt = self._open(version)

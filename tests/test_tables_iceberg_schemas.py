@@ -1,0 +1,112 @@
+"""Which Iceberg schema is read: with no ``version=`` the table's current schema when pinned,
+with ``version=S`` snapshot S's own, as pyiceberg's ``scan()`` and ``scan(snapshot_id=S)`` read
+them; and a reader state resumes with the schema it was pinned with, whatever the table's
+schema became since."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from conformance import compare, read_all
+from conftest import sql_catalog
+
+from lakeckpt_tables import IcebergSource, LakeDataset
+from lakeckpt_tables.errors import StateMismatchError
+
+
+def _evolved_after_its_last_snapshot(tmp_path: Path) -> tuple[Any, int]:
+    """A table whose schema changed after its only snapshot: ``a`` (int) and ``b`` (string)
+    swapped names, ``g`` dropped and re-added (a new field: null in the old file), ``n``
+    promoted int -> long. Returns the catalog and the snapshot id."""
+    from pyiceberg.types import LongType, StringType
+
+    catalog = sql_catalog(tmp_path)
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.t", schema=pa.schema([
+        pa.field("id", pa.int64()), pa.field("a", pa.int32()), pa.field("b", pa.string()),
+        pa.field("g", pa.string()), pa.field("n", pa.int32())]))
+    table.append(pa.table({"id": pa.array(range(6), pa.int64()),
+                           "a": pa.array(range(10, 16), pa.int32()),
+                           "b": [f"s{i}" for i in range(6)], "g": [f"g{i}" for i in range(6)],
+                           "n": pa.array(range(100, 106), pa.int32())},
+                          schema=table.schema().as_arrow()))
+    snapshot_id = table.current_snapshot().snapshot_id
+    for rename in (("a", "tmp"), ("b", "a"), ("tmp", "b")):
+        with table.update_schema() as update:
+            update.rename_column(*rename)
+    with table.update_schema() as update:
+        update.delete_column("g")
+    with table.update_schema() as update:
+        update.add_column("g", StringType())
+        update.update_column("n", LongType())
+    return catalog, snapshot_id
+
+
+def test_latest_reads_the_current_schema_by_field_id_and_version_reads_the_snapshots(
+        tmp_path: Path) -> None:
+    catalog, snapshot_id = _evolved_after_its_last_snapshot(tmp_path)
+    table = catalog.load_table("ns.t")
+    source = IcebergSource("ns.t", catalog=catalog)
+    latest = read_all(source.snapshot())
+    assert not compare(latest, table.scan().to_arrow()), compare(latest, table.scan().to_arrow())
+    row = {r["id"]: r for r in latest.to_pylist()}[2]
+    assert (row["a"], row["b"], row["g"], row["n"]) == ("s2", 12, None, 102)
+    assert latest.schema.field("n").type == pa.int64()
+    pinned = read_all(source.snapshot(snapshot_id))  # the snapshot's own schema
+    reference = table.scan(snapshot_id=snapshot_id).to_arrow()
+    assert not compare(pinned, reference), compare(pinned, reference)
+    assert {r["id"]: r for r in pinned.to_pylist()}[2]["g"] == "g2"
+    # both stay right however often and in whichever order they are pinned
+    assert read_all(source.snapshot()).column("a").to_pylist()[0].startswith("s")
+    assert source.snapshot().schema_id is not None
+    assert source.snapshot(snapshot_id).schema_id is None
+
+
+def _rows(dataset: LakeDataset, batches: int | None = None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for batch in itertools.islice(iter(dataset), batches):
+        out.extend(pa.Table.from_batches([batch]).to_pylist())
+    return out
+
+
+def test_a_resumed_reader_reads_the_schema_it_was_pinned_with(tmp_path: Path) -> None:
+    """State taken reading the current schema (not the snapshot's own); then the table renames
+    again and commits a new snapshot: a reader built without ``version=`` adopts the state's
+    version and schema, and delivers the rest under the pinned names."""
+    catalog, snapshot_id = _evolved_after_its_last_snapshot(tmp_path)
+    expected = catalog.load_table("ns.t").scan().to_arrow().to_pylist()
+
+    def dataset() -> LakeDataset:
+        return LakeDataset(IcebergSource("ns.t", catalog=catalog), output="arrow",
+                           batch_size=2, shuffle=False, columns=["id", "a", "b", "g", "n"])
+
+    first = dataset()
+    head = _rows(first, 1)
+    state = first.state_dict()
+    table = catalog.load_table("ns.t")
+    with table.update_schema() as update:  # a and b swap back; then a new snapshot
+        update.rename_column("a", "tmp")
+    with table.update_schema() as update:
+        update.rename_column("b", "a")
+    with table.update_schema() as update:
+        update.rename_column("tmp", "b")
+    table = catalog.load_table("ns.t")
+    table.append(pa.table({"id": pa.array([99], pa.int64()), "a": pa.array([1], pa.int32()),
+                           "b": ["late"], "g": ["x"], "n": pa.array([1], pa.int64())},
+                          schema=table.schema().as_arrow()))
+    resumed = dataset()
+    resumed.load_state_dict(state)
+    assert resumed.snapshot.version == snapshot_id
+    rest = _rows(resumed)
+    assert len(head) == 2
+    assert sorted(head + rest, key=lambda r: r["id"]) == sorted(expected, key=lambda r: r["id"])
+    # pinned explicitly to the snapshot, the state of another schema is refused by name
+    other = LakeDataset(IcebergSource("ns.t", catalog=catalog), output="arrow", batch_size=2,
+                        shuffle=False, columns=["id", "a", "b", "g", "n"],
+                        version=snapshot_id)
+    with pytest.raises(StateMismatchError, match="schema"):
+        other.load_state_dict(state)

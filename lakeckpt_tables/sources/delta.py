@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -72,8 +73,14 @@ class DeltaSource:
             environment variables when they are given (:class:`~lakeckpt_tables.io.Storage`).
     """
 
-    def __init__(self, uri: str, *, storage_options: dict[str, str] | None = None) -> None:
-        self.uri = str(uri)
+    def __init__(self, uri: str | os.PathLike[str], *,
+                 storage_options: dict[str, str] | None = None) -> None:
+        if not isinstance(uri, str | os.PathLike) or not str(os.fspath(uri)).strip():
+            raise SourceArgumentError(
+                f"DeltaSource(uri={uri!r}): a Delta table is named by its root directory, a "
+                "local path or a URI such as 's3://bucket/table'; for an Iceberg table in a "
+                "catalog use IcebergSource('namespace.table')")
+        self.uri = str(os.fspath(uri))
         self.storage_options = dict(storage_options or {})
         self._storage = Storage(self.uri, storage_options or None)
         self._snapshots: dict[int, Snapshot] = {}

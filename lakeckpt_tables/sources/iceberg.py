@@ -104,7 +104,7 @@ class IcebergSource:
 
     def load_table(self) -> Any:
         """The table's current metadata (main process only)."""
-        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, ValidationError
 
         catalog = self._catalog_here()
         try:
@@ -118,7 +118,7 @@ class IcebergSource:
                 f"Iceberg table {self.identifier!r} in catalog {catalog.name!r}: its metadata "
                 f"file is gone: {exc}. Restore it, or point the catalog at a metadata file "
                 "that exists") from exc
-        except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError included
+        except (ValidationError, ValueError, KeyError, TypeError) as exc:  # pydantic's too
             raise TableMetadataError(
                 f"Iceberg table {self.identifier!r} in catalog {catalog.name!r}: pyiceberg "
                 f"cannot read its metadata: {type(exc).__name__}: {str(exc)[:500]}") from exc
@@ -329,9 +329,11 @@ def _schema_read(table: Any, snap_meta: Any, version: int | None, schema_id: int
 
 def _name_mapping(table: Any, where: str) -> Any:
     """The table's ``schema.name-mapping.default`` (how files without field ids are read)."""
+    from pyiceberg.exceptions import ValidationError
+
     try:
         return table.metadata.name_mapping()
-    except ValueError as exc:  # pydantic's ValidationError, or JSON that does not parse
+    except (ValidationError, ValueError) as exc:  # pydantic's, or JSON that does not parse
         text = table.metadata.properties.get(_NAME_MAPPING, "")
         raise TableMetadataError(
             f"{where}: table property {_NAME_MAPPING!r} is not a name mapping in the Iceberg "

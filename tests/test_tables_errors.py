@@ -109,3 +109,19 @@ def test_relative_data_file_locations_resolve_against_the_cwd_as_pyiceberg_resol
         IcebergSource("ns.rel", catalog=catalog).snapshot()
     assert not isinstance(info.value, PinnedFileMissingError) and "gone" not in str(info.value)
     assert os.getcwd() in str(info.value)
+
+
+def test_a_delta_version_whose_log_deltalake_cannot_parse_is_named_not_missing(
+        tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    for lo in (0, 3):
+        write_deltalake(str(tmp_path), pa.table({"id": pa.array(range(lo, lo + 3), pa.int64())}),
+                        mode="append")
+    (tmp_path / "_delta_log" / f"{1:020d}.json").write_text('{"add": {"path": 5}}\n')
+    for version in (1, None):
+        with pytest.raises(TableMetadataError, match="cannot load its log") as info:
+            DeltaSource(str(tmp_path)).snapshot(version)
+        assert not isinstance(info.value, SourceNotFoundError)
+        assert (version is None) or "at version 1" in str(info.value)
+    assert DeltaSource(str(tmp_path)).snapshot(0).rows == 3

@@ -17,6 +17,7 @@ more, new ones each time, with::
 from __future__ import annotations
 
 import decimal
+import itertools
 import json
 import math
 import os
@@ -126,6 +127,7 @@ class _IcebergModel:
         self.types = [IntegerType(), FloatType(), StringType(), DecimalType(9, 2)]
         self.next_row = 0
         self.dropped: list[str] = []
+        self.names = itertools.count()  # new names never collide with a live or dropped one
 
     @property
     def table(self) -> Any:
@@ -153,7 +155,7 @@ class _IcebergModel:
             table.delete(LessThan("id", cut) if n % 2 else EqualTo("id", cut))
         elif op == "add":
             with table.update_schema() as update:
-                update.add_column(f"c{n}", self.types[n % len(self.types)])
+                update.add_column(f"c{next(self.names)}", self.types[n % len(self.types)])
         elif op == "drop" and others:
             name = others[n % len(others)]
             with table.update_schema() as update:
@@ -167,7 +169,7 @@ class _IcebergModel:
         elif op == "rename" and others:
             old = others[n % len(others)]
             with table.update_schema() as update:
-                update.rename_column(old, f"{old}_{n}")
+                update.rename_column(old, f"r{next(self.names)}")
         elif op == "swap" and len(others) >= 2:
             a, b = others[n % len(others)], others[(n + 1) % len(others)]
             for old, new in ((a, "__swap"), (b, a), ("__swap", b)):
@@ -223,6 +225,7 @@ class _DeltaModel:
         self.path, self.mode = str(root / "t"), mode
         self.next_row = 0
         self.dropped: list[str] = []
+        self.names = itertools.count()  # new names never collide with a live or dropped one
         config = {"delta.columnMapping.mode": mode} if mode != "none" else None
         schema = pa.schema([pa.field("id", pa.int64()), pa.field("a", pa.int32()),
                             pa.field("s", pa.string())])
@@ -284,8 +287,8 @@ class _DeltaModel:
             rows = 1 + n % 7
             schema = self.schema()
             if op == "add":  # delta-rs adds a column by a merge append
-                schema = schema.append(pa.field(f"c{n}", [pa.int32(), pa.float64(),
-                                                          pa.string()][n % 3]))
+                schema = schema.append(pa.field(f"c{next(self.names)}",
+                                                [pa.int32(), pa.float64(), pa.string()][n % 3]))
             data = _batch(schema, self.next_row, self.next_row + rows)
             write_deltalake(self.path, data, mode="overwrite" if op == "overwrite" else "append",
                             schema_mode="merge" if op == "add" else None)
@@ -296,7 +299,8 @@ class _DeltaModel:
         elif not mapped:
             return  # delta-rs cannot rename, drop or retype; nothing to do
         elif op == "add":
-            self._commit_schema([*self._fields(), self._new_field(f"c{n}", n)], "ADD COLUMNS")
+            self._commit_schema([*self._fields(), self._new_field(f"c{next(self.names)}", n)],
+                                "ADD COLUMNS")
         elif op == "drop" and others:
             name = others[n % len(others)]
             self._commit_schema([f for f in self._fields() if f["name"] != name], "DROP COLUMNS")
@@ -307,7 +311,7 @@ class _DeltaModel:
                 self._commit_schema([*self._fields(), self._new_field(name, n)], "ADD COLUMNS")
         elif op in ("rename", "swap") and others:
             a = others[n % len(others)]
-            b = others[(n + 1) % len(others)] if op == "swap" else f"{a}_{n}"
+            b = others[(n + 1) % len(others)] if op == "swap" else f"r{next(self.names)}"
             names = {a: b, b: a}
             fields = [{**f, "name": names.get(f["name"], f["name"])} for f in self._fields()]
             self._commit_schema(fields, "RENAME COLUMN")

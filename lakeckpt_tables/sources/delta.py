@@ -115,10 +115,12 @@ class DeltaSource:
                 f"Delta table {self.uri}: the store failed: {self._storage.redact(str(exc))}. "
                 "Check the endpoint and credentials in storage_options, then retry") from exc
         except Exception as exc:
-            if version is None:
+            if version is None or self._storage.exists(f"_delta_log/{version:020d}.json"):
+                at = "" if version is None else f" at version {version}"
                 raise TableMetadataError(
-                    f"Delta table {self.uri}: deltalake cannot load its log: "
-                    f"{type(exc).__name__}: {self._storage.redact(str(exc))}") from exc
+                    f"Delta table {self.uri}: deltalake cannot load its log{at}: "
+                    f"{type(exc).__name__}: {self._storage.redact(str(exc))}. The log is "
+                    "malformed or uses what deltalake cannot read") from exc
             try:
                 latest: int | str = DeltaTable(
                     self.uri, storage_options=self._storage.delta_options()).version()

@@ -5,6 +5,7 @@ schema became since."""
 
 from __future__ import annotations
 
+import decimal
 import itertools
 from pathlib import Path
 from typing import Any
@@ -21,18 +22,23 @@ from lakeckpt_tables.errors import StateMismatchError
 def _evolved_after_its_last_snapshot(tmp_path: Path) -> tuple[Any, int]:
     """A table whose schema changed after its only snapshot: ``a`` (int) and ``b`` (string)
     swapped names, ``g`` dropped and re-added (a new field: null in the old file), ``n``
-    promoted int -> long. Returns the catalog and the snapshot id."""
-    from pyiceberg.types import LongType, StringType
+    promoted int -> long, ``f`` float -> double, ``d`` decimal(9, 2) -> decimal(12, 2).
+    Returns the catalog and the snapshot id."""
+    from pyiceberg.types import DecimalType, DoubleType, LongType, StringType
 
     catalog = sql_catalog(tmp_path)
     catalog.create_namespace("ns")
     table = catalog.create_table("ns.t", schema=pa.schema([
         pa.field("id", pa.int64()), pa.field("a", pa.int32()), pa.field("b", pa.string()),
-        pa.field("g", pa.string()), pa.field("n", pa.int32())]))
+        pa.field("g", pa.string()), pa.field("n", pa.int32()), pa.field("f", pa.float32()),
+        pa.field("d", pa.decimal128(9, 2))]))
     table.append(pa.table({"id": pa.array(range(6), pa.int64()),
                            "a": pa.array(range(10, 16), pa.int32()),
                            "b": [f"s{i}" for i in range(6)], "g": [f"g{i}" for i in range(6)],
-                           "n": pa.array(range(100, 106), pa.int32())},
+                           "n": pa.array(range(100, 106), pa.int32()),
+                           "f": pa.array([i + 0.5 for i in range(6)], pa.float32()),
+                           "d": pa.array([decimal.Decimal(i) / 4 for i in range(6)],
+                                         pa.decimal128(9, 2))},
                           schema=table.schema().as_arrow()))
     snapshot_id = table.current_snapshot().snapshot_id
     for rename in (("a", "tmp"), ("b", "a"), ("tmp", "b")):
@@ -43,6 +49,8 @@ def _evolved_after_its_last_snapshot(tmp_path: Path) -> tuple[Any, int]:
     with table.update_schema() as update:
         update.add_column("g", StringType())
         update.update_column("n", LongType())
+        update.update_column("f", DoubleType())
+        update.update_column("d", DecimalType(12, 2))
     return catalog, snapshot_id
 
 
@@ -52,13 +60,17 @@ def test_latest_reads_the_current_schema_by_field_id_and_version_reads_the_snaps
     table = catalog.load_table("ns.t")
     source = IcebergSource("ns.t", catalog=catalog)
     latest = read_all(source.snapshot())
-    assert not compare(latest, table.scan().to_arrow()), compare(latest, table.scan().to_arrow())
+    reference = table.scan().to_arrow()
+    assert not compare(latest, reference, types=True), compare(latest, reference, types=True)
     row = {r["id"]: r for r in latest.to_pylist()}[2]
     assert (row["a"], row["b"], row["g"], row["n"]) == ("s2", 12, None, 102)
     assert latest.schema.field("n").type == pa.int64()
+    assert latest.schema.field("f").type == pa.float64()
+    assert latest.schema.field("d").type == pa.decimal128(12, 2)
+    assert (row["f"], row["d"]) == (2.5, decimal.Decimal("0.50"))
     pinned = read_all(source.snapshot(snapshot_id))  # the snapshot's own schema
     reference = table.scan(snapshot_id=snapshot_id).to_arrow()
-    assert not compare(pinned, reference), compare(pinned, reference)
+    assert not compare(pinned, reference, types=True), compare(pinned, reference)
     assert {r["id"]: r for r in pinned.to_pylist()}[2]["g"] == "g2"
     # both stay right however often and in whichever order they are pinned
     assert read_all(source.snapshot()).column("a").to_pylist()[0].startswith("s")
@@ -82,7 +94,8 @@ def test_a_resumed_reader_reads_the_schema_it_was_pinned_with(tmp_path: Path) ->
 
     def dataset() -> LakeDataset:
         return LakeDataset(IcebergSource("ns.t", catalog=catalog), output="arrow",
-                           batch_size=2, shuffle=False, columns=["id", "a", "b", "g", "n"])
+                           batch_size=2, shuffle=False,
+                           columns=["id", "a", "b", "g", "n", "f", "d"])
 
     first = dataset()
     head = _rows(first, 1)
@@ -96,7 +109,9 @@ def test_a_resumed_reader_reads_the_schema_it_was_pinned_with(tmp_path: Path) ->
         update.rename_column("tmp", "b")
     table = catalog.load_table("ns.t")
     table.append(pa.table({"id": pa.array([99], pa.int64()), "a": pa.array([1], pa.int32()),
-                           "b": ["late"], "g": ["x"], "n": pa.array([1], pa.int64())},
+                           "b": ["late"], "g": ["x"], "n": pa.array([1], pa.int64()),
+                           "f": pa.array([1.0]), "d": pa.array([decimal.Decimal(1)],
+                                                                pa.decimal128(12, 2))},
                           schema=table.schema().as_arrow()))
     resumed = dataset()
     resumed.load_state_dict(state)
@@ -106,7 +121,7 @@ def test_a_resumed_reader_reads_the_schema_it_was_pinned_with(tmp_path: Path) ->
     assert sorted(head + rest, key=lambda r: r["id"]) == sorted(expected, key=lambda r: r["id"])
     # pinned explicitly to the snapshot, the state of another schema is refused by name
     other = LakeDataset(IcebergSource("ns.t", catalog=catalog), output="arrow", batch_size=2,
-                        shuffle=False, columns=["id", "a", "b", "g", "n"],
+                        shuffle=False, columns=["id", "a", "b", "g", "n", "f", "d"],
                         version=snapshot_id)
     with pytest.raises(StateMismatchError, match="schema"):
         other.load_state_dict(state)

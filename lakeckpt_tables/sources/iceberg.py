@@ -74,7 +74,7 @@ class IcebergSource:
         self.identifier = _checked_identifier(identifier)
         self.catalog = catalog if catalog is not None else default_catalog()
         self._catalog_pid = os.getpid()
-        self._snapshots: dict[int, Snapshot] = {}
+        self._snapshots: dict[tuple[int, int | None], Snapshot] = {}  # (version, schema_id)
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -164,13 +164,13 @@ class IcebergSource:
         reader = IcebergRowGroupReader(identity, pinned, schema, _name_mapping(table, where),
                                        int(table.metadata.format_version), storage)
         types = {f.name: str(f.field_type) for f in schema.fields}
+        arrow = schema.as_arrow()
         if snap_meta is None:  # a table created but never written (-1: a follower's pin): empty
-            return Snapshot(identity, -1, schema.as_arrow(), (), {}, types, reader, recorded)
+            return Snapshot(identity, -1, arrow, (), {}, types, reader, recorded)
         files = self._data_files(table, identity, pinned, schema)
         units, _ = units_from_files(identity, pinned, files, storage)
         columns = {f.path: tuple(schema.column_names) for f in files}  # resolved by field id
-        snap = Snapshot(identity, pinned, schema.as_arrow(), units, columns, types, reader,
-                        recorded)
+        snap = Snapshot(identity, pinned, arrow, units, columns, types, reader, recorded)
         with self._lock:
             self._snapshots[(pinned, recorded)] = snap
             if version is not None:  # asked as (version, the snapshot's own schema id)
@@ -249,14 +249,15 @@ def _checked_identifier(identifier: Any) -> str | tuple[str, ...]:
 
 
 class IcebergRowGroupReader(RowGroupReader):
-    """Reads an Iceberg row group as the table's columns of the pinned snapshot's schema
-    (NOTE [ reading seam ]), with pyiceberg's own projection: columns resolved by field id
-    (renames, swaps, drop and re-add, int->long and float->double promotion), columns a file
+    """Reads an Iceberg row group as the columns of the schema read (NOTE [ schema read ],
+    NOTE [ reading seam ]), with pyiceberg's own projection: columns resolved by field id
+    (renames, swaps, drop and re-add, int->long, float->double and decimal widening), columns a file
     lacks read as nulls or, for identity partitions, as the manifest's value; positional
     deletes and v3 deletion vectors (resolved at pin time) drop deleted rows.
 
     Relies on ``pyiceberg.io.pyarrow`` (``pyarrow_to_schema``, ``_to_requested_schema``) of
-    the pinned pyiceberg range; ``tests/test_tables_iceberg.py`` tests that seam.
+    the pinned pyiceberg range; ``tests/test_tables_iceberg*.py`` and
+    ``tests/test_tables_evolution.py`` test that seam.
     """
 
     def __init__(self, identity: TableIdentity, version: int, schema: Any,

@@ -125,3 +125,27 @@ def test_a_resumed_reader_reads_the_schema_it_was_pinned_with(tmp_path: Path) ->
                         version=snapshot_id)
     with pytest.raises(StateMismatchError, match="schema"):
         other.load_state_dict(state)
+
+
+def test_a_followed_append_after_a_swap_counts_nulls_under_the_pinned_names(
+        tmp_path: Path) -> None:
+    """A follower reads appended files with the schema it pinned: their null statistics are
+    keyed by the pinned names too (after ``a`` <-> ``b`` swap, the nulls of field ``b`` stay
+    under ``b``)."""
+    catalog = sql_catalog(tmp_path)
+    catalog.create_namespace("ns")
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("a", pa.int64()),
+                        pa.field("b", pa.int64())])
+    table = catalog.create_table("ns.f", schema=schema)
+    table.append(pa.table({"id": [0, 1], "a": [1, 2], "b": [3, 4]}, schema=schema))
+    source = IcebergSource("ns.f", catalog=catalog)
+    pinned = source.snapshot()
+    for rename in (("a", "tmp"), ("b", "a"), ("tmp", "b")):
+        with table.update_schema() as update:
+            update.rename_column(*rename)
+    table = catalog.load_table("ns.f")  # field 2 is now "b", field 3 "a"; field 3 has nulls
+    table.append(pa.table({"id": [2, 3], "b": [5, 6], "a": [None, None]},
+                          schema=table.schema().as_arrow()))
+    commit = source.commit_after(pinned.version, pinned, ["id", "a"])
+    assert commit is not None and commit.kind == "append"
+    assert dict(commit.files[0].null_counts or ()) == {"id": 0, "a": 0, "b": 2}

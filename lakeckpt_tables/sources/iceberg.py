@@ -202,10 +202,12 @@ class IcebergSource:
                 f"{snapshot.identity.describe()} snapshot {sid} ({operation}): pyiceberg cannot "
                 f"plan its appended files: {type(exc).__name__}: {exc}") from exc
         files = []
+        reader = snapshot.reader
+        schema = reader.schema if isinstance(reader, IcebergRowGroupReader) else None
         for task in tasks:
             if task.delete_files:
                 return Commit(sid, "change", operation, detail="adds delete files")
-            files.append(_data_file(table, task, None))
+            files.append(_data_file(table, task, None, schema))  # statistics by pinned names
         return Commit(sid, "append", operation, tuple(files))
 
     def is_after(self, version: int, until: int) -> bool:

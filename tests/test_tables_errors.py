@@ -123,5 +123,6 @@ def test_a_delta_version_whose_log_deltalake_cannot_parse_is_named_not_missing(
         with pytest.raises(TableMetadataError, match="cannot load its log") as info:
             DeltaSource(str(tmp_path)).snapshot(version)
         assert not isinstance(info.value, SourceNotFoundError)
+        assert "<unknown>" not in str(info.value)  # the kernel's Rust backtrace is cut
         assert (version is None) or "at version 1" in str(info.value)
     assert DeltaSource(str(tmp_path)).snapshot(0).rows == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -108,18 +109,19 @@ class DeltaSource:
                               storage_options=self._storage.delta_options())
         except TableNotFoundError as exc:
             raise SourceNotFoundError(
-                f"no Delta table at {self.uri}: {exc}. Check the path or URI."
+                f"no Delta table at {self.uri}: {_message(exc)}. Check the path or URI."
             ) from exc
         except OSError as exc:  # the store failed (delta-rs has retried)
             raise StorageError(
-                f"Delta table {self.uri}: the store failed: {self._storage.redact(str(exc))}. "
+                f"Delta table {self.uri}: the store failed: "
+                f"{self._storage.redact(_message(exc))}. "
                 "Check the endpoint and credentials in storage_options, then retry") from exc
         except Exception as exc:
             if version is None or self._storage.exists(f"_delta_log/{version:020d}.json"):
                 at = "" if version is None else f" at version {version}"
                 raise TableMetadataError(
                     f"Delta table {self.uri}: deltalake cannot load its log{at}: "
-                    f"{type(exc).__name__}: {self._storage.redact(str(exc))}. The log is "
+                    f"{type(exc).__name__}: {self._storage.redact(_message(exc))}. The log is "
                     "malformed or uses what deltalake cannot read") from exc
             try:
                 latest: int | str = DeltaTable(
@@ -128,7 +130,8 @@ class DeltaSource:
                 latest = "unknown"
             raise SourceNotFoundError(
                 f"Delta table {self.uri} has no version {version} (or cannot read it; latest "
-                f"is {latest}, older ones may be vacuumed): {type(exc).__name__}: {exc}"
+                f"is {latest}, older ones may be vacuumed): {type(exc).__name__}: "
+                f"{_message(exc)}"
             ) from exc
 
     def latest_version(self) -> int:
@@ -171,7 +174,8 @@ class DeltaSource:
             raise
         except Exception as exc:
             raise TableMetadataError(
-                f"{where}: cannot list its files: {type(exc).__name__}: {exc}") from exc
+                f"{where}: cannot list its files: {type(exc).__name__}: {_message(exc)}"
+            ) from exc
         units, _ = units_from_files(identity, pinned, files, self._storage)
         columns = {f.path: tuple(reader.schema.names) for f in files}  # missing ones read null
         snap = Snapshot(identity, pinned, reader.schema, units, columns, types, reader)
@@ -298,6 +302,15 @@ class DeltaRowGroupReader(RowGroupReader):
             return 1 if values.get(column) is None else 0
         physical = self._file_name(handle, data_file.path if data_file else None, column)
         return physical if physical in handle.file.schema_arrow.names else 1
+
+
+_BACKTRACE = re.compile(r"\n\s*0: ")
+
+
+def _message(exc: BaseException) -> str:
+    """deltalake's error text without the Rust backtrace its kernel errors carry, nor a
+    trailing period (the caller's sentence follows)."""
+    return _BACKTRACE.split(str(exc), maxsplit=1)[0].strip().rstrip(".")
 
 
 def _reader(dt: Any, identity: TableIdentity, version: int,

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from lakeckpt_tables.bench.peers import (
+from lakeckpt_tables.tools.bench.data import ensure_token_table
+from lakeckpt_tables.tools.bench.peers import (
     PlainParquetDataset,
-    ensure_token_table,
     format_peers,
     hf_available,
-    raw_batches,
     run_peers_bench,
     write_json,
 )
+from lakeckpt_tables.tools.bench.raw import raw_batches
 
 ROWS = 6_000
 
@@ -31,7 +31,7 @@ def token_table(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str
 
 def test_token_table_has_every_id_once_and_is_reused(token_table, tmp_path: Path) -> None:
     uri, files = token_table
-    ids = [int(i) for f in files for b in raw_batches([(f, 0)], 10_000) for i in b["id"]]
+    ids = [int(i) for f in files for b in raw_batches([(f, 0)], ["id"], 10_000) for i in b["id"]]
     assert sorted(ids) == list(range(ROWS))
     assert ensure_token_table(Path(uri).parent, ROWS) == (uri, files)
 
@@ -89,7 +89,7 @@ def test_chunked_loader_runs_beside_the_per_batch_loader_across_batch_sizes(
 def test_the_worker_grid_runs_alone_from_the_command_line(
     token_table, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from lakeckpt_tables.bench.workers import main
+    from lakeckpt_tables.tools.bench.workers import main
 
     uri, _ = token_table
     assert main(["--rows", str(ROWS), "--rounds", "1", "--batch-sizes", "512,3000",

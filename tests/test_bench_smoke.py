@@ -109,10 +109,14 @@ def test_run_read_bench_reports_every_figure_with_its_target(bench_root: Path) -
     assert [f["target"] for f in data["figures"]
             if f["name"] == "deletion vectors / plain read"] == [">= 0.95x"]
     loaders = data["loaders"]
-    assert loaders["rows"] == ROWS
-    assert sorted(loaders["library"]) == ["0@1024", "0@8192", "2@1024", "2@8192"]
-    assert sorted(loaders["raw"]) == ["1024", "8192"]
-    assert "StatefulDataLoader, 2 workers, batch 1024 / raw" in names
+    assert loaders["rows"] == ROWS and loaders["bench"] == "workers"
+    assert sorted(loaders["rows_per_s"]) == ["library 0@1024", "library 0@8192",
+                                             "library 2@1024", "library 2@8192", "raw@1024",
+                                             "raw@8192"]
+    assert "StatefulDataLoader grid: batch 1024: library 2 workers / raw read" in names
+    assert data["bench"] == "read" and "narrow table (id int64, x float32)" in data["shape"]
+    assert data["ratios"]["reader / raw, shuffle off"] == throughput["ratio"]
+    assert "batch 8192: library 2 workers / 0 workers" in data["ratios"]
     text = format_report(report)
     assert "reader / raw, shuffle off" in text and ">= 0.9x" in text and "<= 64 KB" in text
 

@@ -37,6 +37,8 @@ __all__ = [
     "percentile",
     "quiet",
     "scratch",
+    "timed_pass",
+    "warm_up",
     "write_delta",
 ]
 
@@ -164,6 +166,35 @@ class LoopTime:
     def wall_rate(self) -> float:
         """Rows per wall-clock second."""
         return self.rows / max(self.wall_s, 1e-9)
+
+
+def timed_pass(name: str, make: Callable[[], Iterable[Mapping[str, torch.Tensor]]],
+               expected: int, column: str = "id") -> LoopTime:
+    """One whole pass of the iterable ``make()`` builds, building it (workers starting)
+    included: a loader that prefetches must not be timed from its first batch. CPU time is
+    this (the main) process's.
+
+    Raises:
+        RuntimeError: the pass did not deliver ``expected`` rows: its figure would compare
+            different work.
+    """
+    wall, cpu = clock(), time.process_time()
+    batches = iter(make())
+    rows = sum(int(b[column].shape[0]) for b in batches)
+    out = LoopTime(rows, clock() - wall, time.process_time() - cpu)
+    del batches  # a loader's workers end here, not during the next loop's pass
+    if rows != expected:
+        raise RuntimeError(f"{name}: a pass delivered {rows} rows, expected {expected}")
+    return out
+
+
+def warm_up(makers: Mapping[str, Callable[[], Iterable[Any]]]) -> None:
+    """Take one batch of each loop, uncounted: the first use of a code path (imports, kernels,
+    thread pools) lands here, not in the first measured pass of whichever loop runs first."""
+    for make in makers.values():
+        batches = iter(make())
+        next(batches, None)
+        del batches
 
 
 def interleaved_pass(

@@ -16,10 +16,19 @@ segment over a backlog of 10,000 commits (1,000 with ``--quick``).
 ``lakeckpt bench tables [--rows N] [--dir PATH] [--json]``: the cost of deletion vectors and
 partition columns alone (also part of ``bench read``).
 
-``lakeckpt bench peers [--rows N | --quick] [--dir PATH] [--json-out FILE]``: one token table
-read by raw pyarrow, a plain IterableDataset, naive skip-ahead resume, Hugging Face datasets
-streaming and the library, under StatefulDataLoader at 0 and 2 workers; a markdown table of
-ratios, resume times at 0/50/90%.
+``lakeckpt bench peers [--rows N | --quick] [--shapes narrow,tokens] [--workers 0] [--json]``:
+a narrow numeric table and a token table, each read by raw pyarrow, StatefulDataLoader over a
+plain IterableDataset (the ceiling), the library and Hugging Face datasets streaming; wall
+clock, medians of paired rounds; resume at 0/50/90% of a pass.
+
+``lakeckpt bench workers [--shape tokens] [--workers 0,2,4,8] [--batch-sizes 1024,8192]``: the
+library at each worker count beside the raw read, and what one batch costs (decode, copy,
+hand-off): when workers pay.
+
+``lakeckpt bench compare NEW.json [--baseline B]``: every ratio of a ``--json`` report that fell
+more than 10% below the committed baseline (``baselines/``); exit status 1 when any fell.
+
+Every throughput figure is wall-clock time (CPU time beside it), and names its table's shape.
 """
 
 from __future__ import annotations
@@ -29,6 +38,9 @@ import json
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from lakeckpt_tables.tools.bench import compare
+from lakeckpt_tables.tools.bench._common import scratch
 
 __all__ = ["register", "run"]
 
@@ -45,11 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                           "workers, shuffle quality on one large row group, what deletion "
                           "vectors and partition columns cost, and the reader under "
                           "StatefulDataLoader at 0 and 2 workers across batch sizes.")
-    size = read.add_mutually_exclusive_group()
-    size.add_argument("--rows", type=_positive, default=DEFAULT_ROWS,
-                      help=f"rows of the synthetic table (default {DEFAULT_ROWS:,})")
-    size.add_argument("--quick", action="store_const", dest="rows", const=QUICK_ROWS,
-                      help=f"a fast smoke run on {QUICK_ROWS:,} rows")
+    _size_arguments(read, "the synthetic table", DEFAULT_ROWS, QUICK_ROWS)
     read.add_argument("--dir", metavar="PATH", default=None,
                       help="keep the synthetic table under PATH and reuse it on later runs "
                       "(default: a temporary directory, removed afterwards)")
@@ -132,25 +140,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     audit.add_argument("--dir", metavar="PATH", default=None,
                        help="build the ledger under PATH (default: a temporary directory)")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
-    from lakeckpt_tables.tools.bench.peers import DEFAULT_ROWS as PEER_ROWS
-    from lakeckpt_tables.tools.bench.peers import QUICK_ROWS as PEER_QUICK
-
-    peers = sub.add_parser("peers", help="the library beside raw pyarrow, a plain loader, HF",
-                           description="One token table read by raw pyarrow, StatefulDataLoader "
-                           "over a plain IterableDataset, naive skip-ahead resume, Hugging Face "
-                           "datasets streaming (the 'bench' extra) and the library, at 0 and 2 "
-                           "workers, with resume at 0, 50 and 90% of a pass.")
-    psize = peers.add_mutually_exclusive_group()
-    psize.add_argument("--rows", type=_positive, default=PEER_ROWS,
-                       help=f"rows of the token table (default {PEER_ROWS:,})")
-    psize.add_argument("--quick", action="store_const", dest="rows", const=PEER_QUICK,
-                       help=f"a fast smoke run on {PEER_QUICK:,} rows")
-    peers.add_argument("--batch-size", type=_positive, default=1024, help="rows per batch")
-    peers.add_argument("--rounds", type=_positive, default=3, help="rounds (median taken)")
-    peers.add_argument("--dir", metavar="PATH", default=None,
-                       help="keep the token table under PATH and reuse it (default: temporary)")
-    peers.add_argument("--json-out", metavar="FILE", default=None,
-                       help="also write the report as JSON to FILE")
+    _register_peers(sub)
+    _register_workers(sub)
+    compare.register(sub)
     from lakeckpt_tables.tools.bench import planning
 
     planning.register(sub)
@@ -174,6 +166,80 @@ def register(parser: argparse.ArgumentParser) -> None:
     tables.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def _register_peers(sub: Any) -> None:
+    from lakeckpt_tables.tools.bench.peers import QUICK_ROWS
+    from lakeckpt_tables.tools.bench.shapes import (
+        DEFAULT_FILES,
+        DEFAULT_ROW_GROUPS,
+        DEFAULT_ROWS,
+        SHAPES,
+    )
+
+    peers = sub.add_parser("peers", help="the library beside raw pyarrow, a plain loader, HF",
+                           description="A narrow numeric table and a token table, each read by "
+                           "raw pyarrow, StatefulDataLoader over a plain IterableDataset (the "
+                           "ceiling), the library and Hugging Face datasets streaming (the "
+                           "'bench' extra); wall clock, medians of paired rounds; resume at 0, "
+                           "50 and 90% of a pass.")
+    _size_arguments(peers, "each table", DEFAULT_ROWS, QUICK_ROWS)
+    _shape_arguments(peers, DEFAULT_FILES, DEFAULT_ROW_GROUPS)
+    peers.add_argument("--shapes", type=_names(SHAPES), default=tuple(SHAPES),
+                       help=f"comma-separated table shapes (default {','.join(SHAPES)})")
+    peers.add_argument("--batch-size", type=_positive, default=1024, help="rows per batch")
+    peers.add_argument("--rounds", type=_positive, default=3, help="rounds (median taken)")
+    peers.add_argument("--workers", type=_counts, default=(0,),
+                       help="comma-separated DataLoader worker counts (default 0)")
+    peers.add_argument("--no-resume", dest="resume", action="store_false",
+                       help="skip the resume figures")
+    peers.add_argument("--json", action="store_true", help="print the report as JSON")
+    peers.add_argument("--json-out", metavar="FILE", default=None,
+                       help="also write the report as JSON to FILE")
+
+
+def _register_workers(sub: Any) -> None:
+    from lakeckpt_tables.tools.bench.shapes import SHAPES
+    from lakeckpt_tables.tools.bench.workers import BATCH_SIZES, WORKERS
+
+    workers = sub.add_parser("workers", help="when DataLoader workers pay: grid and per-batch "
+                             "costs", description="The library under StatefulDataLoader and "
+                             "ChunkedLoader at each worker count beside the raw read, whole "
+                             "passes in wall clock, and what one batch costs: decode, the "
+                             "library's work, the copy into shared memory, the main process's "
+                             "hand-off.")
+    workers.add_argument("--shape", choices=tuple(SHAPES), default="tokens",
+                         help="table shape (default tokens)")
+    workers.add_argument("--rows", type=_positive, default=1_000_000,
+                         help="rows of the table (default 1,000,000)")
+    _shape_arguments(workers, 8, 64)
+    workers.add_argument("--workers", type=_counts, default=WORKERS,
+                         help=f"comma-separated worker counts (default "
+                         f"{','.join(map(str, WORKERS))})")
+    workers.add_argument("--batch-sizes", type=_counts, default=BATCH_SIZES,
+                         help=f"comma-separated batch sizes (default "
+                         f"{','.join(map(str, BATCH_SIZES))})")
+    workers.add_argument("--rounds", type=_positive, default=3, help="rounds (median taken)")
+    workers.add_argument("--no-chunked", dest="chunked", action="store_false",
+                         help="leave ChunkedLoader out")
+    workers.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _size_arguments(parser: argparse.ArgumentParser, what: str, rows: int, quick: int) -> None:
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--rows", type=_positive, default=rows,
+                      help=f"rows of {what} (default {rows:,})")
+    size.add_argument("--quick", action="store_const", dest="rows", const=quick,
+                      help=f"a fast smoke run on {quick:,} rows")
+
+
+def _shape_arguments(parser: argparse.ArgumentParser, files: int, row_groups: int) -> None:
+    parser.add_argument("--files", type=_positive, default=files,
+                        help=f"data files of each table (default {files})")
+    parser.add_argument("--row-groups", type=_positive, default=row_groups,
+                        help=f"row groups of each table in all (default {row_groups})")
+    parser.add_argument("--dir", metavar="PATH", default=None,
+                        help="keep the tables under PATH and reuse them (default: temporary)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark; exit status 0 when every target is met, 1 otherwise."""
     if args.bench == "read":
@@ -188,6 +254,10 @@ def run(args: argparse.Namespace) -> int:
         return _tables(args)
     if args.bench == "peers":
         return _peers(args)
+    if args.bench == "workers":
+        return _workers(args)
+    if args.bench == "compare":
+        return compare.run(args)
     if args.bench == "planning":
         from lakeckpt_tables.tools.bench import planning
 
@@ -259,18 +329,48 @@ def _tables(args: argparse.Namespace) -> int:
 
 
 def _peers(args: argparse.Namespace) -> int:
-    import tempfile
-
     from lakeckpt_tables.tools.bench.peers import format_peers, run_peers_bench, write_json
 
-    with tempfile.TemporaryDirectory(prefix="lakeckpt-peers-") as scratch:
-        report = run_peers_bench(args.dir or scratch, rows=args.rows,
-                                 batch_size=args.batch_size, rounds=args.rounds,
+    with scratch(args.dir, "lakeckpt-peers-") as root:
+        report = run_peers_bench(root, shapes=args.shapes, rows=args.rows, files=args.files,
+                                 row_groups=args.row_groups, batch_size=args.batch_size,
+                                 rounds=args.rounds, workers=args.workers, resume=args.resume,
                                  progress=_progress)
-    print(format_peers(report))
     if args.json_out:
         write_json(report, args.json_out)
-    return 0
+    return _emit(report, args.json, format_peers)
+
+
+def _workers(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.tools.bench.workers import format_workers, run_workers_bench
+
+    with scratch(args.dir, "lakeckpt-workers-") as root:
+        report = run_workers_bench(root, shape=args.shape, rows=args.rows, files=args.files,
+                                   row_groups=args.row_groups, workers=args.workers,
+                                   batch_sizes=args.batch_sizes, rounds=args.rounds,
+                                   chunked=args.chunked, progress=_progress)
+    return _emit(report, args.json, format_workers)
+
+
+def _names(choices: Any) -> Any:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(n for n in text.split(",") if n)
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or 'empty list'}; "
+                                             f"choose among {', '.join(choices)}")
+        return names
+    return parse
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v)
+    except ValueError:
+        values = ()
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated counts >= 0, got {text!r}")
+    return values
 
 
 def _seconds(text: str) -> float:

@@ -9,19 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from lakeckpt_tables.tools.bench._common import write_delta
 
-__all__ = ["ROW_GROUP_ROWS", "TOKEN_COLUMNS", "SyntheticTable", "ensure_synthetic_table",
-           "ensure_token_table", "file_count", "synthetic_parts", "warm_page_cache"]
+__all__ = ["ROW_GROUP_ROWS", "SyntheticTable", "ensure_synthetic_table", "file_count",
+           "synthetic_parts", "warm_page_cache"]
 
 ROW_GROUP_ROWS = 131_072
 """Rows per Parquet row group: the ~128k of a typical writer's default."""
-
-TOKEN_COLUMNS = ("id", "tokens")
-"""The token table: ``id`` int64 and ``tokens`` list<int32> of 8-64 tokens."""
-TOKEN_ROW_GROUP_ROWS = 65_536
 
 _MAX_FILES = 8
 _ROWS_PER_FILE = 500_000
@@ -43,6 +38,11 @@ class SyntheticTable:
     rows: int
     files: int
     reused: bool
+
+    def describe(self) -> str:
+        """The shape as the figures name it."""
+        return (f"narrow table (id int64, x float32): {self.rows:,} rows, {self.files} files, "
+                f"row groups of {ROW_GROUP_ROWS:,} rows")
 
 
 def file_count(rows: int) -> int:
@@ -115,31 +115,3 @@ def warm_page_cache(paths: list[str]) -> int:
                 total += len(chunk)
     return total
 
-
-def ensure_token_table(root: str | Path, rows: int) -> tuple[str, list[str]]:
-    """A Delta table of ``rows`` token rows under ``root`` (reused when already complete).
-
-    Returns:
-        The table URI and its data files (local paths, canonical order).
-    """
-    from deltalake import DeltaTable, WriterProperties, write_deltalake
-
-    path = Path(root) / f"tokens-{rows}"
-    if (path / "_delta_log").is_dir():
-        dt = DeltaTable(str(path))
-        files = sorted(str(path / f) for f in dt.file_uris())
-        if sum(pq.ParquetFile(f).metadata.num_rows for f in files) == rows:
-            return str(path), files
-    rng = np.random.default_rng(0)
-    props = WriterProperties(max_row_group_size=TOKEN_ROW_GROUP_ROWS, compression="SNAPPY")
-    bounds = [rows * i // 4 for i in range(5)] if rows >= 4 else [0, rows]
-    for lo, hi in itertools.pairwise(bounds):
-        lengths = rng.integers(8, 65, hi - lo)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        values = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
-        tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-        write_deltalake(str(path), pa.table({"id": np.arange(lo, hi, dtype=np.int64),
-                                             "tokens": tokens}),
-                        mode="append", writer_properties=props)
-    dt = DeltaTable(str(path))
-    return str(path), sorted(dt.file_uris())

@@ -6,7 +6,7 @@ epoch; bounded plan units (NOTE [ bounded units ] in ``reader/rounds.py``) must 
 - |rho|: Spearman rank correlation between row id and delivery position (target <= 0.05);
 - throughput: shuffle on against the raw pyarrow -> torch read of the same row group
   (target >= 0.8x): the two loops interleaved batch by batch, the median over rounds of the
-  paired CPU-time ratios (NOTE [ interleaving ] in ``_common.py``), as ``bench read`` measures
+  paired wall-clock ratios (NOTE [ interleaving ] in ``_common.py``), as ``bench read`` measures
   its own; each round reads with a fresh dataset (its row group cache empty) built outside
   the timed calls, as the raw loop's file is opened outside them;
 - beside it, the ceiling of any per-row shuffle: the raw read plus one gather of the row group
@@ -58,7 +58,7 @@ class ShuffleResult:
 
     @property
     def ratio(self) -> float:
-        """Shuffle on / raw: the median of the rounds' paired CPU-time ratios."""
+        """Shuffle on / raw: the median of the rounds' paired wall-clock ratios."""
         if self.round_ratios:
             return statistics.median(self.round_ratios)
         return self.shuffled_rows_per_s / self.raw_rows_per_s
@@ -136,7 +136,7 @@ def measure_shuffle(root: str | Path, *, rows: int = 500_000, world_size: int = 
     runs = interleaved_rounds(loops, "id", {"raw": rows, "shuffled": rows, "gathered": rows},
                               rounds=rounds, min_seconds=min_seconds)
     return ShuffleResult(rows, world_size, float(np.mean(overlaps)), float(max(rhos)),
-                         max(r["raw"].cpu_rate for r in runs),
-                         max(r["shuffled"].cpu_rate for r in runs),
-                         tuple(r["raw"].cpu_s / max(r["shuffled"].cpu_s, 1e-9) for r in runs),
-                         tuple(r["raw"].cpu_s / max(r["gathered"].cpu_s, 1e-9) for r in runs))
+                         max(r["raw"].wall_rate for r in runs),
+                         max(r["shuffled"].wall_rate for r in runs),
+                         tuple(r["raw"].wall_s / max(r["shuffled"].wall_s, 1e-9) for r in runs),
+                         tuple(r["raw"].wall_s / max(r["gathered"].wall_s, 1e-9) for r in runs))

@@ -38,12 +38,18 @@ from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.errors import EmptySourceError
 
 _CI = os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
-_SETTINGS = settings(
-    max_examples=6 if _CI else settings.default.max_examples, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    # CI reports the failing example as drawn (its operations are in the assertion message):
-    # shrinking examples of a few seconds each would outlast the time limit
-    phases=[Phase.explicit, Phase.generate] if _CI else list(Phase))
+
+
+def _settings(ci_examples: int) -> settings:
+    """``ci_examples`` examples in CI (an Iceberg one costs ~2 s, a Delta one ~0.1 s); the
+    explore profile's count otherwise."""
+    return settings(
+        max_examples=ci_examples if _CI else settings.default.max_examples, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        # CI reports the failing example as drawn (its operations are in the assertion
+        # message): shrinking examples of seconds each would outlast the time limit
+        phases=[Phase.explicit, Phase.generate] if _CI else list(Phase))
+
 
 _OPS = st.lists(st.tuples(st.sampled_from(
     ["append", "append", "add", "drop", "rename", "swap", "readd", "promote", "delete",
@@ -187,7 +193,7 @@ class _IcebergModel:
 
 
 @pytest.mark.timeout(120 if _CI else 3600)
-@_SETTINGS
+@_settings(6)
 @given(ops=_OPS)
 def test_iceberg_every_snapshot_and_latest_read_as_pyiceberg_reads_them(
         ops: list[tuple[str, int]]) -> None:
@@ -318,7 +324,7 @@ class _DeltaModel:
 
 
 @pytest.mark.timeout(120 if _CI else 3600)
-@_SETTINGS
+@_settings(15)
 @given(mode=st.sampled_from(["none", "name", "id"]), ops=_OPS)
 def test_delta_every_version_and_latest_read_as_the_kernel_reads_them(
         mode: str, ops: list[tuple[str, int]]) -> None:

@@ -336,8 +336,9 @@ def test_an_iceberg_source_is_found_in_the_catalog_the_ledger_records_or_the_one
     source = run.run.records[0].source
     assert source is not None
     ledger.record_events("ice", [LedgerEvent("source", {
-        **source.to_json(), "catalog": "jcat"})])
+        **source.to_json(), "catalog": "jcat", "identifier": "data.events"})])
     assert _json(["verify", target], capsys)[0]["ok"] is True
+    assert [r["rows"] for r in _json(["audit", target, "--where", "id = 7"], capsys)] == [1]
 
 
 def test_expected_failures_of_every_command_are_one_line_and_exit_2(

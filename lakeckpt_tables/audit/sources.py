@@ -54,7 +54,8 @@ def open_source(fmt: str, location: str, *, catalog: Any = None,
         storage_options: storage options of a Delta source (as ``DeltaSource`` takes them).
         source_catalog: the catalog holding an Iceberg source (object, name or SQLAlchemy
             URI), searched first.
-        recorded_catalog: the name of the catalog the ledger records for the source.
+        recorded_catalog: the catalog the ledger records for the source: its name, or
+            ``name/namespace.table`` when the identifier is recorded too (tried first).
 
     Raises:
         SourceNotFoundError: no such table (for Iceberg: none at that location in any catalog
@@ -70,9 +71,11 @@ def open_source(fmt: str, location: str, *, catalog: Any = None,
     from lakeckpt_tables.sources.iceberg import IcebergSource
 
     searched = []
+    hint = recorded_catalog.split("/", 1)[1] if recorded_catalog and "/" in recorded_catalog \
+        else None
     for candidate in _catalogs(source_catalog, recorded_catalog, catalog):
         searched.append(repr(candidate.name))
-        identifier = _find(candidate, location, table_id)
+        identifier = _find(candidate, location, table_id, hint)
         if identifier is not None:
             return IcebergSource(".".join(identifier), catalog=candidate)
     raise SourceNotFoundError(
@@ -95,7 +98,7 @@ def _catalogs(source_catalog: Any, recorded: str | None, ledger_catalog: Any) ->
     seen: set[str] = set()
     if recorded:
         try:
-            found = load_catalog(recorded)
+            found = load_catalog(recorded.split("/", 1)[0])
         except LakeckptError:
             found = None  # not configured where the audit runs: the next ones
         if found is not None:
@@ -131,14 +134,28 @@ def _sql_catalogs(uri: str) -> Iterable[Any]:
         yield SqlCatalog(name, uri=uri)
 
 
-def _find(catalog: Any, location: str, table_id: str | None) -> tuple[str, ...] | None:
+def _find(catalog: Any, location: str, table_id: str | None,
+          hint: str | None = None) -> tuple[str, ...] | None:
+    """The identifier of the table at ``location`` (or with ``table_id``): the recorded
+    ``hint`` first, else every table of the catalog's namespaces."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
     from lakeckpt_tables.sources.base import local_path_or_uri
 
+    def matches(identifier: Any) -> bool:
+        table = catalog.load_table(identifier)
+        return (local_path_or_uri(table.metadata.location) == location
+                or str(table.metadata.table_uuid) == table_id)
+
+    if hint:
+        try:
+            if matches(hint):
+                return tuple(hint.split("."))
+        except (NoSuchTableError, NoSuchNamespaceError, ValueError):
+            pass  # renamed or dropped since: search
     for namespace in catalog.list_namespaces():
         for identifier in catalog.list_tables(namespace):
-            table = catalog.load_table(identifier)
-            if (local_path_or_uri(table.metadata.location) == location
-                    or str(table.metadata.table_uuid) == table_id):
+            if matches(identifier):
                 return tuple(identifier)
     return None
 
@@ -164,7 +181,11 @@ def recorded_catalogs(scan: Callable[[Any, list[str]], Any]) -> dict[str, str]:
     for text in events[s.DETAIL].to_pylist():
         detail = json.loads(text or "{}")
         if detail.get("catalog"):
+            # "catalog" or "catalog/namespace.table" when the identifier is recorded too
+            name = str(detail["catalog"])
+            if detail.get("identifier"):
+                name = f"{name}/{detail['identifier']}"
             for key in ("location", "table_id"):
                 if detail.get(key):
-                    found[str(detail[key])] = str(detail["catalog"])
+                    found[str(detail[key])] = name
     return found

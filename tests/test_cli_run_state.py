@@ -28,9 +28,10 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _train(table: Path, root: Path, run_id: str, saves: int, **kwargs: Any) -> list[Any]:
+def _train(table: Path, root: Path, run_id: str, saves: int, *, batch: int = 10,
+           **kwargs: Any) -> list[Any]:
     """A run saving every step, stopped after ``saves`` saves as a SIGKILL would stop it."""
-    loader = StatefulDataLoader(LakeDataset(DeltaSource(str(table)), batch_size=10, seed=1),
+    loader = StatefulDataLoader(LakeDataset(DeltaSource(str(table)), batch_size=batch, seed=1),
                                 batch_size=None)
     manager = CheckpointManager(root, run_id, **kwargs)
     model = torch.nn.Linear(1, 1)
@@ -141,3 +142,18 @@ def test_steps_lost_count_the_steps_trained_after_the_restored_checkpoint(
         "SELECT step, newest_step, reached_step, steps_lost, fallback FROM recoveries "
         "ORDER BY restored_at").fetchall()
     assert got == [(3, 3, 10, 7, False), (1, 3, None, 2, True)]
+
+
+def test_a_run_that_consumed_its_passes_is_finished_even_when_its_registry_says_running(
+        table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LAKECKPT_REGISTRY", raising=False)
+    root = tmp_path / "root"
+    _train(table, root, "whole", 4, batch=100)  # 4 x 100 rows: the whole pass
+    assert registry.flush()
+    shown = _json(["progress", str(root), "--stale-after", AT_ONCE], capsys)
+    assert [(p["state"], p["percent"], p["eta_s"]) for p in shown] == [("done", 100.0, 0.0)]
+    listed = _json(["runs", "--stale-after", AT_ONCE], capsys)
+    assert [(r["run_id"], r["status"], r["registered_status"]) for r in listed] == [
+        ("whole", "finished", "running")]

@@ -62,7 +62,9 @@ def _ledger_states(runs: list[dict[str, Any]], catalog: Any,
     """(ledger, run) -> the ``runs`` view's row, for runs the registry calls running."""
     import sys
 
-    from lakeckpt_tables.audit.views import connect
+    from lakeckpt_tables.audit._target import read_ledger
+    from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+    from lakeckpt_tables.audit.views import connect_snapshots
     from lakeckpt_tables.cli._options import redact, secrets_of, storage_options
 
     options = storage_options(args)
@@ -70,8 +72,11 @@ def _ledger_states(runs: list[dict[str, Any]], catalog: Any,
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for ledger in ledgers:
         try:
-            con = connect(ledger, catalog=catalog, storage_options=options,
-                          stale_after=args.stale_after)
+            snapshot = read_ledger(ledger, catalog=catalog,
+                                   storage_options=delta_options(ledger_uri(ledger), options))
+            # the ledger alone: its 'round' events size the passes; no source table is opened
+            con = connect_snapshots([snapshot], look_up_sources=False,
+                                    stale_after=args.stale_after)
             rows = con.sql("SELECT run_id, state, last_commit_at FROM runs").to_arrow_table()
         except LakeckptError as e:
             # one unreadable ledger does not hide the others: its runs keep the registry's word

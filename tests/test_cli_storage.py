@@ -95,6 +95,29 @@ def test_storage_options_reach_the_ledger_checkpoints_and_source_in_all_three_fo
 
 
 @pytest.mark.timeout(120)
+def test_tag_gc_and_maintain_write_through_the_storage_options(
+        s3: S3Server, clean_env: None, capsys: pytest.CaptureFixture[str]) -> None:
+    options = s3.options()
+    root = f"s3://{s3.bucket('gc')}/ckpt"
+    manager = CheckpointManager(root, "g", storage_options=options, keep_last=5)
+    model = torch.nn.Linear(1, 1)
+    records = [manager.save(step, model=model) for step in (1, 2, 3)]
+    given = ["--storage-options", json.dumps(options), "--output", "json"]
+    assert records[0] is not None
+    code, out, err = _lakeckpt(capsys, "tag", root, records[0].checkpoint_id, "best", *given)
+    assert code == 0, err
+    code, out, err = _lakeckpt(capsys, "gc", root, "--keep-last", "1", *given)
+    assert code == 0, err
+    assert [r["location"] for r in json.loads(out)] == [records[1].model_location]
+    assert not Storage(root, options).exists(records[1].model_location)
+    code, out, err = _lakeckpt(capsys, "checkpoints", root, *given)
+    assert [(c["step"], c["status"], c["tags"]) for c in json.loads(out)] == [
+        (1, "committed", ["best"]), (2, "removed", []), (3, "committed", [])]
+    code, out, err = _lakeckpt(capsys, "maintain", root, *given)
+    assert code == 0 and json.loads(out)[0]["rows_after"] == 5, err  # 3 + tag + removed
+
+
+@pytest.mark.timeout(120)
 def test_an_s3_root_without_options_is_one_line_telling_how_to_pass_them(
         s3_root: str, clean_env: None) -> None:
     # a process of its own: what reaches the terminal, traceback or not

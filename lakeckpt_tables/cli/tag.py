@@ -24,8 +24,9 @@ def run(args: argparse.Namespace) -> int:
     from lakeckpt_tables.ledger import LedgerEvent
     from lakeckpt_tables.ledger.base import EVENT_TAG
 
-    ledger = existing_ledger(args.target, args.catalog, storage_options(args))
-    con = connect(ledger)
+    options = storage_options(args)
+    ledger = existing_ledger(args.target, args.catalog, options)
+    con = connect(ledger, storage_options=options)
     found = con.sql("SELECT run_id, checkpoint_id, step FROM checkpoints "
                     "WHERE starts_with(checkpoint_id, $id)",
                     params={"id": args.checkpoint}).fetchall()

@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,11 +110,13 @@ def run_page(page: Path, work: Path, scratch: Path) -> str:
             script.write_text(code)
             argv = ([str(BIN / "python"), str(script)] if block.lang == "python"
                     else ["bash", "-euo", "pipefail", str(script)])
+            began = time.monotonic()
             proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
             groups.append(proc.pid)
             out, err = proc.communicate(timeout=150)
-            shown.append(f"--- {block} exit {proc.returncode}\n{out}{err}")
+            took = time.monotonic() - began
+            shown.append(f"--- {block} exit {proc.returncode} in {took:.1f} s\n{out}{err}")
             assert proc.returncode == 0, "\n".join(shown)
             assert "Warning" not in err, f"{block} printed a warning:\n{err}"
     finally:
@@ -129,7 +132,7 @@ EXPECTED = {
     "s3-end-to-end.md": ["delta: starting at step 8", "delta: finished at step 16",
                          "iceberg: finished at step 16"],
     "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "restored step 50"],
-    "audit-and-progress.md": ["5120", "violations=[]"],
+    "audit-and-progress.md": ["6400", "violations=[]"],
 }
 
 
@@ -140,6 +143,7 @@ def readme(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return work, run_page(ROOT / "README.md", work, tmp_path_factory.mktemp("README-blocks"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_readme_quickstart_runs_as_written_without_a_warning(
         readme: tuple[Path, str]) -> None:
@@ -153,6 +157,7 @@ def test_the_readme_quickstart_runs_as_written_without_a_warning(
     assert (work / ".home" / "catalog.db").is_file()  # the default catalog was the fresh one
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("page", [p for p in PAGES if p.name != "README.md"],
                          ids=lambda p: p.name)

@@ -23,6 +23,7 @@ second, and the main process takes at most ``1 / hand-off``: workers pay when bo
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -140,7 +141,7 @@ def _copy_us(units: Sequence[tuple[str, int]], columns: Sequence[str], batch: in
     for b in raw_batches(units, columns, batch):
         started = time.process_time()
         for tensor in b.values():
-            tensor.share_memory_()
+            tensor.share_memory_()  # type: ignore[no-untyped-call]
         spent += time.process_time() - started
         batches += 1
         del b  # its shared memory is released here
@@ -194,7 +195,8 @@ def measure_workers(
     with no_loader_warnings():
         for batch in batch_sizes:
             makers: dict[str, Callable[[], Iterable[Any]]] = {
-                f"raw@{batch}": lambda b=batch: raw_batches(units, cols, b, handles=handles)}
+                f"raw@{batch}": functools.partial(raw_batches, units, cols, batch,
+                                                  handles=handles)}
             makers.update({f"library {w}@{batch}": library(batch, w) for w in workers})
             if chunked:
                 makers.update({f"chunked {w}@{batch}": in_chunks(batch, w)

@@ -15,7 +15,8 @@ one run, by:
   ways that resumes; row by row with a collate function was 10-70x slower here). Installed
   through the ``bench`` extra; reported as skipped when absent.
 
-Every figure is wall-clock time of whole passes (the main process's CPU time beside it); a
+Every figure is wall-clock time of whole passes (the main process's CPU time beside it: with
+several torch threads it includes their spinning, so read it as an upper bound); a
 ratio is the median over rounds of the ratio within each round (NOTE [ fair rounds ]). Resume:
 time to the first batch after resuming at 0, 50 and 90% of a pass, for the library (a seek), a
 naive skip-ahead resume (read and drop the rows already delivered) and ``hf``.

@@ -149,3 +149,14 @@ class ResumePathError(StateMismatchError):
 
 class ProcessGroupError(LakeckptError):
     """The environment says several ranks but no torch.distributed process group is set up."""
+
+
+class CheckpointRestoreError(CheckpointError):
+    """A restore cannot proceed (the model or optimizer does not fit the checkpoint, the
+    checkpoint asked for is not restorable, a required checkpoint is absent); the message names
+    the cause, and nothing was loaded, claimed or recorded."""
+
+
+class RunInUseError(CheckpointError):
+    """Another live job owns the run and the manager was asked to refuse, not fence it
+    (``takeover="refuse"``); the message names the owner and how to take over deliberately."""

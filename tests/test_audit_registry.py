@@ -16,7 +16,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.audit import connect, registry
-from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.checkpoint import CheckpointManager, registration
 from lakeckpt_tables.cli import main
 
 
@@ -50,7 +50,7 @@ def test_a_run_registers_with_latest_best_table_and_status(
     monkeypatch.delenv("LAKECKPT_REGISTRY", raising=False)
     first = _train(table, tmp_path / "root1", "run-one", 3)
     second = _train(table, tmp_path / "root2", "run-two", 2)
-    assert registry.flush()
+    assert registration.flush()
     runs = registry.registered_runs()
     assert [(r["run_id"], r["root"], r["status"], r["latest"], r["latest_step"], r["best"],
              r["best_step"], r["experiment"], r["table_uri"], r["table_version"])
@@ -96,7 +96,7 @@ def test_registration_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("LAKECKPT_REGISTRY", "off")
     CheckpointManager(tmp_path / "root", "quiet").save(1, model=torch.nn.Linear(1, 1))
-    assert registry.flush()
+    assert registration.flush()
     assert not (tmp_path / "home" / "catalog.db").exists()
 
 
@@ -111,7 +111,7 @@ def test_runs_register_in_a_postgresql_catalog(table: Path, tmp_path: Path,
     monkeypatch.delenv("LAKECKPT_REGISTRY", raising=False)
     run_id = f"pg-{uuid.uuid4().hex[:8]}"
     ids = _train(table, tmp_path / "root", run_id, 2)
-    assert registry.flush()
+    assert registration.flush()
     catalog = registry.load_catalog(uri)
     mine = [r for r in registry.registered_runs(catalog) if r["run_id"] == run_id]
     try:

@@ -35,6 +35,7 @@ from lakeckpt_tables.errors import CommitStateUnknownError, LedgerCorruptError, 
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
+from lakeckpt_tables.ledger.spec import LedgerSpec
 from lakeckpt_tables.ledger.summary import (
     SUMMARY_DIR,
     SUMMARY_SCHEMA,
@@ -81,6 +82,11 @@ class DeltaLedger(LedgerBase[AddAction]):
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
         return f"delta:{self._uri}"
+
+    @property
+    def spec(self) -> LedgerSpec:
+        """Where the ledger lives, as a value."""
+        return LedgerSpec("delta", self._uri)
 
     def compact(self) -> None:
         """Rewrite the ledger's files into one and checkpoint the log.

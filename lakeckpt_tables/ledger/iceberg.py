@@ -43,6 +43,7 @@ from lakeckpt_tables.errors import CommitConflictError, LedgerCorruptError, Ledg
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
+from lakeckpt_tables.ledger.spec import LedgerSpec
 
 __all__ = ["IcebergLedger"]
 
@@ -131,6 +132,11 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
         return f"iceberg:{self._identifier} (catalog {self._catalog.name})"
+
+    @property
+    def spec(self) -> LedgerSpec:
+        """Where the ledger lives, as a value."""
+        return LedgerSpec("iceberg", self._identifier, self._catalog.name)
 
     def compact(self) -> None:
         """Rewrite all data files into one, then expire the snapshots before the rewrite.

@@ -19,43 +19,29 @@ import json
 import logging
 import os
 import uuid
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future
-from contextlib import contextmanager
-from functools import partial
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
-from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint import registration
-from lakeckpt_tables.checkpoint._failures import WRITE_FAILURES, describe_failure
-from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint._world import World
-from lakeckpt_tables.checkpoint.commit import Attempt, Committer, Prepared, failed
-from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
+from lakeckpt_tables.checkpoint.commit import Attempt, Committer
+from lakeckpt_tables.checkpoint.load import Loader
+from lakeckpt_tables.checkpoint.prepare import Preparer
 from lakeckpt_tables.checkpoint.restore_policy import (
-    DCP_METADATA,
-    Choice,
     RestorePolicy,
     Takeover,
 )
 from lakeckpt_tables.checkpoint.retention import Retention
-from lakeckpt_tables.checkpoint.state import Parts, apply_state, build_state, check_fits
+from lakeckpt_tables.checkpoint.state import Parts
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
-from lakeckpt_tables.ledger import CheckpointRecord, LedgerEvent, open_ledger
+from lakeckpt_tables.ledger import CheckpointRecord, open_ledger
 from lakeckpt_tables.reader import (
     ReaderState,
-    dataset_of,
     decode_state,
-    reader_state_of,
     restore_reader,
 )
 
@@ -64,31 +50,6 @@ __all__ = ["CheckpointManager"]
 log = logging.getLogger(__name__)
 
 _CLAIM_TRIES = 3
-
-
-@contextmanager
-def _one_process() -> Iterator[None]:
-    """DCP warns at every save and load without a process group that it assumes one process:
-    a world of one is what the manager means there, so exactly that warning is silenced (the
-    background writer of ``async_save`` still shows it: docs/limits.md)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning, message=(
-            "torch.distributed is disabled, unavailable or uninitialized"))
-        yield
-
-
-class _Writer(FsspecWriter):
-    """DCP's file writer with a crash point after a rank's data files, before ``.metadata``."""
-
-    def __init__(self, path: str, rank: int, **storage_options: Any) -> None:
-        super().__init__(path, **storage_options)
-        self._rank = rank
-
-    def write_data(self, plan: Any, planner: Any) -> Any:
-        future = super().write_data(plan, planner)
-        future.wait()  # the data files of this rank are on disk; .metadata comes later
-        crash_point("prepare:mid_write", self._rank)
-        return future
 
 
 class CheckpointManager:
@@ -151,6 +112,7 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.async_save = async_save
         self.world = World()
+        self._preparer = Preparer(self.storage, self.world, run_id, async_save=async_save)
         self.ledger = open_ledger(ledger, root=self.root,
                                   storage_options=self.storage.ledger_options()
                                   ) if self.world.rank == 0 else None
@@ -172,6 +134,8 @@ class CheckpointManager:
             self._registration = registration.for_run(run_id, self.ledger, root=self.root,
                                                       config_hash=self.config_hash,
                                                       config=config)
+        self._loader = Loader(self.storage, self.world, self._policy, run_id=run_id,
+                              config_hash=self.config_hash)
         self._baseline: ReaderState | None = None
         self._head: CheckpointRecord | None = None  # what this job committed or restored last
         self._pending: Attempt | None = None
@@ -222,7 +186,7 @@ class CheckpointManager:
         checkpoint_id = self.world.broadcast(uuid.uuid4().hex)
         location = f"{self.run_id}/step-{step:09d}-{checkpoint_id[:8]}"
         parts = Parts(model, optimizer, lr_scheduler, extra)
-        prepared, future = self._prepare(location, parts, dataloader)
+        prepared, future = self._preparer.prepare(location, parts, dataloader, self._baseline)
         attempt = Attempt(step, checkpoint_id, location, tuple(tags), prepared, future)
         if future is not None:
             self._pending = attempt
@@ -234,62 +198,8 @@ class CheckpointManager:
         attempt, self._pending = self._pending, None
         if attempt is None:
             return None
-        if attempt.future is not None and attempt.prepared.ok:
-            try:
-                attempt.future.result()
-                attempt.prepared.manifest = self._checksums(attempt.location)
-            except WRITE_FAILURES as exc:  # reported to every rank by the commit phase
-                attempt.prepared = failed(exc)
+        self._preparer.finish(attempt)
         return self._commit(attempt)
-
-    def _prepare(self, location: str, parts: Parts,
-                 dataloader: Any) -> tuple[Prepared, Future[Any] | None]:
-        """Phase 1 on this rank: write the shard, capture reader state and consumption."""
-        rank = self.world.rank
-        try:
-            crash_point("prepare:before_write", rank)
-            reader, consumed, events = self._capture_reader(dataloader)
-            state = build_state(parts, rank, reader=json.dumps(reader), run_id=self.run_id)
-            writer = _Writer(self.storage.url(location), rank, **self.storage.fsspec_options())
-            if self.async_save:
-                response = dcp_async_save(state, storage_writer=writer,
-                                          process_group=self.world.group,
-                                          no_dist=not self.world.distributed)
-                future = (response.upload_completion
-                          if isinstance(response, AsyncSaveResponse) else response)
-                return Prepared(True, reader=reader, consumed=consumed, events=events), future
-            with _one_process():
-                dcp_save(state, storage_writer=writer, process_group=self.world.group,
-                         no_dist=not self.world.distributed)
-            manifest = self._checksums(location)
-            crash_point("prepare:after_write", rank)
-            return Prepared(True, manifest=manifest, reader=reader, consumed=consumed,
-                            events=events), None
-        except WRITE_FAILURES as exc:  # DCP's CheckpointException is a BaseException
-            log.error("rank %d failed to prepare checkpoint %s: %s", rank, location,
-                      describe_failure(exc))
-            return failed(exc), None
-
-    def _capture_reader(self, dataloader: Any) -> tuple[
-            dict[str, Any] | None, list[Any], list[LedgerEvent]]:
-        if dataloader is None:
-            return None, [], []
-        dataset = dataset_of(dataloader)
-        state = reader_state_of(dataloader)
-        if state.plan is None:  # nothing iterated yet
-            return state.to_dict(), [], []
-        consumed = consumed_between(dataset, self._baseline, state)
-        events = [LedgerEvent(name, detail)
-                  for name, detail in segment_events(dataset, self._baseline, state)]
-        return state.to_dict(), consumed, events
-
-    def _checksums(self, location: str) -> dict[str, Any]:
-        """This rank's files: its DCP data files, and ``.metadata`` on rank 0."""
-        prefix = f"__{self.world.rank}_"
-        names = [n for n in self.storage.list(location) if n.startswith(prefix)]
-        if self.world.rank == 0:
-            names.append(DCP_METADATA)
-        return self.storage.checksums(location, names)
 
     def _commit(self, attempt: Attempt) -> CheckpointRecord:
         """Phase 2: rank 0 decides; every rank raises the same error or gets the record."""
@@ -353,76 +263,18 @@ class CheckpointManager:
         """
         self.wait()
         parts = Parts(model, optimizer, lr_scheduler, extra)
-        for attempt in range(_CLAIM_TRIES):
-            choice: Choice = self._rank0(partial(self._policy_choose, step, tag, require))
-            record = choice.record
-            own = record is not None and self.world.rank < record.world_size
-            state = {} if record is None else build_state(
-                parts, self.world.rank, reader="" if own else None, run_id=self.run_id)
-            if record is not None:
-                self._check_restorable(record, state)
-            try:
-                self._rank0(partial(self._policy_claim, choice))
-                break
-            except errors.RunFencedError:
-                raise
-            except errors.CommitConflictError as exc:  # another job committed: choose again
-                if attempt + 1 == _CLAIM_TRIES:
-                    raise
-                log.warning("run %s: %s", self.run_id, exc)
+        record, state = self._loader.claim(parts, step, tag, require)
         if self._committer is not None:
             self._committer.retention.forget()
         if record is None:
             return None
-        with _one_process():
-            dcp_load(state, storage_reader=self.storage.reader(record.model_location),
-                     process_group=self.world.group, no_dist=not self.world.distributed)
-        apply_state(parts, state, self.world.rank)
+        self._loader.load(record, state, parts)
         if dataloader is not None and record.reader_state:
             reader = ReaderState.from_dict(decode_state(record.reader_state))
             restore_reader(dataloader, reader)
             self._baseline = reader
         self._head = record
         return record.step
-
-    def _policy_choose(self, step: int | None, tag: str | None, require: bool) -> Choice:
-        assert self._policy is not None
-        return self._policy.choose(step, tag, require=require)
-
-    def _policy_claim(self, choice: Choice) -> None:
-        assert self._policy is not None
-        self._policy.claim(choice)
-
-    def _check_restorable(self, record: CheckpointRecord, state: dict[str, Any]) -> None:
-        """Collective, before the claim: every rank sees the files and its state fits."""
-        if record.config_hash != self.config_hash:
-            log.warning("run %s: restoring step %d, saved under configuration %s, with "
-                        "configuration %s; later checkpoints record the new one",
-                        self.run_id, record.step, record.config_hash, self.config_hash)
-        self.storage.check_visible(self.world, self.run_id, record.step, record.model_location,
-                                   record.manifest)
-        problem: errors.LakeckptError | None = None
-        try:
-            metadata = self.storage.reader(record.model_location).read_metadata()
-            check_fits(state, metadata, run_id=self.run_id, step=record.step)
-        except errors.LakeckptError as exc:
-            problem = exc
-        problems = [p for p in self.world.gather(problem) if p is not None]
-        if problems:
-            raise problems[0]
-
-    def _rank0(self, decide: Any) -> Any:
-        """Rank 0 runs ``decide``; every rank gets its value or raises its error."""
-        outcome: Any = None
-        if self.world.rank == 0:
-            try:
-                outcome = decide()
-            except errors.LakeckptError as exc:
-                outcome = exc
-        outcome = self.world.broadcast(outcome)
-        if isinstance(outcome, errors.LakeckptError):
-            raise outcome
-        return outcome
 
     # ---------------------------------------------------------------------- retention
 
@@ -446,7 +298,7 @@ class CheckpointManager:
             RunFencedError: another job owns the run now; nothing was removed.
         """
         self.wait()
-        removed = self._rank0(lambda: self._committer.retention.gc(self.owner)
+        removed = self.world.decide(lambda: self._committer.retention.gc(self.owner)
                               if self._committer is not None else [])
         self.world.barrier()
         return removed if self.world.rank == 0 else []

@@ -30,16 +30,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from lakeckpt_tables.errors import CheckpointRestoreError, RunInUseError
+from lakeckpt_tables.errors import CheckpointRestoreError, LedgerCorruptError, RunInUseError
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, Ledger, LedgerEvent
 from lakeckpt_tables.ledger.base import EVENT_RETIRED, RunScan
 
-__all__ = ["DCP_METADATA", "Choice", "RestorePolicy", "Takeover"]
+__all__ = ["DCP_METADATA", "EVENT_LEDGER_REPAIRED", "Choice", "RestorePolicy", "Takeover"]
 
 log = logging.getLogger(__name__)
 
 Takeover = Literal["fence", "refuse"]
+
+EVENT_LEDGER_REPAIRED = "ledger_repaired"
+"""Event of a restore that dropped lost ledger data files: ``{"files", "missing", "owner",
+"host"}``."""
 
 DCP_METADATA = ".metadata"
 """DCP's manifest of a checkpoint, written last."""
@@ -100,7 +104,7 @@ class RestorePolicy:
                 checkpoint and ``require`` is set, or the run's directory is gone.
             RunInUseError: ``takeover="refuse"`` and another live job owns the run.
         """
-        scan = self.ledger.scan(self.run_id)
+        scan = self._scan()
         self._refuse_if_owned(scan)
         explicit = step is not None or tag is not None
         records = [r for r in scan.committed
@@ -135,6 +139,24 @@ class RestorePolicy:
             raise CheckpointRestoreError(self._none_restorable(skipped, scan)
                                          + "; restore(require=True) does not start over")
         return self._start_over(skipped, scan)
+
+    def _scan(self) -> RunScan:
+        """The run's records; a ledger data file that no longer exists is dropped from the
+        ledger first (its records, a checkpoint's among them, are lost with it: restore falls
+        back to the newest checkpoint the ledger still holds), recorded by a
+        ``ledger_repaired`` event. A file that exists but is damaged stays a named error."""
+        try:
+            return self.ledger.scan(self.run_id)
+        except LedgerCorruptError as exc:
+            dropped = self.ledger.repair_missing()
+            if not dropped:
+                raise
+            log.warning("run %s: ledger %s lost data file(s) %s; dropped from the ledger, their "
+                        "records are lost and restore falls back (%s)", self.run_id,
+                        self.ledger.describe(), dropped, exc)
+            self.ledger.record_events(self.run_id, [LedgerEvent(EVENT_LEDGER_REPAIRED, {
+                "files": dropped, "missing": True, "owner": self.owner, **_host()})])
+            return self.ledger.scan(self.run_id)
 
     def _inspect(self, record: CheckpointRecord) -> tuple[list[str], list[str]]:
         """What is missing of a checkpoint, and every problem found (missing or altered)."""

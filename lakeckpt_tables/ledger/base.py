@@ -207,6 +207,11 @@ class Ledger(Protocol):
         """Where the ledger lives, as a value (what the run registry records)."""
         ...
 
+    def repair_missing(self) -> list[str]:
+        """Drop the data files that no longer exist from the table (their records are lost)
+        and return them; the way out of a :class:`LedgerCorruptError` for a missing file."""
+        ...
+
 
 class LedgerBase(abc.ABC, Generic[Prepared]):
     """The ledger contract implemented once, on a few backend primitives.

@@ -88,6 +88,19 @@ class DeltaLedger(LedgerBase[AddAction]):
         """Where the ledger lives, as a value."""
         return LedgerSpec("delta", self._uri)
 
+    def repair_missing(self) -> list[str]:
+        """Drop from the log the data files that no longer exist (deltalake's FSCK): their
+        records are lost, the rest stay; a damaged file that exists is kept for inspection.
+
+        Returns:
+            The files dropped (empty when none is missing).
+        """
+        with self._lock:
+            self._refresh()
+            removed = self._table.repair(dry_run=False).get("files_removed", [])
+            self._refresh()
+            return sorted(str(f) for f in removed)
+
     def compact(self) -> None:
         """Rewrite the ledger's files into one and checkpoint the log.
 

@@ -174,7 +174,7 @@ def test_a_new_run_id_beside_other_runs_says_which_exist_and_require_refuses_to_
         assert CheckpointManager(tmp_path, "experimnet-1").restore() is None
     assert "Other runs there: ['experiment-1']" in caplog.text
     rows = _ledger_rows(tmp_path)
-    with pytest.raises(CheckpointRestoreError, match=r"run 'typo' has no checkpoint .* "
+    with pytest.raises(CheckpointRestoreError, match=r"run 'typo' has no checkpoint .*"
                        r"require=True\) does not start fresh. Runs there: \['experiment-1'\]"):
         CheckpointManager(tmp_path, "typo").restore(require=True)
     assert _ledger_rows(tmp_path) == rows
@@ -199,13 +199,16 @@ def test_refuse_keeps_a_live_owner_and_names_it_fence_takes_the_run_over(
         first.save(3, model=model)
 
 
-def test_restore_records_the_step_the_previous_job_reached(tmp_path: Path) -> None:
+def test_restore_records_the_step_the_previous_job_reached_and_how_many_steps_were_lost(
+        tmp_path: Path) -> None:
     model = torch.nn.Linear(1, 1)
     manager = CheckpointManager(tmp_path, "r")
     manager.save(5, model=model)
     ten = manager.save(10, model=model)
-    (tmp_path / "r" / "step-000000014-0badc0de").mkdir()  # a save attempt the crash cut short
+    manager.heartbeat(17)  # trained on to step 17, then killed
     assert CheckpointManager(tmp_path, "r").restore(model=model) == 10
-    (restore,) = _events(tmp_path, "restore")
-    assert (restore["checkpoint_id"], restore["newest_step"], restore["reached_step"],
-            restore["steps_lost"]) == (ten.checkpoint_id, 10, 14, 4)
+    (tmp_path / "r" / "step-000000019-0badc0de").mkdir()  # a save attempt a crash cut short
+    assert CheckpointManager(tmp_path, "r").restore(model=model) == 10
+    assert [(e["checkpoint_id"], e["newest_step"], e["reached_step"], e["steps_lost"])
+            for e in _events(tmp_path, "restore")] == [(ten.checkpoint_id, 10, 17, 7),
+                                                        (ten.checkpoint_id, 10, 19, 9)]

@@ -30,6 +30,7 @@ from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.checkpoint.commit import Attempt, Committer
 from lakeckpt_tables.checkpoint.load import Loader
 from lakeckpt_tables.checkpoint.prepare import Preparer
+from lakeckpt_tables.checkpoint.progress import Progress
 from lakeckpt_tables.checkpoint.restore_policy import (
     RestorePolicy,
     Takeover,
@@ -120,21 +121,9 @@ class CheckpointManager:
         # This job's token as the run's one writer (NOTE [ one writer per run ] in
         # ledger/base.py); 62 bits, so that Delta can keep it as an app transaction version.
         self.owner = self.world.broadcast(str(uuid.uuid4().int >> 66))
-        self._registration = None
-        self._policy: RestorePolicy | None = None
-        self._committer: Committer | None = None
-        if self.ledger is not None:
-            retention = Retention(self.ledger, self.storage, run_id, keep_last=keep_last,
-                                  compact_every=compact_every)
-            self._policy = RestorePolicy(self.ledger, self.storage, run_id, self.owner,
-                                         keep_last=keep_last, takeover=takeover,
-                                         live_for=live_for)
-            self._committer = Committer(self.ledger, self.storage, retention, run_id=run_id,
-                                        owner=self.owner, config_hash=self.config_hash)
-            self._registration = registration.for_run(run_id, self.ledger, root=self.root,
-                                                      config_hash=self.config_hash,
-                                                      config=config)
-        self._loader = Loader(self.storage, self.world, self._policy, run_id=run_id,
+        parts = _rank0_parts(self, takeover, live_for, compact_every, config)
+        self._progress, policy, self._committer, self._registration = parts
+        self._loader = Loader(self.storage, self.world, policy, run_id=run_id,
                               config_hash=self.config_hash)
         self._baseline: ReaderState | None = None
         self._head: CheckpointRecord | None = None  # what this job committed or restored last
@@ -276,6 +265,14 @@ class CheckpointManager:
         self._head = record
         return record.step
 
+    def heartbeat(self, step: int) -> None:
+        """Note that training reached ``step`` (not collective; call it every step): rank 0
+        writes it at most every 10 s, so that after a crash the restore records how many
+        steps were trained after the restored checkpoint and lost (``recoveries.steps_lost``).
+        """
+        if self._progress is not None:
+            self._progress.beat(step)
+
     # ---------------------------------------------------------------------- retention
 
     def checkpoints(self) -> list[CheckpointRecord]:
@@ -302,6 +299,26 @@ class CheckpointManager:
                               if self._committer is not None else [])
         self.world.barrier()
         return removed if self.world.rank == 0 else []
+
+
+def _rank0_parts(manager: CheckpointManager, takeover: Takeover, live_for: float | None,
+                 compact_every: int, config: Mapping[str, Any] | None) -> tuple[
+        Progress | None, RestorePolicy | None, Committer | None, Any]:
+    """Rank 0's deciders (None elsewhere): heartbeat, restore policy, committer, registry."""
+    ledger, storage, run_id, owner = (manager.ledger, manager.storage, manager.run_id,
+                                      manager.owner)
+    if ledger is None:
+        return None, None, None, None
+    retention = Retention(ledger, storage, run_id, keep_last=manager.keep_last,
+                          compact_every=compact_every)
+    progress = Progress(storage, run_id, owner)
+    policy = RestorePolicy(ledger, storage, run_id, owner, keep_last=manager.keep_last,
+                           takeover=takeover, live_for=live_for, progress=progress)
+    committer = Committer(ledger, storage, retention, run_id=run_id, owner=owner,
+                          config_hash=manager.config_hash)
+    registered = registration.for_run(run_id, ledger, root=manager.root,
+                                      config_hash=manager.config_hash, config=config)
+    return progress, policy, committer, registered
 
 
 def _config_hash(config: Mapping[str, Any]) -> str:

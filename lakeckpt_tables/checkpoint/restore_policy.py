@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from lakeckpt_tables.checkpoint.progress import Progress
 from lakeckpt_tables.errors import CheckpointRestoreError, LedgerCorruptError, RunInUseError
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, Ledger, LedgerEvent
@@ -81,11 +82,12 @@ class RestorePolicy:
         live_for: seconds since its newest checkpoint during which an owner counts as live for
             ``"refuse"``; None: three of the run's recent save intervals (at least a minute;
             ten minutes before the run has two checkpoints).
+        progress: the run's heartbeat, for the step the previous job reached.
     """
 
     def __init__(self, ledger: Ledger, storage: CheckpointStorage, run_id: str, owner: str, *,
                  keep_last: int, takeover: Takeover = "fence",
-                 live_for: float | None = None) -> None:
+                 live_for: float | None = None, progress: Progress | None = None) -> None:
         self.ledger = ledger
         self.storage = storage
         self.run_id = run_id
@@ -93,6 +95,7 @@ class RestorePolicy:
         self.keep_last = keep_last
         self.takeover = takeover
         self.live_for = live_for
+        self.progress = progress
 
     # ---------------------------------------------------------------------------- choose
 
@@ -192,7 +195,8 @@ class RestorePolicy:
             events.append(LedgerEvent("restore_fallback", {
                 "restored": record.checkpoint_id, "step": record.step, "skipped": skipped}))
         newest = max([r.step for r in scan.committed] + [d.step for d in scan.damaged])
-        reached = max([newest, *self._attempted_steps()])
+        heartbeat = self.progress.reached() if self.progress is not None else None
+        reached = max([newest, *self._attempted_steps(), *([heartbeat] if heartbeat else [])])
         events.append(LedgerEvent("restore", {
             "checkpoint_id": record.checkpoint_id, "step": record.step, "newest_step": newest,
             "reached_step": reached, "steps_lost": reached - record.step,

@@ -188,7 +188,7 @@ def test_refuse_keeps_a_live_owner_and_names_it_fence_takes_the_run_over(
     first.save(1, model=model)
     rows = _ledger_rows(tmp_path)
     with pytest.raises(RunInUseError, match=rf"owned by live job {first.owner} \(last commit "
-                       r"step 1 \d+ s ago.*takeover='fence'"):
+                       r"step 1, last sign of life \d+ s ago.*takeover='fence'"):
         CheckpointManager(tmp_path, "r", takeover="refuse").restore(model=model)
     assert _ledger_rows(tmp_path) == rows
     assert first.save(2, model=model).step == 2  # the owner was not fenced
@@ -197,6 +197,12 @@ def test_refuse_keeps_a_live_owner_and_names_it_fence_takes_the_run_over(
         model=model) == 2
     with pytest.raises(RunFencedError):
         first.save(3, model=model)
+    # a job that claimed a fresh run is live while it beats
+    fresh = CheckpointManager(tmp_path, "new")
+    assert fresh.restore(model=model) is None
+    fresh.heartbeat(1)
+    with pytest.raises(RunInUseError, match=rf"job {fresh.owner} \(no checkpoint yet"):
+        CheckpointManager(tmp_path, "new", takeover="refuse").restore(model=model)
 
 
 def test_restore_records_the_step_the_previous_job_reached_and_how_many_steps_were_lost(

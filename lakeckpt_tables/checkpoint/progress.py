@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 
@@ -49,6 +50,15 @@ class Progress:
 
     def reached(self) -> int | None:
         """The last step another job of the run recorded; None if unknown."""
+        body = self._read()
+        return int(body["step"]) if body and body.get("owner") != self.owner else None
+
+    def last_beat(self, owner: str) -> float | None:
+        """When ``owner`` last recorded a step (seconds since the epoch); None if unknown."""
+        body = self._read()
+        return float(body["at"]) if body and body.get("owner") == owner else None
+
+    def _read(self) -> dict[str, Any] | None:
         try:
             body = json.loads(self.storage.store.read_bytes(self._key))
         except FileNotFoundError:
@@ -56,4 +66,4 @@ class Progress:
         except Exception as exc:
             log.debug("progress not read: %s", exc)
             return None
-        return int(body["step"]) if body.get("owner") != self.owner else None
+        return body if isinstance(body, dict) else None

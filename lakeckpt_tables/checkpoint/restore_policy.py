@@ -25,9 +25,10 @@ import logging
 import re
 import socket
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from lakeckpt_tables.checkpoint.progress import Progress
@@ -245,6 +246,8 @@ class RestorePolicy:
                         self.run_id, where, others)
 
     def _refuse_if_owned(self, scan: RunScan) -> None:
+        """With ``takeover="refuse"``: fail while another job owns the run and is live (it
+        committed a checkpoint or a heartbeat within ``live_for``); a silent owner is dead."""
         if self.takeover != "refuse":
             return
         owner = self.ledger.owner(self.run_id)
@@ -252,21 +255,25 @@ class RestorePolicy:
             return
         newest = scan.committed[-1] if scan.committed else None
         stamps = [r.committed_at for r in scan.committed[-6:] if r.committed_at is not None]
-        age = None if not stamps else (datetime.now(UTC) - stamps[-1]).total_seconds()
+        seen = [s.timestamp() for s in stamps[-1:]]
+        beat = self.progress.last_beat(owner) if self.progress is not None else None
+        seen += [beat] if beat is not None else []
+        age = time.time() - max(seen) if seen else None
         live_for = self.live_for if self.live_for is not None else _live_for(stamps)
-        if age is not None and age > live_for:
-            log.warning("run %s: its owner job %s last committed %.0f s ago (> %.0f s): taken "
-                        "over as a dead job's run", self.run_id, owner, age, live_for)
+        if age is None or age > live_for:
+            log.warning("run %s: its owner job %s is silent (last sign of life %s): taken "
+                        "over as a dead job's run", self.run_id, owner,
+                        "never" if age is None else f"{age:.0f} s ago > {live_for:.0f} s")
             return
         last = ("no checkpoint yet" if newest is None else
-                f"last commit step {newest.step} {age:.0f} s ago")
+                f"last commit step {newest.step}, last sign of life {age:.0f} s ago")
         raise RunInUseError(
             f"run {self.run_id} in ledger {self.ledger.describe()} is owned by live job {owner} "
-            f"({last}; a job counts as live for {live_for:.0f} s after its last commit), and "
-            "this manager was created with takeover='refuse': this job stops, the owner goes "
-            "on. To take the run over deliberately, stop the owner or create the manager with "
-            "takeover='fence' (the owner then fails at its next save); to train beside it, use "
-            "another run_id")
+            f"({last}; a job counts as live for {live_for:.0f} s after its last checkpoint or "
+            "heartbeat), and this manager was created with takeover='refuse': this job stops, "
+            "the owner goes on. To take the run over deliberately, stop the owner or create "
+            "the manager with takeover='fence' (the owner then fails at its next save); to "
+            "train beside it, use another run_id")
 
     # ----------------------------------------------------------------------------- claim
 

@@ -135,8 +135,10 @@ class RestorePolicy:
                 return self._restore(record, skipped, scan, explicit)
             if explicit:
                 raise CheckpointRestoreError(self._not_restorable(record, missing, problems))
-            log.warning("checkpoint %s (step %d) of run %s cannot be restored: %s",
-                        record.checkpoint_id, record.step, self.run_id, "; ".join(problems))
+            log.warning("checkpoint %s (step %d) of run %s %s: %s", record.checkpoint_id,
+                        record.step, self.run_id,
+                        "has lost files" if missing else "fails verification",
+                        "; ".join(problems))
             skipped.append({"checkpoint_id": record.checkpoint_id, "step": record.step,
                             "missing": missing, "problems": problems})
         if require:

@@ -58,9 +58,10 @@ class Retention:
         untagged = [r for r in records if not r.tags]
         old = untagged[: max(len(untagged) - self.keep_last, 0)]
         old = [r for r in old if r.checkpoint_id not in self._gone]
-        self._gone.update(r.checkpoint_id for r in old
-                          if not self.storage.exists(r.model_location))
-        old = [r for r in old if r.checkpoint_id not in self._gone]
+        if old:  # one listing, not a request per checkpoint (the first save of a long run)
+            present = {f"{self.run_id}/{name}" for name in self.storage.list(self.run_id)}
+            self._gone.update(r.checkpoint_id for r in old if r.model_location not in present)
+            old = [r for r in old if r.checkpoint_id not in self._gone]
         if old:
             tagged = self.ledger.tags(self.run_id)
             old = [r for r in old if r.checkpoint_id not in tagged]

@@ -14,10 +14,10 @@ from typing import Any
 
 from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._failures import describe_failure, is_write_failure
-from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
 from lakeckpt_tables.checkpoint.retention import Retention, removed_events
 from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError
+from lakeckpt_tables.hooks import reached as crash_point  # test seam: no hook in production
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, ConsumptionRecord, Ledger, LedgerEvent
 from lakeckpt_tables.reader import encode_state, merge_states

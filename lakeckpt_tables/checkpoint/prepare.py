@@ -16,12 +16,12 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from lakeckpt_tables.checkpoint._failures import WRITE_FAILURES, describe_failure
-from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint._world import World, one_process
 from lakeckpt_tables.checkpoint.commit import Attempt, Prepared, failed
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
 from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
 from lakeckpt_tables.checkpoint.state import Parts, build_state
+from lakeckpt_tables.hooks import reached as crash_point  # test seam: no hook in production
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import LedgerEvent
 from lakeckpt_tables.reader import ReaderState, dataset_of, reader_state_of

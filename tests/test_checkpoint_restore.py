@@ -218,3 +218,22 @@ def test_restore_records_the_step_the_previous_job_reached_and_how_many_steps_we
     assert [(e["checkpoint_id"], e["newest_step"], e["reached_step"], e["steps_lost"])
             for e in _events(tmp_path, "restore")] == [(ten.checkpoint_id, 10, 17, 7),
                                                         (ten.checkpoint_id, 10, 19, 9)]
+
+
+def test_an_error_after_an_unknown_commit_outcome_keeps_the_files_a_landed_commit_may_name(
+        tmp_path: Path) -> None:
+    from lakeckpt_tables.errors import CommitStateUnknownError, LedgerError
+
+    manager = CheckpointManager(tmp_path, "r")
+    manager.save(1, model=torch.nn.Linear(1, 1))
+    assert manager.ledger is not None
+    answers = iter([CommitStateUnknownError("injected: the response was lost"),
+                    LedgerError("injected: the ledger cannot be read right now")])
+
+    def commit(*args: object, **kwargs: object) -> None:
+        raise next(answers)
+
+    manager.ledger.commit = commit  # type: ignore[method-assign]
+    with pytest.raises(CommitStateUnknownError, match=r"asking again failed too .*cannot be read"):
+        manager.save(2, model=torch.nn.Linear(1, 1))
+    assert len(list((tmp_path / "r").glob("step-000000002-*"))) == 1  # the files stay

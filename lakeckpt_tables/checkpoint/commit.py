@@ -137,15 +137,23 @@ class Committer:
         """Commit, asking again after an unknown outcome: the ledger's settle step reads the
         log (the run's app transaction, the snapshot summaries) and returns the stored record
         if the first try landed."""
+        unknown: errors.CommitStateUnknownError | None = None
         for attempt in range(_UNKNOWN_OUTCOME_TRIES):
             try:
                 return self.ledger.commit(record, consumption, events, owner=self.owner)
             except errors.CommitStateUnknownError as exc:
                 if attempt + 1 == _UNKNOWN_OUTCOME_TRIES:
                     raise
+                unknown = exc
                 log.warning("run %s step %d: %s; asking the ledger again", self.run_id,
                             record.step, exc)
                 time.sleep(0.2 * 2 ** attempt)
+            except errors.LakeckptError as exc:
+                if unknown is None:
+                    raise
+                # the first try may have landed and named the files: they must stay
+                raise errors.CommitStateUnknownError(
+                    f"{unknown}; asking again failed too ({exc})") from exc
         raise AssertionError("unreachable")
 
     def _records(self, attempt: Attempt, reports: list[Prepared], head: CheckpointRecord | None,

@@ -161,6 +161,10 @@ def test_a_model_or_optimizer_that_does_not_fit_is_named_and_changes_nothing(
     with pytest.raises(CheckpointRestoreError, match=r"missing from the checkpoint: "
                        r"optimizer\.param_groups\.0\.dampening"):
         CheckpointManager(tmp_path, "r").restore(model=model, optimizer=optimizer)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+    with pytest.raises(CheckpointRestoreError, match=r"8 missing from the checkpoint: "
+                       r"lr_scheduler\._get_lr_called_within_step, "):
+        CheckpointManager(tmp_path, "r").restore(model=model, lr_scheduler=scheduler)
     # nothing was recorded and nobody took the run: its owner saves on
     assert _ledger_rows(tmp_path) == rows
     assert owner.save(2, model=model).step == 2

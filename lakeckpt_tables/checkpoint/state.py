@@ -95,19 +95,23 @@ def apply_state(parts: Parts, state: Mapping[str, Any], rank: int) -> None:
 
 
 def check_fits(state: Mapping[str, Any], metadata: Metadata, *, run_id: str, step: int) -> None:
-    """Refuse a model or optimizer whose keys or shapes differ from the checkpoint's.
+    """Refuse state whose keys or shapes differ from the checkpoint's, before anything loads.
 
-    Strict like ``load_state_dict``: keys the checkpoint lacks, keys it has that the objects
-    lack (a partial load would silently leave them untrained) and tensors of another shape.
+    Strict like ``load_state_dict`` for the model and optimizer: keys the checkpoint lacks,
+    keys it has that the objects lack (a partial load would silently leave them untrained) and
+    tensors of another shape; for the scheduler and ``extra``, keys the checkpoint lacks.
 
     Raises:
         CheckpointRestoreError: listing missing and unexpected keys and shape mismatches.
     """
-    ours, _ = flatten_state_dict({k: state[k] for k in (MODEL, OPTIMIZER) if k in state})
+    parts = (MODEL, OPTIMIZER, LR_SCHEDULER, EXTRA)
+    ours, _ = flatten_state_dict({k: state[k] for k in parts if k in state})
     saved = {k: v for k, v in metadata.state_dict_metadata.items()
-             if k.split(".", 1)[0] in (MODEL, OPTIMIZER) and k.split(".", 1)[0] in state}
+             if k.split(".", 1)[0] in parts and k.split(".", 1)[0] in state}
     missing = sorted(set(ours) - set(saved))
-    unexpected = sorted(set(saved) - set(ours))
+    # a scheduler or ``extra`` may hold fewer keys than were saved; weights may not
+    unexpected = sorted(k for k in set(saved) - set(ours)
+                        if k.split(".", 1)[0] in (MODEL, OPTIMIZER))
     shapes = []
     for key in sorted(set(ours) & set(saved)):
         value, meta = ours[key], saved[key]
@@ -124,9 +128,10 @@ def check_fits(state: Mapping[str, Any], metadata: Metadata, *, run_id: str, ste
             more = f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else ""
             detail.append(f"{len(keys)} {name}: {', '.join(keys[:_SHOWN])}{more}")
     raise CheckpointRestoreError(
-        f"run {run_id}: checkpoint step {step} does not fit the model/optimizer given "
-        f"({'; '.join(detail)}). Nothing was loaded and the run is unchanged: build the model "
-        "and optimizer the run was trained with, or start a new run id")
+        f"run {run_id}: checkpoint step {step} does not fit the state given "
+        f"({'; '.join(detail)}). Nothing was loaded and the run is unchanged: build the model, "
+        "optimizer and scheduler the run was trained with (and pass only what was saved), or "
+        "start a new run id")
 
 
 def _check_optimizer(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer,

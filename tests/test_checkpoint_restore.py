@@ -241,3 +241,24 @@ def test_an_error_after_an_unknown_commit_outcome_keeps_the_files_a_landed_commi
     with pytest.raises(CommitStateUnknownError, match=r"asking again failed too .*cannot be read"):
         manager.save(2, model=torch.nn.Linear(1, 1))
     assert len(list((tmp_path / "r").glob("step-000000002-*"))) == 1  # the files stay
+
+
+def test_the_first_checkpoint_names_the_table_read_and_an_iceberg_tables_catalog(
+        tmp_path: Path) -> None:
+    from conftest import sql_catalog, write_iceberg
+
+    from lakeckpt_tables import IcebergSource
+
+    catalog = sql_catalog(tmp_path / "cat")
+    table = write_iceberg(catalog, "ns.rows", [(0, 40)])
+    dataset = LakeDataset(IcebergSource("ns.rows", catalog=catalog), batch_size=8)
+    loader = StatefulDataLoader(dataset, batch_size=None)
+    batches = iter(loader)
+    manager = CheckpointManager(tmp_path / "root", "r")
+    for step in (1, 2):
+        next(batches)
+        manager.save(step, dataloader=loader)
+    (source,) = _events(tmp_path / "root", "source")  # once, with the first checkpoint
+    assert source == {"format": "iceberg", "location": table.location().removeprefix("file://"),
+                      "table_id": str(table.metadata.table_uuid), "catalog": "lakeckpt_test",
+                      "identifier": "ns.rows"}

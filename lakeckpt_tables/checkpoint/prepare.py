@@ -111,4 +111,17 @@ class Preparer:
         consumed = consumed_between(dataset, baseline, state)
         events = [LedgerEvent(name, detail)
                   for name, detail in segment_events(dataset, baseline, state)]
+        if baseline is None:  # the run's first checkpoint with a reader
+            events.insert(0, _source_event(dataset.source, state))
         return state.to_dict(), consumed, events
+
+
+def _source_event(source: Any, state: ReaderState) -> LedgerEvent:
+    """``source`` event: the table read and, for Iceberg, the NAME of its catalog and its
+    identifier (never the catalog's URI or properties), so audits can open it again."""
+    catalog = getattr(getattr(source, "catalog", None), "name", None)
+    identifier = getattr(source, "identifier", None)
+    if isinstance(identifier, tuple):
+        identifier = ".".join(identifier)
+    return LedgerEvent("source", {**state.table.to_json(), "catalog": catalog,
+                                  "identifier": identifier if catalog is not None else None})

@@ -25,6 +25,7 @@ __all__ = [
     "ResumePathError",
     "RowCountMismatchError",
     "RunFencedError",
+    "SourceArgumentError",
     "SourceChangedError",
     "SourceFileChangedError",
     "SourceNotFoundError",
@@ -157,6 +158,11 @@ class ResumePathError(StateMismatchError):
 
 class ProcessGroupError(LakeckptError):
     """The environment says several ranks but no torch.distributed process group is set up."""
+
+
+class SourceArgumentError(LakeckptError, ValueError):
+    """A source was given an identifier, path or URI that cannot name a table (the message shows
+    the expected form)."""
 
 
 class CheckpointRestoreError(CheckpointError):

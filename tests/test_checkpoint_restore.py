@@ -262,3 +262,25 @@ def test_the_first_checkpoint_names_the_table_read_and_an_iceberg_tables_catalog
     assert source == {"format": "iceberg", "location": table.location().removeprefix("file://"),
                       "table_id": str(table.metadata.table_uuid), "catalog": "lakeckpt_test",
                       "identifier": "ns.rows"}
+
+
+def test_an_iceberg_ledger_that_lost_the_file_of_its_newest_commit_falls_back(
+        tmp_path: Path) -> None:
+    from conftest import sql_catalog
+
+    from lakeckpt_tables.ledger import IcebergLedger
+
+    catalog = sql_catalog(tmp_path / "cat")
+    model = torch.nn.Linear(1, 1)
+    manager = CheckpointManager(tmp_path / "root", "r",
+                                ledger=IcebergLedger("lakeckpt.ledger", catalog=catalog))
+    manager.save(1, model=model)
+    manager.save(2, model=model)
+    lost = max((tmp_path / "cat" / "warehouse").rglob("*.parquet"),
+               key=lambda p: p.stat().st_mtime_ns)
+    lost.unlink()
+    ledger = IcebergLedger("lakeckpt.ledger", catalog=catalog)
+    assert CheckpointManager(tmp_path / "root", "r", ledger=ledger).restore(model=model) == 1
+    events = ledger.to_arrow().filter(pa.compute.field("event") == "ledger_repaired")
+    (detail,) = [json.loads(d) for d in events["detail"].to_pylist()]
+    assert detail["missing"] is True and detail["files"][0].endswith(lost.name)

@@ -61,7 +61,7 @@ class Preparer:
         rank = self.world.rank
         try:
             crash_point("prepare:before_write", rank)
-            reader, consumed, events = self._capture_reader(dataloader, baseline)
+            reader, consumed, events = self.capture_reader(dataloader, baseline)
             state = build_state(parts, rank, reader=json.dumps(reader), run_id=self.run_id)
             writer = _Writer(self.storage.url(location), rank, **self.storage.fsspec_options())
             if self.async_save:
@@ -100,7 +100,7 @@ class Preparer:
             names.append(DCP_METADATA)
         return self.storage.checksums(location, names)
 
-    def _capture_reader(self, dataloader: Any, baseline: ReaderState | None) -> tuple[
+    def capture_reader(self, dataloader: Any, baseline: ReaderState | None) -> tuple[
             dict[str, Any] | None, list[Any], list[LedgerEvent]]:
         if dataloader is None:
             return None, [], []

@@ -67,6 +67,10 @@ class TimedManager(CheckpointManager):
         self._time("retire", self, "_committer", "committed")  # retention, after the commit
         self._time("capture", self, "_preparer", "capture_reader")  # reader state + consumption
 
+    def capture(self, dataloader: Any) -> Any:
+        """Capture the reader state and consumption as a save does (nothing is written)."""
+        return self._preparer.capture_reader(dataloader, self._baseline)
+
     def _time(self, name: str, owner: Any, part: str, method: str) -> None:
         """Time calls of ``owner.<part>.<method>`` under ``name`` (rank 0's parts may be None)."""
         target = getattr(owner, part)

@@ -163,3 +163,14 @@ class ProcessGroupError(LakeckptError):
 class SourceArgumentError(LakeckptError, ValueError):
     """A source was given an identifier, path or URI that cannot name a table (the message shows
     the expected form)."""
+
+
+class CheckpointRestoreError(CheckpointError):
+    """A restore cannot proceed (the model or optimizer does not fit the checkpoint, the
+    checkpoint asked for is not restorable, a required checkpoint is absent); the message names
+    the cause, and nothing was loaded, claimed or recorded."""
+
+
+class RunInUseError(CheckpointError):
+    """Another live job owns the run and the manager was asked to refuse, not fence it
+    (``takeover="refuse"``); the message names the owner and how to take over deliberately."""

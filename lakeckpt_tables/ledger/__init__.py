@@ -21,6 +21,7 @@ from lakeckpt_tables.ledger.records import (
     LedgerEvent,
 )
 from lakeckpt_tables.ledger.schema import LEDGER_FORMAT_VERSION, LEDGER_SCHEMA
+from lakeckpt_tables.ledger.spec import LedgerSpec
 
 if TYPE_CHECKING:
     from lakeckpt_tables.ledger.iceberg import IcebergLedger
@@ -36,6 +37,7 @@ __all__ = [
     "IcebergLedger",
     "Ledger",
     "LedgerEvent",
+    "LedgerSpec",
     "open_ledger",
 ]
 

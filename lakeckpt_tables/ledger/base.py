@@ -67,6 +67,7 @@ from lakeckpt_tables.ledger.records import (
     event_rows,
     intact_rows,
 )
+from lakeckpt_tables.ledger.spec import LedgerSpec
 
 __all__ = [
     "COMMIT_ATTEMPTS",
@@ -199,6 +200,16 @@ class Ledger(Protocol):
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
+        ...
+
+    @property
+    def spec(self) -> LedgerSpec:
+        """Where the ledger lives, as a value (what the run registry records)."""
+        ...
+
+    def repair_missing(self) -> list[str]:
+        """Drop the data files that no longer exist from the table (their records are lost)
+        and return them; the way out of a :class:`LedgerCorruptError` for a missing file."""
         ...
 
 

@@ -35,6 +35,7 @@ from lakeckpt_tables.errors import CommitStateUnknownError, LedgerCorruptError, 
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
+from lakeckpt_tables.ledger.spec import LedgerSpec
 from lakeckpt_tables.ledger.summary import (
     SUMMARY_DIR,
     SUMMARY_SCHEMA,
@@ -81,6 +82,24 @@ class DeltaLedger(LedgerBase[AddAction]):
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
         return f"delta:{self._uri}"
+
+    @property
+    def spec(self) -> LedgerSpec:
+        """Where the ledger lives, as a value."""
+        return LedgerSpec("delta", self._uri)
+
+    def repair_missing(self) -> list[str]:
+        """Drop from the log the data files that no longer exist (deltalake's FSCK): their
+        records are lost, the rest stay; a damaged file that exists is kept for inspection.
+
+        Returns:
+            The files dropped (empty when none is missing).
+        """
+        with self._lock:
+            self._refresh()
+            removed = self._table.repair(dry_run=False).get("files_removed", [])
+            self._refresh()
+            return sorted(str(f) for f in removed)
 
     def compact(self) -> None:
         """Rewrite the ledger's files into one and checkpoint the log.

@@ -2,12 +2,12 @@
 
 from lakeckpt_tables.reader.convert import Ragged
 from lakeckpt_tables.reader.dataset import LakeDataset
+from lakeckpt_tables.reader.loaders import states_from_loader
 from lakeckpt_tables.reader.state import (
     ReaderState,
     decode_state,
     encode_state,
     merge_states,
-    states_from_loader,
 )
 
 __all__ = [

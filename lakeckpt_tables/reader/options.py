@@ -61,7 +61,7 @@ class ReaderOptions:
     """Deliver full batches only (per worker); the rest is reported undelivered."""
     shuffle_window: int = DEFAULT_SHUFFLE_WINDOW
     """Plan units read and shuffled together (NOTE [ bounded units ] in ``reader/rounds.py``)."""
-    transform: Callable[[dict[str, Any]], Any] | None = None
+    transform: Callable[[Any], Any] | None = None
     """Called on every batch dict in the worker, before it is yielded."""
     follow: bool = False
     """After the pinned snapshot, go on with the rows appended to the table, segment by

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +29,9 @@ from lakeckpt_tables.errors import (
     EmptySourceError,
     SourceNotFoundError,
     StateMismatchError,
-    UnknownColumnError,
-    UnsupportedTableError,
 )
 from lakeckpt_tables.plan.shuffle import BALANCED, LEGACY, SHUFFLERS
+from lakeckpt_tables.reader.columns import resolve_columns
 from lakeckpt_tables.reader.convert import check_convertible
 from lakeckpt_tables.reader.options import ReaderOptions
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
@@ -88,7 +86,7 @@ class ReaderConfig:
         follow = options.follow_policy()
         if follow is not None and follow.until_version is not None:
             _check_end_exists(source, follow.until_version)
-        return cls(source, options, snapshot, _columns(snapshot, options.columns),
+        return cls(source, options, snapshot, resolve_columns(snapshot, options.columns),
                    follow)._checked()
 
     def _checked(self) -> ReaderConfig:
@@ -215,7 +213,7 @@ class ReaderConfig:
         """This configuration reading ``version`` (the filter and the columns kept)."""
         snapshot = _pinned(self.source, version, self.options.filter)
         return dataclasses.replace(self, snapshot=snapshot,
-                                   columns=_columns(snapshot, self.columns))._checked()
+                                   columns=resolve_columns(snapshot, self.columns))._checked()
 
     def with_shuffler(self, shuffler: str) -> ReaderConfig:
         """This configuration permuting windows with ``shuffler`` (an older run's)."""
@@ -270,27 +268,6 @@ def _pinned(source: Source, version: int | None, row_filter: Any) -> Snapshot:
 def _same_json(a: Any, b: Any) -> bool:
     """Equal as JSON values: ``True`` is not ``1`` (Python's ``==`` says it is)."""
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def _columns(snapshot: Snapshot, columns: Sequence[str] | None) -> tuple[str, ...]:
-    names = list(snapshot.schema.names)
-    wanted = names if columns is None else list(columns)
-    unknown = [c for c in wanted if c not in names]
-    if unknown:
-        raise UnknownColumnError(
-            f"{snapshot.describe()} has no column(s) {unknown}; its columns are {names}")
-    for path, present in snapshot.file_columns.items():
-        lacking = [c for c in wanted if c not in present]
-        if lacking:
-            raise UnsupportedTableError(
-                f"{snapshot.describe()}: data file {path} lacks column(s) {lacking} (added or "
-                "renamed after the file was written); select other columns or rewrite the file")
-    return tuple(wanted)
-
-
-def check_columns(snapshot: Snapshot, columns: Sequence[str]) -> None:
-    """Refuse a snapshot (a re-pinned epoch's) that lacks one of ``columns``."""
-    _columns(snapshot, columns)
 
 
 def _check_end_exists(source: Source, until_version: int) -> None:

@@ -10,9 +10,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, Piece
-from lakeckpt_tables.reader.config import ReaderConfig, check_columns
+from lakeckpt_tables.reader.config import ReaderConfig
 from lakeckpt_tables.reader.convert import Batch, convert
-from lakeckpt_tables.reader.distributed import broadcast_from_rank0, rank_and_world
+from lakeckpt_tables.reader.distributed import rank_and_world
 from lakeckpt_tables.reader.loaders import parse_state, refuse_finished_pass
 from lakeckpt_tables.reader.loop import SliceReader, start_cursor
 from lakeckpt_tables.reader.options import ReaderOptions
@@ -252,15 +252,8 @@ class LakeDataset(IterableDataset[Batch]):
         if self.refresh is None:
             raise ValueError("set_epoch pins a version per epoch; build the LakeDataset with "
                              "refresh='epoch' for that")
-        resumed = self._resume.rounds.get(epoch) if self._resume is not None else None
-        if resumed is not None:
-            version = resumed.to
-        else:
-            latest = self.source.snapshot(None).version if self.rank == 0 else None
-            version = broadcast_from_rank0(latest)
-        snapshot = self.source.snapshot(version)
-        check_columns(snapshot, self._config.columns)
-        self._rounds.pin(epoch, snapshot)
+        known = self._resume.rounds.get(epoch) if self._resume is not None else None
+        self._rounds.pin_epoch(epoch, known, rank=self.rank)
         self._epoch = epoch
 
     # ------------------------------------------------- plans (plan.accounting.Planner)

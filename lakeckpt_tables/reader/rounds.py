@@ -44,6 +44,8 @@ from lakeckpt_tables.plan.rounds import (
     RoundUnits,
     Tails,
 )
+from lakeckpt_tables.reader.columns import resolve_columns
+from lakeckpt_tables.reader.distributed import broadcast_from_rank0
 from lakeckpt_tables.sources.base import Snapshot, units_from_files
 from lakeckpt_tables.sources.commits import Commit
 from lakeckpt_tables.types import Unit
@@ -128,6 +130,19 @@ class RoundSequence:
         self._versions[snapshot.version] = RoundUnits.of(snapshot.units, self.unit_rows,
                                                          origin=(None, snapshot.version))
         return rnd
+
+    def pin_epoch(self, index: int, known: Round | None, *, rank: int) -> None:
+        """refresh="epoch": round ``index`` reads the version ``known`` names (a loaded
+        state's), else the latest, which rank 0 resolves for every rank (NOTE [ re-pinned
+        epochs ]; collective). Call it in the main process: workers inherit the pin."""
+        if known is not None:
+            version = known.to
+        else:
+            version = broadcast_from_rank0(self.source.snapshot(None).version if rank == 0
+                                           else None)
+        snapshot = self.source.snapshot(version)
+        resolve_columns(snapshot, self.columns)
+        self.pin(index, snapshot)
 
     def needs_descriptor(self, rnd: Round) -> bool:
         """Whether a reader state must name ``rnd`` (it cannot be derived from the config)."""

@@ -71,14 +71,3 @@ def test_no_module_over_500_lines_and_no_class_over_250(package: str) -> None:
             and node.end_lineno is not None and node.end_lineno - node.lineno + 1 > 250)
     assert too_long == []
 
-
-def test_reading_a_saved_reader_state_imports_no_torch() -> None:
-    """The CLI's audit and progress commands decode states: ~2 s of torch import saved."""
-    import subprocess
-    import sys
-
-    code = ("import sys; from lakeckpt_tables.reader.state import ReaderState, decode_state; "
-            "from lakeckpt_tables.reader import encode_state; print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                         text=True).stdout
-    assert out.strip() == "False"

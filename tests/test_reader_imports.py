@@ -70,4 +70,3 @@ def test_no_module_over_500_lines_and_no_class_over_250(package: str) -> None:
             for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ClassDef)
             and node.end_lineno is not None and node.end_lineno - node.lineno + 1 > 250)
     assert too_long == []
-

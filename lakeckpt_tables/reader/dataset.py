@@ -146,6 +146,14 @@ class LakeDataset(IterableDataset[Batch]):
         :mod:`lakeckpt_tables.errors`.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> LakeDataset:
+        """``pack_tokens=COLUMN`` builds a packed reader (``reader/packed.py``)."""
+        if cls is LakeDataset and kwargs.get("pack_tokens") is not None:
+            from lakeckpt_tables.reader.packed import PackedDataset
+
+            return super().__new__(PackedDataset)
+        return super().__new__(cls)
+
     def __init__(
         self,
         source: Source,

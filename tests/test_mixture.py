@@ -219,3 +219,24 @@ def test_states_of_other_sources_or_tables_are_refused_by_name(delta_table, iceb
     reseeded = mixture(delta_table, iceberg_table, seed=1)
     with pytest.raises(StateMismatchError, match="seed"):
         reseeded.load_state_dict(state)
+
+
+def test_a_mixture_of_packed_datasets_resumes_exactly(delta_table, iceberg_table):
+    def mix() -> Mixture:
+        kwargs: dict[str, Any] = {"pack_tokens": "tokens", "columns": ["tokens"], "seq_len": 8,
+                                  "eos_id": -1, "batch_size": 3}
+        return Mixture({"web": delta_table.dataset(**kwargs),
+                        "code": iceberg_table.dataset(**kwargs)},
+                       weights={"web": 0.7, "code": 0.3}, on_exhausted="cycle")
+
+    def seqs(batches: Any) -> list[tuple[str, list[list[int]]]]:
+        return [(b["source"], b["input_ids"].tolist()) for b in batches]
+
+    whole = seqs(itertools.islice(mix(), 70))
+    assert {name for name, _ in whole} == {"web", "code"}
+    for stop in (0, 17, 50):
+        first = mix()
+        head = seqs(itertools.islice(first, stop))
+        again = mix()
+        again.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        assert head + seqs(itertools.islice(again, 70 - stop)) == whole

@@ -219,11 +219,15 @@ def packed_batches(plan: TokenPlan, units: Sequence[Unit], q: int, start: int, *
                     pos.append(out.position_ids)
                     held, need, position = held + got, need - got, position + got
                 if held == batch_size:
-                    yield np.concatenate(ids), np.concatenate(pos), position, inside
+                    yield _joined(ids), _joined(pos), position, inside
                     ids, pos, held, inside = [], [], 0, 0
             k, offset = k + 1, 0
     if held:
-        yield np.concatenate(ids), np.concatenate(pos), position, inside
+        yield _joined(ids), _joined(pos), position, inside
+
+
+def _joined(parts: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _locate(array: pa.Array, offset: int) -> tuple[int, int]:

@@ -161,3 +161,27 @@ def test_a_state_of_another_packing_is_refused(delta_table):
     state["slices"] = [[0, 10_000]]
     with pytest.raises(StateMismatchError, match="past the"):
         packed(delta_table).load_state_dict(state)
+
+
+def test_two_epochs_resume_across_the_epoch_boundary(delta_table):
+    whole = rows(packed(delta_table, epochs=2))
+    per_epoch = len(rows(packed(delta_table)))
+    assert len(whole) == 2 * per_epoch and whole[:per_epoch] != whole[per_epoch:]  # reshuffled
+    for stop in (per_epoch - 1, per_epoch, per_epoch + 1):
+        ds = packed(delta_table, epochs=2)
+        head = rows(itertools.islice(ds, stop))
+        again = packed(delta_table, epochs=2)
+        again.load_state_dict(ds.state_dict())
+        assert head + rows(again) == whole, stop
+
+
+def test_rows_a_filter_leaves_out_are_not_packed(delta_table):
+    import pyarrow.compute as pc
+
+    kept = packed(delta_table, filter=pc.field("id") < 150, shuffle=False)
+    reader = kept.snapshot.row_reader()
+    tables = [reader.read(u, ["id", "tokens"]) for u in kept.snapshot.units]
+    assert sorted(i for t in tables for i in t.column("id").to_pylist()) == list(range(150))
+    stream_ = [x for t in tables for d in t.column("tokens").to_pylist() for x in [*d, EOS]]
+    delivered = tokens(list(kept))
+    assert delivered == stream_[:len(delivered)] and len(stream_) - len(delivered) < L

@@ -316,6 +316,29 @@ class Mixture(IterableDataset[dict[str, Any]]):
         self._resume = _Resume(workers, positions, sources)
         self._live = None
 
+    def source_states(self, state_dict: Mapping[str, Any] | list[Mapping[str, Any]]
+                      ) -> dict[str, Any]:
+        """Each source's whole state in a mixture state, a loader state over the mixture, or a
+        list of either (every rank's): its workers' and ranks' states merged. This is what
+        per-source accounting reads (the consumption of source ``key`` is that of its reader
+        state, the records named by ``key``).
+
+        Raises:
+            MixtureStateError, StateMismatchError: as :meth:`load_state_dict`.
+        """
+        from lakeckpt_tables.reader._torchdata import is_loader_state, states_from_loader
+
+        given = state_dict if isinstance(state_dict, list) else [state_dict]
+        states: list[Mapping[str, Any]] = []
+        for one in given:
+            if is_loader_state(one) and one.get(KEY_FORMAT) != MIXTURE_FORMAT:
+                states.extend(states_from_loader(one))
+            else:
+                states.append(one)
+        for state in states:
+            self._check(state)
+        return {n: _merged(n, [s[KEY_SOURCES][n] for s in states]) for n in self.names}
+
     def _check(self, state: Any) -> None:
         if not isinstance(state, Mapping) or state.get(KEY_FORMAT) != MIXTURE_FORMAT:
             found = state.get(KEY_FORMAT) if isinstance(state, Mapping) else type(state).__name__

@@ -240,3 +240,24 @@ def test_a_mixture_of_packed_datasets_resumes_exactly(delta_table, iceberg_table
         again = mix()
         again.load_state_dict(json.loads(json.dumps(first.state_dict())))
         assert head + seqs(itertools.islice(again, 70 - stop)) == whole
+
+
+@pytest.mark.timeout(60)
+def test_source_states_merge_each_sources_workers_and_ranks(delta_table, iceberg_table):
+    from lakeckpt_tables.reader.state import ReaderState
+
+    loader = loader_for(mixture(delta_table, iceberg_table), 2)
+    run = delivered(itertools.islice(loader, 9))
+    states = mixture(delta_table, iceberg_table).source_states(loader.state_dict())
+    del loader
+    for name in ("web", "code"):
+        state = ReaderState.from_dict(states[name])
+        assert state.complete and state.plan == (1, 2, 16)
+        # the rows its workers delivered are the rows of its batches the loader yielded
+        assert sum(position for _, position in state.positions()) == sum(
+            len(ids) for n, ids in run if n == name) > 0
+    ranks = [mixture(delta_table, iceberg_table, rank=r, world_size=3) for r in range(3)]
+    for m in ranks:
+        next(iter(m))
+    merged = ranks[0].source_states([m.state_dict() for m in ranks])
+    assert ReaderState.from_dict(merged["web"]).complete

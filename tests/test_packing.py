@@ -112,7 +112,7 @@ def test_a_document_longer_than_a_sequence_goes_on_in_the_next_with_its_position
     out = pack(PackCarry(), offsets, values, seq_len=4, eos_id=0)
     assert out.input_ids.tolist() == [[1, 2, 3, 4], [5, 0, 6, 0]]
     assert out.position_ids.tolist() == [[0, 1, 2, 3], [4, 5, 0, 1]]
-    assert out.rows == 2 and out.carry == PackCarry() and out.documents == 2
+    assert out.rows == 2 and out.carry == PackCarry()
 
 
 def test_a_limited_call_stops_inside_a_row_and_the_carry_names_the_offset():

@@ -26,7 +26,10 @@ End of a pass: the last partial sequence (fewer than ``seq_len`` tokens) is eith
 (``last="drop"``, the default: its tokens are *undelivered* and counted, never silently lost)
 or padded to ``seq_len`` with ``pad_id`` (``last="pad"``: the padding counts on from
 position 0 as a document of its own, so per-document masking keeps it apart, and the number of
-padding tokens is reported) by :func:`finish`.
+padding tokens is reported) by :func:`finish`. The packed ``LakeDataset`` drops: its round's
+tail is what cannot be split in lockstep among ranks (NOTE [ token plan ] in
+``reader/token_plan.py``), logged with its token count; padding it would hand some ranks
+sequences of padding only.
 
 An ``eos_id`` that occurs inside a document makes document boundaries ambiguous to the model:
 it is counted exactly (each stream element once, however rows are cut) and warned about once
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -107,7 +110,6 @@ class Packed:
     carry: PackCarry
     rows: int  # rows consumed whole (tokens and eos packed); the next call starts at this row
     eos_in_documents: int = 0  # eos_id found among the document tokens packed by this call
-    documents: int = field(default=0)  # documents whose first token this call packed
 
 
 def check_packing(seq_len: int, eos_id: int, last: str = "drop",
@@ -181,8 +183,7 @@ def pack(carry: PackCarry, offsets: _Int, values: _Int, *, seq_len: int, eos_id:
     # the stream elements this call takes from the rows: [d, take); with k >= 1 sequences
     # cut by the limit, k * seq_len > held
     take = total if (limit is None or k < limit) else d + k * seq_len - held
-    stream, positions, eos_inside, docs = _stream(offsets, values, lengths, ends, d, take,
-                                                  eos_id)
+    stream, positions, eos_inside = _stream(offsets, values, lengths, ends, d, take, eos_id)
     if eos_inside:
         _warn_eos(eos_id, eos_inside)
     if held:
@@ -199,19 +200,19 @@ def pack(carry: PackCarry, offsets: _Int, values: _Int, *, seq_len: int, eos_id:
         rows = n
         new = PackCarry(0, tuple(flat[full:].tolist()), tuple(pos[full:].tolist()))
     return Packed(flat[:full].reshape(k, seq_len), pos[:full].reshape(k, seq_len), new, rows,
-                  eos_inside, docs)
+                  eos_inside)
 
 
 def _stream(offsets: _Int, values: _Int, lengths: _Int, ends: _Int, first: int, end: int,
-            eos_id: int) -> tuple[_Int, _Int, int, int]:
+            eos_id: int) -> tuple[_Int, _Int, int]:
     """Stream elements ``[first, end)`` of the rows (tokens then eos per row), their position
-    ids, the eos ids among their document tokens, and the documents they start.
+    ids, and the eos ids among their document tokens.
 
     A handful of whole-array passes (measured: the int64 output is the cost; no concatenation,
     no per-row index array): the tokens land through a mask of the eos slots, the positions
     are a cumulative sum that drops back to 0 at each document's first token."""
     if end <= first:
-        return np.empty(0, np.int64), np.empty(0, np.int64), 0, 0
+        return np.empty(0, np.int64), np.empty(0, np.int64), 0
     last = int(np.searchsorted(ends, end - 1, side="right"))  # the row holding element end-1
     rows = last + 1
     size = int(ends[last])
@@ -229,9 +230,7 @@ def _stream(offsets: _Int, values: _Int, lengths: _Int, ends: _Int, first: int, 
     # document tokens among [first, end) are contiguous in ``values``
     tail_tokens = min(end - (int(ends[last - 1]) if last else 0), int(lengths[last]))
     inside = int(np.count_nonzero(values[lo + first:int(offsets[last]) + tail_tokens] == eos_id))
-    row_starts = ends[:rows] - lengths[:rows] - 1
-    docs = rows - int(np.searchsorted(row_starts, first, side="left"))
-    return stream[first:end], positions[first:end], inside, docs
+    return stream[first:end], positions[first:end], inside
 
 
 def pack_array(carry: PackCarry, array: pa.Array | pa.ChunkedArray, *, seq_len: int,

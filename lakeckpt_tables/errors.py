@@ -140,7 +140,15 @@ class RunFencedError(CommitConflictError):
 
 
 class LedgerCorruptError(LedgerError):
-    """A ledger file is missing, truncated or damaged, or a record fails its checksum."""
+    """A ledger file is missing, truncated or damaged, or a record fails its checksum.
+
+    ``file`` is the damaged ledger data file when one is to blame (the one to move aside before
+    ``repair()``), else None.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None) -> None:
+        super().__init__(message)
+        self.file = file
 
 
 class CheckpointWriteError(CheckpointError):

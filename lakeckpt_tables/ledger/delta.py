@@ -339,7 +339,7 @@ class DeltaLedger(LedgerBase[AddAction]):
                     f"damaged ({' '.join(str(e).split())}). The way out: move the file aside "
                     f"(keep it for inspection) and run DeltaTable({self._uri!r}).repair(), "
                     "which drops it from the log; its records are lost, and restore falls "
-                    "back to the newest checkpoint the ledger still holds"
+                    "back to the newest checkpoint the ledger still holds", file=path
                 )
         return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
 

@@ -60,7 +60,7 @@ from lakeckpt_tables.ledger import (
     open_ledger,
 )
 from lakeckpt_tables.ledger.base import EVENT_RETIRED, RunScan
-from lakeckpt_tables.reader._torchdata import dataset_of, reader_state_of, restore_reader
+from lakeckpt_tables.reader.loaders import dataset_of, reader_state_of, restore_reader
 from lakeckpt_tables.reader.state import (
     ReaderState,
     decode_state,

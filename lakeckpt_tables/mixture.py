@@ -297,7 +297,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
             StateMismatchError: another schedule (seed, weights, policy), another format, or
                 a damaged state; a source's own state refused by that source.
         """
-        from lakeckpt_tables.reader._torchdata import is_loader_state, states_from_loader
+        from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
 
         states: list[Mapping[str, Any]]
         if is_loader_state(state_dict) and state_dict.get(KEY_FORMAT) != MIXTURE_FORMAT:
@@ -326,7 +326,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
         Raises:
             MixtureStateError, StateMismatchError: as :meth:`load_state_dict`.
         """
-        from lakeckpt_tables.reader._torchdata import is_loader_state, states_from_loader
+        from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
 
         given = state_dict if isinstance(state_dict, list) else [state_dict]
         states: list[Mapping[str, Any]] = []

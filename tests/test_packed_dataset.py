@@ -190,7 +190,7 @@ def test_rows_a_filter_leaves_out_are_not_packed(delta_table):
 def test_packing_options_without_pack_tokens_or_with_half_of_them_are_refused(delta_table):
     with pytest.raises(PackingError, match="pass pack_tokens=COLUMN"):
         LakeDataset(delta_table.make_source(), seq_len=8)
-    with pytest.raises(PackingError, match="needs seq_len= .* and eos_id="):
+    with pytest.raises(PackingError, match=r"needs seq_len= .* and eos_id="):
         LakeDataset(delta_table.make_source(), pack_tokens="tokens", seq_len=8)
     with pytest.raises(PackingError, match="not Arrow tables"):
         packed(delta_table)._tables()

@@ -135,3 +135,17 @@ def test_a_packed_batch_splits_a_document_with_its_positions(tmp_path):
     assert pos.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 0]]
     assert position == 3 and plan.tail == 2 and inside == 1  # token 0 is also the eos
     assert np.asarray(ids).dtype == np.int64
+
+
+@pytest.mark.parametrize("chunk", [1, 20, 1 << 16])
+def test_packing_a_unit_in_several_calls_gives_the_same_batches(source, monkeypatch, chunk):
+    from lakeckpt_tables.reader import token_plan
+
+    plan, units, reader = plan_of(source, 2)
+    whole = [run(plan, units, reader, q, batch_size=5) for q in range(2)]
+    monkeypatch.setattr(token_plan, "CHUNK_TOKENS", chunk)  # a call packs max(5, chunk // L)
+    for q in range(2):
+        again = run(plan, units, reader, q, batch_size=5)
+        assert [(b[0].tolist(), b[1].tolist(), b[2]) for b in again] == [
+            (b[0].tolist(), b[1].tolist(), b[2]) for b in whole[q]]
+        assert all(len(b[0]) == 5 for b in again[:-1])

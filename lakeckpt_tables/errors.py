@@ -29,6 +29,7 @@ __all__ = [
     "ResumePathError",
     "RowCountMismatchError",
     "RunFencedError",
+    "SourceArgumentError",
     "SourceChangedError",
     "SourceFileChangedError",
     "SourceNotFoundError",
@@ -181,3 +182,8 @@ class MixtureError(LakeckptError):
 class MixtureStateError(StateMismatchError):
     """A mixture state does not fit this mixture: it names a source the mixture lacks, lacks
     one it has, or a source's table identity changed."""
+
+
+class SourceArgumentError(LakeckptError, ValueError):
+    """A source was given an identifier, path or URI that cannot name a table (the message shows
+    the expected form)."""

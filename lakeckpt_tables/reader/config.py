@@ -132,6 +132,8 @@ class ReaderConfig:
             config["refresh"] = o.refresh
         if o.filter is not None:
             config["filter"] = str(o.filter)
+        if self.snapshot.schema_id is not None:  # NOTE [ schema read ] in sources/base.py
+            config["schema_id"] = self.snapshot.schema_id
         if self.follow is not None:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows}
         if self.packing is not None:
@@ -213,10 +215,12 @@ class ReaderConfig:
             StateMismatchError: the state pinned a version the table does not list.
         """
         config = self
-        if (self._same_table(state) and state.version != self.snapshot.version and may_repin
-                and self.options.version is None):
+        schema_id = state.config.get("schema_id")
+        if (self._same_table(state) and may_repin and self.options.version is None
+                and (state.version, schema_id) != (self.snapshot.version,
+                                                   self.snapshot.schema_id)):
             try:
-                config = config.pinned(state.version)
+                config = config.pinned(state.version, schema_id)
             except SourceNotFoundError as exc:
                 raise StateMismatchError(f"reader state pinned version {state.version}, which "
                                          f"the table does not list: {exc}") from exc
@@ -232,9 +236,10 @@ class ReaderConfig:
             config = config.with_shuffler(shuffler)
         return config
 
-    def pinned(self, version: int) -> ReaderConfig:
-        """This configuration reading ``version`` (the filter and the columns kept)."""
-        snapshot = _pinned(self.source, version, self.options.filter)
+    def pinned(self, version: int, schema_id: int | None = None) -> ReaderConfig:
+        """This configuration reading ``version`` (the filter and the columns kept), in the
+        schema ``schema_id`` when given (an Iceberg state's; NOTE [ schema read ])."""
+        snapshot = _pinned(self.source, version, self.options.filter, schema_id)
         return dataclasses.replace(self, snapshot=snapshot,
                                    columns=_columns(snapshot, self.columns))._checked()
 
@@ -282,8 +287,10 @@ def _check_source(source: Any) -> None:
                         f"got {type(source).__name__}")
 
 
-def _pinned(source: Source, version: int | None, row_filter: Any) -> Snapshot:
-    snapshot = source.snapshot(version)
+def _pinned(source: Source, version: int | None, row_filter: Any,
+            schema_id: int | None = None) -> Snapshot:
+    snapshot = source.snapshot(version) if schema_id is None else source.snapshot(
+        version, schema_id=schema_id)
     # the filter is part of what defines the rows: every pinned snapshot gets it
     return snapshot if row_filter is None else filtered(snapshot, row_filter)
 

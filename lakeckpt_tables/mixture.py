@@ -467,6 +467,9 @@ def _same_json(a: Any, b: Any) -> bool:
 
 
 def _tagged(batch: Any, name: str) -> dict[str, Any]:
+    """The batch with its source's name: a dict in place (its type kept: a reader's
+    ``Batch`` is what a loader that would batch it again recognizes), anything else wrapped."""
     if isinstance(batch, dict):
-        return {**batch, SOURCE_KEY: name}
+        batch[SOURCE_KEY] = name
+        return batch
     return {"batch": batch, SOURCE_KEY: name}

@@ -261,3 +261,24 @@ def test_source_states_merge_each_sources_workers_and_ranks(delta_table, iceberg
         next(iter(m))
     merged = ranks[0].source_states([m.state_dict() for m in ranks])
     assert ReaderState.from_dict(merged["web"]).complete
+
+
+@pytest.mark.timeout(60)
+def test_cycle_under_two_workers_resumes_exactly_and_another_worker_count_is_refused(
+        delta_table, iceberg_table):
+    def loader() -> Any:
+        return loader_for(mixture(delta_table, iceberg_table, on_exhausted="cycle"), 2)
+
+    whole = delivered(itertools.islice(loader(), 70))
+    first = loader()
+    head = delivered(itertools.islice(first, 41))  # past web's first pass in both workers
+    saved = first.state_dict()
+    del first
+    again = loader()
+    again.load_state_dict(saved)
+    assert head + delivered(itertools.islice(again, 29)) == whole
+    del again
+    alone = mixture(delta_table, iceberg_table, on_exhausted="cycle")
+    alone.load_state_dict(saved)
+    with pytest.raises(MixtureStateError, match="saved by 2 DataLoader worker"):
+        next(iter(alone))

@@ -8,7 +8,7 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar
 import pyarrow as pa
 from torch.utils.data import IterableDataset, get_worker_info
 
-from lakeckpt_tables.errors import StateMismatchError
+from lakeckpt_tables.errors import PackingError, StateMismatchError
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, Piece
 from lakeckpt_tables.reader.config import ReaderConfig
 from lakeckpt_tables.reader.convert import Batch, convert
@@ -83,11 +83,13 @@ class LakeDataset(IterableDataset[Batch]):
         columns, batch_size, shuffle, seed, version, epochs, rank, world_size, drop_last,
             shuffle_window, transform, follow, poll_interval, max_idle, until_version,
             on_change, min_segment_rows, refresh, output, nulls, decimals, filter, unit_rows,
-            read_ahead: the fields of :class:`~lakeckpt_tables.reader.options.ReaderOptions`,
-            each documented there.
+            read_ahead, pack_tokens, seq_len, eos_id: the fields of
+            :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented there
+            (``pack_tokens``: fixed-length token sequences, ``reader/packed.py``).
 
     Raises:
         TypeError, ValueError: an option or a source of the wrong kind, named.
+        PackingError: packing options that cannot give fixed-length token sequences.
         SourceNotFoundError, UnsupportedTableError, EmptySourceError, UnknownColumnError,
         PinnedFileMissingError, RowCountMismatchError, SourceChangedError: see
         :mod:`lakeckpt_tables.errors`.
@@ -121,6 +123,9 @@ class LakeDataset(IterableDataset[Batch]):
         filter: Any = None,
         unit_rows: int = DEFAULT_UNIT_ROWS,
         read_ahead: int = DEFAULT_DEPTH,
+        pack_tokens: str | None = None,
+        seq_len: int | None = None,
+        eos_id: int | None = None,
     ) -> None:
         super().__init__()
         rank, world_size = rank_and_world(rank, world_size)
@@ -132,7 +137,7 @@ class LakeDataset(IterableDataset[Batch]):
             poll_interval=poll_interval, max_idle=max_idle, until_version=until_version,
             on_change=on_change, min_segment_rows=min_segment_rows, refresh=refresh,
             output=output, nulls=nulls, decimals=decimals, filter=filter, unit_rows=unit_rows,
-            read_ahead=read_ahead)
+            read_ahead=read_ahead, pack_tokens=pack_tokens, seq_len=seq_len, eos_id=eos_id)
         self._use(ReaderConfig.resolve(source, options))
         self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None
@@ -282,18 +287,31 @@ class LakeDataset(IterableDataset[Batch]):
                             own=self._resume_own, epoch=self._epoch)
 
     def __iter__(self) -> Iterator[Batch]:
+        if self._config.packing is not None:  # token sequences (reader/packed.py)
+            from lakeckpt_tables.reader.packed import sequences
+
+            yield from sequences(self, self._begin())
+            return
         output, nulls, transform = self.output, self.nulls, self.transform
         for table in self._tables():
             batch = convert(table, output, nulls)
             yield transform(batch) if transform is not None else batch
 
+    def _begin(self) -> Cursor:
+        """Start a pass: the cursor, and a later pass in this process starts afresh
+        (persistent workers: in this worker)."""
+        cursor = self._cursor = self._start_cursor()
+        if get_worker_info() is None or self._resume_own:
+            self._resume = None
+        return cursor
+
     def _tables(self, read_ahead: int | None = None) -> Iterator[pa.Table]:
         """The batches as Arrow tables, the cursor at each one's end (``reader/handoff.py``
         converts them in the main process); ``read_ahead`` overrides the option."""
-        cursor = self._cursor = self._start_cursor()
-        if get_worker_info() is None or self._resume_own:
-            # a later pass in this process starts afresh (persistent workers: in this worker)
-            self._resume = None
+        if self._config.packing is not None:
+            raise PackingError("a packing LakeDataset yields token sequences, not Arrow "
+                               "tables: iterate it, or a StatefulDataLoader over it")
+        cursor = self._begin()
         depth = self.read_ahead if read_ahead is None else read_ahead
         return self._reader.tables(cursor, self.planner, self._rounds, read_ahead=depth,
                                    unit_rows=self.unit_rows)

@@ -34,6 +34,7 @@ from lakeckpt_tables.plan.shuffle import BALANCED, LEGACY, SHUFFLERS
 from lakeckpt_tables.reader.columns import resolve_columns
 from lakeckpt_tables.reader.convert import check_convertible
 from lakeckpt_tables.reader.options import Packing, ReaderOptions
+from lakeckpt_tables.reader.packed import TokenPlanner
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
 from lakeckpt_tables.reader.rounds import FollowPolicy, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
@@ -178,9 +179,8 @@ class ReaderConfig:
         packing reader's: ``reader/packed.py``)."""
         o = self.options
         if self.packing is not None:
-            from lakeckpt_tables.reader.packed import TokenPlanner
-
-            return TokenPlanner(self, rounds)  # type: ignore[return-value]
+            return TokenPlanner(self.packing, o, self.snapshot,  # type: ignore[return-value]
+                                self.stream_sizes, rounds)
         return RoundPlanner(rounds, o.shuffle, o.seed, o.shuffle_window, o.drop_last, o.epochs,
                             follows=self.follow is not None, refreshes=o.refresh is not None,
                             rank=o.rank, where=self.snapshot.describe(), shuffler=self.shuffler)

@@ -1,4 +1,16 @@
-"""``LakeDataset``: a torch IterableDataset over a Delta or Iceberg table, resumable."""
+"""``LakeDataset``: a torch IterableDataset over a Delta or Iceberg table, resumable.
+
+Iterate it under ``StatefulDataLoader(dataset, batch_size=None, num_workers=N)``: the
+dataset makes the batches (a loader that batches them again is refused on its first batch);
+a state the loader captures covers the batches it has *yielded*, not those prefetched.
+``loader.load_state_dict(saved)`` resumes mid-pass at the same world size and workers;
+``dataset.load_state_dict(saved)`` (a loader's state, a dataset's, or merged states) also at
+another world size, worker count or batch size, and a finished pass as finished, for the
+passes of workers started afterwards (iterate once per loaded state, or use
+``persistent_workers=True``). The dataset holds one frozen
+:class:`~lakeckpt_tables.reader.config.ReaderConfig`: a loaded state swaps in the one it
+resolves to, once it is known to fit.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +28,7 @@ from lakeckpt_tables.reader.distributed import rank_and_world
 from lakeckpt_tables.reader.loaders import parse_state, refuse_finished_pass
 from lakeckpt_tables.reader.loop import SliceReader, start_cursor
 from lakeckpt_tables.reader.options import ReaderOptions
+from lakeckpt_tables.reader.packed import sequences
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
 from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH
 from lakeckpt_tables.reader.rounds import (
@@ -65,18 +78,8 @@ class LakeDataset(IterableDataset[Batch]):
     more than one rank every rank yields the same number of batches per epoch or segment (see
     ``lakeckpt_tables.plan``). Batches are dicts: numeric columns as tensors (zero-copy where
     Arrow allows), fixed-length list columns as 2-D tensors, variable-length ones as
-    :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists.
-
-    Iterate it under ``StatefulDataLoader(dataset, batch_size=None, num_workers=N)``: the
-    dataset makes the batches (a loader that batches them again is refused on its first batch);
-    a state the loader captures covers the batches it has *yielded*, not those prefetched.
-    ``loader.load_state_dict(saved)`` resumes mid-pass at the same world size and workers;
-    ``dataset.load_state_dict(saved)`` (a loader's state, a dataset's, or merged states) also at
-    another world size, worker count or batch size, and a finished pass as finished, for the
-    passes of workers started afterwards (iterate once per loaded state, or use
-    ``persistent_workers=True``). The dataset holds one frozen
-    :class:`~lakeckpt_tables.reader.config.ReaderConfig`: a loaded state swaps in the one it
-    resolves to, once it is known to fit.
+    :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists. How to iterate and resume
+    it: the module's docstring.
 
     Args:
         source: a :class:`~lakeckpt_tables.DeltaSource` or :class:`~lakeckpt_tables.IcebergSource`.
@@ -288,9 +291,8 @@ class LakeDataset(IterableDataset[Batch]):
 
     def __iter__(self) -> Iterator[Batch]:
         if self._config.packing is not None:  # token sequences (reader/packed.py)
-            from lakeckpt_tables.reader.packed import sequences
-
-            yield from sequences(self, self._begin())
+            yield from sequences(self.planner, self._reader.cache.get,  # type: ignore[arg-type]
+                                 self.transform, self._begin())
             return
         output, nulls, transform = self.output, self.nulls, self.transform
         for table in self._tables():

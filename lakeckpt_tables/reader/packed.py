@@ -16,7 +16,7 @@ import itertools
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -24,15 +24,12 @@ from lakeckpt_tables.errors import PackingError, StateMismatchError
 from lakeckpt_tables.plan import Piece
 from lakeckpt_tables.reader.convert import Batch
 from lakeckpt_tables.reader.loaders import next_worker_in_turn
-from lakeckpt_tables.reader.options import Packing
+from lakeckpt_tables.reader.options import Packing, ReaderOptions
 from lakeckpt_tables.reader.planner import Cursor
 from lakeckpt_tables.reader.rounds import Round, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
 from lakeckpt_tables.reader.token_plan import TokenPlan, packed_batches, stream_sizes
-
-if TYPE_CHECKING:
-    from lakeckpt_tables.reader.config import ReaderConfig
-    from lakeckpt_tables.reader.dataset import LakeDataset
+from lakeckpt_tables.sources.base import Snapshot
 
 __all__ = ["TokenPlanner", "sequences"]
 
@@ -41,17 +38,14 @@ log = logging.getLogger(__name__)
 
 
 
-def sequences(dataset: LakeDataset, cursor: Cursor) -> Iterator[Batch]:
+def sequences(planner: TokenPlanner, read: Any, transform: Any,
+              cursor: Cursor) -> Iterator[Batch]:
     """The slice's packed batches from ``cursor`` on, epoch after epoch; the cursor stands at
-    each one's end (sequences delivered) when it is yielded."""
-    planner = dataset.planner
-    assert isinstance(planner, TokenPlanner)
-    packing = planner.packing
-    units = dataset.snapshot.units
-    read = dataset._reader.cache.get
-    transform = dataset.transform
+    each one's end (sequences delivered) when it is yielded. ``read`` reads a unit's row group
+    (the reader's cache), ``transform`` is the dataset's."""
+    packing, units = planner.packing, planner.snapshot.units
     g, index = cursor.slice_index, cursor.epoch
-    while index < dataset.epochs:
+    while index < planner.epochs:
         plan = planner.token_plan(cursor.shape, index, cursor.layouts.get(index))
         if plan.tail and g == 0:
             log.warning("%s epoch %d: %d token(s) (with eos) cannot be split in lockstep into "
@@ -77,20 +71,20 @@ class TokenPlanner:
     refreshes = False
     follows = False
 
-    def __init__(self, config: ReaderConfig, rounds: RoundSequence) -> None:
-        assert config.packing is not None
-        self.config, self.rounds = config, rounds
-        self.packing: Packing = config.packing
-        o = config.options
+    def __init__(self, packing: Packing, options: ReaderOptions, snapshot: Snapshot,
+                 sizes: dict[int, list[int]], rounds: RoundSequence) -> None:
+        """``sizes``: the stream sizes per version, a cache the reader's configuration keeps."""
+        self.packing, self.snapshot, self.sizes, self.rounds = packing, snapshot, sizes, rounds
+        o = options
         self.rank, self.epochs, self.seed, self.shuffle = o.rank, o.epochs, o.seed, o.shuffle
-        self.where = config.snapshot.describe()
+        self.where = snapshot.describe()
 
     def stream_sizes(self) -> list[int]:
         """Stream elements (tokens + eos) of each row group of the pinned snapshot."""
-        snapshot = self.config.snapshot
-        sizes = self.config.stream_sizes.get(snapshot.version)
+        snapshot = self.snapshot
+        sizes = self.sizes.get(snapshot.version)
         if sizes is None:
-            sizes = self.config.stream_sizes[snapshot.version] = stream_sizes(
+            sizes = self.sizes[snapshot.version] = stream_sizes(
                 snapshot.row_reader(), snapshot.units, self.packing.column)
         return sizes
 

@@ -14,7 +14,7 @@ import pytest
 from lakeckpt_tables.errors import StorageError
 from lakeckpt_tables.io import Storage, iceberg_storage, s3_settings
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
-from lakeckpt_tables.sources import _footers
+from lakeckpt_tables.sources import footers
 
 
 def test_local_operations(tmp_path: Path) -> None:
@@ -159,11 +159,11 @@ def test_removing_a_checkpoint_is_best_effort(caplog: pytest.LogCaptureFixture) 
 def test_footers_are_read_once_per_file_and_reused_by_remote_opens(tmp_path: Path) -> None:
     path = str(tmp_path / "f.parquet")
     pq.write_table(pa.table({"id": list(range(100))}), path, row_group_size=10)
-    before = _footers.footer_reads()
-    [footer] = _footers.read_footers([path], [None])
-    [again] = _footers.read_footers([path], [None])
+    before = footers.footer_reads()
+    [footer] = footers.read_footers([path], [None])
+    [again] = footers.read_footers([path], [None])
     assert footer is again and footer.row_group_rows == (10,) * 10
-    assert _footers.footer_reads() == before + 1
+    assert footers.footer_reads() == before + 1
 
 
 def test_gcs_and_azure_options_become_fsspec_keywords() -> None:

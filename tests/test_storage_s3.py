@@ -23,7 +23,7 @@ from lakeckpt_tables.errors import StorageError
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.io.prefetch import DEFAULT_PREFETCH
 from lakeckpt_tables.reader.readahead import PLAIN_PIECE_UNITS
-from lakeckpt_tables.sources import _footers
+from lakeckpt_tables.sources import footers
 
 s3 = _s3server.s3  # the fixtures of the module
 shadow_s3 = _s3server.shadow_s3

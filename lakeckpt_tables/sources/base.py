@@ -19,10 +19,10 @@ from lakeckpt_tables.errors import (
 )
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.sources._deletes import select_live
-from lakeckpt_tables.sources._footers import FileFooter, read_footers
 from lakeckpt_tables.sources._open import open_data_file
 from lakeckpt_tables.sources.commits import Commit
 from lakeckpt_tables.sources.datafile import DataFile
+from lakeckpt_tables.sources.footers import FileFooter, read_footers
 from lakeckpt_tables.types import TableIdentity, Unit
 
 __all__ = [

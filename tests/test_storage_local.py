@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lakeckpt_tables.errors import StorageError
+from lakeckpt_tables.errors import StorageError, StoreUnavailableError
 from lakeckpt_tables.io import Storage, iceberg_storage, s3_settings
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.sources import _footers
@@ -66,7 +66,8 @@ def test_delta_options_leave_nothing_to_the_environment() -> None:
     assert store.delta_options() == {
         "AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "https://s3.eu-west-1.amazonaws.com",
         "AWS_ENDPOINT_URL_S3": "https://s3.eu-west-1.amazonaws.com",
-        "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "conditional_put": "etag"}
+        "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "conditional_put": "etag",
+        "retry_timeout": "60s"}  # delta-rs retries for the library's budget, not its 180 s
     locked = Storage("s3://b/t", {"AWS_S3_LOCKING_PROVIDER": "dynamodb"}).delta_options()
     assert locked is not None and "conditional_put" not in locked
     assert locked["AWS_S3_LOCKING_PROVIDER"] == "dynamodb"
@@ -91,10 +92,12 @@ def test_an_unreachable_endpoint_is_a_named_error_without_secrets() -> None:
     store = Storage("s3://b/t", {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
                                  "AWS_SECRET_ACCESS_KEY": "very-secret-value",
                                  "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "max_attempts": "1",
-                                 "connect_timeout": "1"})
-    with pytest.raises(StorageError) as caught:
+                                 "connect_timeout": "1", "lakeckpt_retry_seconds": "0.5"})
+    with pytest.raises(StoreUnavailableError) as caught:
         store.read_bytes("f")
-    assert "s3://b/t/f" in str(caught.value)
+    assert caught.value.uri == "s3://b/t/f" and caught.value.kind == "unavailable"
+    assert "s3://b/t/f" in str(caught.value) and "(unreachable)" in str(caught.value)
+    assert "lakeckpt_retry_seconds" in str(caught.value)  # what to do
     assert "very-secret-value" not in str(caught.value)
     assert "AKIAEXAMPLE" not in str(caught.value)
 
@@ -150,7 +153,8 @@ def test_checkpoint_checksums_and_verification(tmp_path: Path) -> None:
 
 def test_removing_a_checkpoint_is_best_effort(caplog: pytest.LogCaptureFixture) -> None:
     store = CheckpointStorage("s3://b/t", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9",
-                                           "max_attempts": "1", "connect_timeout": "1"})
+                                           "max_attempts": "1", "connect_timeout": "1",
+                                           "lakeckpt_retry_seconds": "0"})
     with caplog.at_level(logging.WARNING):
         store.delete("run/step-1")
     assert "could not remove s3://b/t/run/step-1" in caplog.text

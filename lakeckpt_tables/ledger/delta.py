@@ -16,10 +16,11 @@ import hashlib
 import json
 import logging
 import operator
-import os
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,10 +29,25 @@ import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
-from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 
-from lakeckpt_tables.errors import CommitStateUnknownError, LedgerCorruptError, LedgerError
+from lakeckpt_tables.errors import (
+    CommitStateUnknownError,
+    LakeckptError,
+    LedgerCorruptError,
+    LedgerError,
+    StorageError,
+    StoreUnavailableError,
+)
+from lakeckpt_tables.io import Storage
+from lakeckpt_tables.io.failures import (
+    RETRY_OPTION,
+    TRANSIENT,
+    classify,
+    clean,
+    retrying,
+    store_error,
+)
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
@@ -47,6 +63,7 @@ from lakeckpt_tables.ledger.summary import (
 __all__ = ["ORPHAN_GRACE_HOURS", "DeltaLedger"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Columns given min/max statistics in each add action, so that readers filtering on a run or
 # a kind of record can skip files. numRecords is there because without it count() undercounts.
@@ -60,23 +77,34 @@ class DeltaLedger(LedgerBase[AddAction]):
     """A ledger kept in a Delta table, created on first use.
 
     Args:
-        uri: table location (local path or object store URI).
-        storage_options: delta-rs storage options (credentials, endpoints...).
+        uri: table location (local path or object store URI), or the
+            :class:`~lakeckpt_tables.io.Storage` rooted at it: the one store through which the
+            log (delta-rs) and the data files (pyarrow) are read and written.
+        storage_options: storage options of ``uri`` when it is a string (NOTE [ storage
+            options ] in :mod:`lakeckpt_tables.io.options`).
+        create: create the table when absent.
 
     Raises:
         LedgerError: the location holds a Delta table that is not a ledger, or a ledger of
             another format version.
+        StorageError: the store failed (named with the URI and the kind).
     """
 
-    def __init__(self, uri: str, *, storage_options: dict[str, str] | None = None,
+    def __init__(self, uri: str | Storage, *, storage_options: Mapping[str, str] | None = None,
                  create: bool = True) -> None:
         super().__init__()
-        self._uri = uri
-        self._table = (_open_or_create(uri, storage_options) if create
-                       else DeltaTable(uri, storage_options=storage_options))
+        self._store = uri if isinstance(uri, Storage) else Storage(uri, storage_options)
+        self._uri = self._store.uri
+        self._options = self._store.delta_options()
+        self._table = (_open_or_create(self._store) if create
+                       else _open(self._store, self.describe()))
         _check_format(self._table, self.describe())
-        self._fs, self._base = _filesystem(uri, storage_options)
+        self._base = self._store.fs_path("")
         self._verified: set[str] = set()  # data files whose footer matched its digest
+
+    @property
+    def _fs(self) -> pa_fs.FileSystem:
+        return self._store.filesystem
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -99,7 +127,7 @@ class DeltaLedger(LedgerBase[AddAction]):
             CommitStateUnknownError: the rewrite may or may not have landed.
         """
         with self._lock:
-            self._table.update_incremental()
+            self._refresh()
             if len(self._table.file_uris()) > 1:
                 # sorted and cut in small row groups, so that a read of one kind of record or
                 # one run skips the rest by row-group statistics
@@ -122,8 +150,8 @@ class DeltaLedger(LedgerBase[AddAction]):
                     raise CommitStateUnknownError(
                         f"ledger {self.describe()}: the compaction may or may not have landed "
                         f"({e}); its rows are the same either way, compact again later") from e
-                self._table.update_incremental()
-            self._table.create_checkpoint()
+                self._refresh()
+            self._log_call("checkpoint", self._table.create_checkpoint)
 
     def _summarize(self, prepared: AddAction, rows: pa.Table) -> None:
         """Write the consumption summary of a compacted file (NOTE [ consumption summaries ])."""
@@ -139,7 +167,7 @@ class DeltaLedger(LedgerBase[AddAction]):
         with self._lock:
             actions = pa.table(self._table.get_add_actions(flatten=True))
             version = int(self._table.version())
-        paths = [f"{self._base}/{p}" if self._base else p for p in actions["path"].to_pylist()]
+        paths = [self._data_path(p) for p in actions["path"].to_pylist()]
         return version, list(zip(paths, actions["size_bytes"].to_pylist(), strict=True))
 
     def dataset(self, paths: list[str]) -> pa_ds.Dataset:
@@ -193,7 +221,7 @@ class DeltaLedger(LedgerBase[AddAction]):
             if path in self._verified:
                 continue
             try:
-                self._check_footer_digest(path)
+                self._retrying("read", lambda: self._check_footer_digest(path))  # noqa: B023
             except ValueError as e:
                 log.warning("ledger %s: data file %s: %s; it is read whole, its statistics "
                             "unused", self.describe(), path, e)
@@ -222,11 +250,7 @@ class DeltaLedger(LedgerBase[AddAction]):
         Raises:
             LedgerCorruptError: one cannot be read (named, with the way out).
         """
-        try:
-            rows = _dataset(paths, self._fs).to_table()
-        except (OSError, pa.ArrowException) as e:
-            raise self.damaged(paths, e) from e
-        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+        return self._reading(paths, lambda: _conformed(_dataset(paths, self._fs).to_table()))
 
     def consumed(self, files: list[tuple[str, int]]) -> pa.Table:
         """Per-checkpoint consumption totals of these data files (``SUMMARY_SCHEMA``): from
@@ -245,19 +269,18 @@ class DeltaLedger(LedgerBase[AddAction]):
         if unsummarized:
             columns = [s.RUN_ID, s.CHECKPOINT_ID, s.STEP, s.SEGMENT, s.EPOCH, s.COMMITTED_AT,
                        s.ROWS]
-            try:
-                rows = _dataset(unsummarized, self._fs).to_table(
-                    columns=columns, filter=pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
-            except (OSError, pa.ArrowException) as e:
-                raise self.damaged(unsummarized, e) from e
+            rows = self._reading(unsummarized, lambda: _dataset(unsummarized, self._fs).to_table(
+                columns=columns, filter=pc.field(s.RECORD) == s.RECORD_CONSUMPTION))
             parts.append(summarize(rows))
         return pa.concat_tables(parts) if parts else SUMMARY_SCHEMA.empty_table()
 
     def _relative(self, path: str) -> str:
         """A data file's path relative to the table (as add actions name it)."""
-        if self._base and path.startswith(self._base + "/"):
-            return path[len(self._base) + 1:]
-        return path
+        return path[len(self._base) + 1:] if path.startswith(self._base + "/") else path
+
+    def _data_path(self, relative: str) -> str:
+        """A data file named relative to the table, as the ledger's filesystem names it."""
+        return f"{self._base}/{relative}"
 
     def remove_orphans(self, *, older_than_hours: int = ORPHAN_GRACE_HOURS,
                        dry_run: bool = False) -> list[str]:
@@ -290,11 +313,11 @@ class DeltaLedger(LedgerBase[AddAction]):
         orphans += self._stale_summaries(live, older_than_hours)
         for path in orphans if not dry_run else ():
             with contextlib.suppress(FileNotFoundError):
-                self._fs.delete_file(f"{self._base}/{path}" if self._base else path)
+                self._fs.delete_file(self._data_path(path))
         return orphans
 
     def _stale_summaries(self, live: set[str], older_than_hours: int) -> list[str]:
-        where = f"{self._base}/{SUMMARY_DIR}" if self._base else SUMMARY_DIR
+        where = self._data_path(SUMMARY_DIR)
         selector = pa_fs.FileSelector(where, allow_not_found=True)
         cutoff = time.time() - older_than_hours * 3600
         return sorted(f"{SUMMARY_DIR}/{info.base_name}"
@@ -304,7 +327,25 @@ class DeltaLedger(LedgerBase[AddAction]):
 
     def _refresh(self) -> None:
         # The handle does not advance by itself, not even after our own commits.
-        self._table.update_incremental()
+        self._log_call("read", self._table.update_incremental)
+
+    def _log_call(self, action: str, call: Callable[[], T]) -> T:
+        """A call of delta-rs on the log, its failure named (NOTE [ store failures ]):
+        delta-rs has retried for the budget already (``retry_timeout``)."""
+        try:
+            return call()
+        except OSError as e:
+            kind = classify(e)
+            if kind in TRANSIENT:
+                raise StoreUnavailableError(
+                    f"store unavailable: could not {action} the ledger at {self._uri} "
+                    f"({kind}) within the retry budget of {self._store.retry_seconds:g} s; "
+                    "nothing was committed by this request. Retry when the store is back, or "
+                    f"give a longer budget (storage option {RETRY_OPTION}). Last error: "
+                    f"{self._store.redact(clean(str(e)))}", uri=self._uri,
+                    kind="unavailable") from e
+            raise store_error(self._uri, f"{action} the ledger at", e,
+                              redact=self._store.redact) from e
 
     def _read(
         self,
@@ -319,36 +360,59 @@ class DeltaLedger(LedgerBase[AddAction]):
         paths = [self._path(uri) for uri in self._table.file_uris()]
         suspect = self._suspect_footers(paths)
         trusted = [p for p in paths if p not in suspect]
-        try:
+
+        def read() -> pa.Table:
             rows = _dataset(trusted, self._fs).to_table(filter=where)
             if suspect:  # NOTE [ footer digest ]: no statistics used, filtered here
                 whole = _dataset(sorted(suspect), self._fs).to_table()
                 rows = pa.concat_tables([rows, whole if where is None else whole.filter(where)])
-        except (OSError, pa.ArrowException) as e:
-            raise self.damaged(paths, e) from e
-        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+            return _conformed(rows)
+        return self._reading(paths, read)
 
-    def damaged(self, paths: list[str], cause: Exception) -> LedgerCorruptError:
-        """The named error for a ledger file that cannot be read, found file by file."""
+    def _reading(self, paths: list[str], read: Callable[[], pa.Table]) -> pa.Table:
+        """``read()`` of these data files, retried while the store fails transiently
+        (NOTE [ retry budget ]); any other failure named by :meth:`damaged`.
+
+        A row that is null where the ledger's schema allows none (a flipped bit in a
+        definition level or in the footer's schema) is damage too.
+        """
+        try:
+            return self._retrying("read", read)
+        except StoreUnavailableError:
+            raise
+        except (OSError, pa.ArrowException, ValueError) as e:
+            raise self.damaged(paths, e) from e
+
+    def _retrying(self, action: str, call: Callable[[], T]) -> T:
+        return retrying(call, budget=self._store.retry_seconds, uri=self._uri,
+                        action=f"{action} the ledger at", redact=self._store.redact)
+
+    def damaged(self, paths: list[str], cause: Exception) -> LakeckptError:
+        """The named error for ledger files that cannot be read, found file by file: the
+        file that is missing, truncated or damaged, or the store's failure (which is not
+        damage: NOTE [ store failures ])."""
+        if _store_failure(cause):
+            return store_error(self._uri, "read the ledger at", cause, redact=self._store.redact)
         for path in paths:
             try:
-                _dataset([path], self._fs).to_table()
+                _conformed(_dataset([path], self._fs).to_table())
             except (OSError, pa.ArrowException, ValueError) as e:
+                if _store_failure(e):
+                    return store_error(self._uri, "read the ledger at", e,
+                                       redact=self._store.redact)
                 return LedgerCorruptError(
                     f"ledger {self.describe()}: data file {path} is missing, truncated or "
-                    f"damaged ({' '.join(str(e).split())}). The way out: move the file aside "
-                    f"(keep it for inspection) and run DeltaTable({self._uri!r}).repair(), "
-                    "which drops it from the log; its records are lost, and restore falls "
-                    "back to the newest checkpoint the ledger still holds"
+                    f"damaged ({self._store.redact(clean(str(e)))}). The way out: move the "
+                    f"file aside (keep it for inspection) and run DeltaTable({self._uri!r})"
+                    ".repair(), which drops it from the log; its records are lost, and restore "
+                    "falls back to the newest checkpoint the ledger still holds"
                 )
-        return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
+        return LedgerCorruptError(f"ledger {self.describe()} could not be read: "
+                                  f"{self._store.redact(clean(str(cause)))}")
 
     def _path(self, file_uri: str) -> str:
-        """A data file as the ledger's filesystem names it."""
-        if self._base:  # local: absolute paths
-            return file_uri.removeprefix("file://")
-        root = self._uri.rstrip("/") + "/"
-        return file_uri[len(root):] if file_uri.startswith(root) else file_uri
+        """A data file (as delta-rs names it) as the ledger's filesystem names it."""
+        return self._store.fs_path(file_uri)
 
     def _last_step(self, run_id: str) -> int | None:
         # Each checkpoint commit sets the run's app transaction version to its step, and
@@ -366,15 +430,16 @@ class DeltaLedger(LedgerBase[AddAction]):
         data = buffer.getvalue()
         # NOTE [ footer digest ]: the name carries the footer's digest (see _footer_digest)
         path = f"lakeckpt-{uuid.uuid4().hex}-{_footer_digest(data)}.parquet"
-        where = f"{self._base}/{path}" if self._base else path
-        # In pieces smaller than a buffered stream's buffer: delta-rs's file handler (object
-        # stores) takes bytes, and an Arrow buffer written straight through (a raw stream, or a
-        # write larger than the buffer) fails: "'Buffer' object is not an instance of 'bytes'".
-        piece = _WRITE_BUFFER_BYTES // 2
-        with (self._fs.open_output_stream(where) as raw,
-              pa.BufferedOutputStream(raw, _WRITE_BUFFER_BYTES) as out):
-            for at in range(0, data.size, piece):
-                out.write(data.slice(at, min(piece, data.size - at)))
+        where = self._data_path(path)
+
+        def write() -> None:  # one PUT of a new name: retrying it is harmless
+            with self._fs.open_output_stream(where) as out:
+                out.write(data)
+        try:
+            self._retrying("write", write)
+        except OSError as e:
+            raise store_error(self._uri, "write the ledger at", e,
+                              redact=self._store.redact) from e
         return AddAction(
             path=path,
             size=data.size,
@@ -412,13 +477,15 @@ class DeltaLedger(LedgerBase[AddAction]):
             # commit took the version, and rebasing over it was refused or ran out of tries.
             return False
         except (DeltaError, OSError) as e:
-            raise outcome_unknown(self.describe(), run_id, checkpoint, e) from e
+            cause = StorageError(self._store.redact(clean(str(e))), uri=self._uri,
+                                 kind=classify(e))
+            raise outcome_unknown(self.describe(), run_id, checkpoint, cause) from e
         return True
 
     def _discard(self, prepared: AddAction) -> None:
         # A file we fail to delete is an orphan, which maintenance removes.
         with contextlib.suppress(OSError):
-            self._fs.delete_file(f"{self._base}/{prepared.path}" if self._base else prepared.path)
+            self._fs.delete_file(self._data_path(prepared.path))
 
 
 _DIGEST_CHARS = 16
@@ -444,24 +511,41 @@ def _named_digest(path: str) -> str | None:
     return None
 
 
-def _open_or_create(uri: str, storage_options: dict[str, str] | None) -> DeltaTable:
-    if not DeltaTable.is_deltatable(uri, storage_options):
+def _open_or_create(store: Storage) -> DeltaTable:
+    where = f"delta:{store.uri}"
+    options = store.delta_options()
+    try:
+        exists = DeltaTable.is_deltatable(store.uri, options)
+    except OSError as e:
+        raise store_error(store.uri, "open the ledger at", e, redact=store.redact) from e
+    if not exists:
         # CommitFailedError: another process created it between our check and our create.
         with contextlib.suppress(CommitFailedError):
-            DeltaTable.create(
-                uri,
-                s.LEDGER_SCHEMA,
-                mode="ignore",
-                name="lakeckpt_ledger",
-                description="lakeckpt-tables ledger: checkpoints, consumption and events",
-                configuration={s.FORMAT_PROPERTY: str(s.LEDGER_FORMAT_VERSION)},
-                storage_options=storage_options,
-                raise_if_key_not_exists=False,
-            )
+            try:
+                DeltaTable.create(
+                    store.uri,
+                    s.LEDGER_SCHEMA,
+                    mode="ignore",
+                    name="lakeckpt_ledger",
+                    description="lakeckpt-tables ledger: checkpoints, consumption and events",
+                    configuration={s.FORMAT_PROPERTY: str(s.LEDGER_FORMAT_VERSION)},
+                    storage_options=options,
+                    raise_if_key_not_exists=False,
+                )
+            except OSError as e:
+                raise store_error(store.uri, "create the ledger at", e,
+                                  redact=store.redact) from e
+    return _open(store, where)
+
+
+def _open(store: Storage, where: str) -> DeltaTable:
     try:
-        return DeltaTable(uri, storage_options=storage_options)
+        return DeltaTable(store.uri, storage_options=store.delta_options())
+    except OSError as e:
+        raise store_error(store.uri, "open the ledger at", e, redact=store.redact) from e
     except DeltaError as e:
-        raise LedgerError(f"ledger delta:{uri} could not be opened or created: {e}") from e
+        raise LedgerError(f"ledger {where} could not be opened or created: "
+                          f"{store.redact(clean(str(e)))}") from e
 
 
 def _check_format(table: DeltaTable, where: str) -> None:
@@ -475,8 +559,6 @@ def _check_format(table: DeltaTable, where: str) -> None:
 
 _COMPACT_ORDER = (s.RECORD, s.RUN_ID, s.STEP)
 _ROW_GROUP_ROWS = 65_536
-_WRITE_BUFFER_BYTES = 8 << 20
-"""The buffer a ledger file is written through, in pieces of half its size (``_prepare``)."""
 
 COMPACTION_PROPERTY = "lakeckpt.compaction"
 """Commit metadata key marking the rewrite made by :meth:`DeltaLedger.compact`."""
@@ -490,16 +572,21 @@ def _owner_app_id(run_id: str) -> str:
     return f"lakeckpt-owner:{run_id}"
 
 
-def _filesystem(uri: str, storage_options: dict[str, str] | None) -> tuple[pa_fs.FileSystem, str]:
-    """The filesystem holding the ledger's data files, and the table's path in it.
+def _conformed(rows: pa.Table) -> pa.Table:
+    """The rows in :data:`LEDGER_SCHEMA`.
 
-    A local table gets pyarrow's own local filesystem and its absolute path; anything else goes
-    through delta-rs's object store rooted at the table (path ``""``), so storage_options apply
-    to data files exactly as they do to the log.
+    Raises:
+        ValueError: a column of the schema that allows no nulls holds one (damage).
     """
-    if "://" not in uri or uri.startswith("file://"):
-        return pa_fs.LocalFileSystem(), os.path.abspath(uri.removeprefix("file://"))
-    return pa_fs.PyFileSystem(DeltaStorageHandler(uri, storage_options)), ""
+    return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+
+
+def _store_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store failing (not the ledger's files being damaged)."""
+    return isinstance(exc, StorageError) or classify(exc) in _STORE_KINDS
+
+
+_STORE_KINDS = frozenset({"bucket missing", "access denied", "unreachable", "unavailable"})
 
 
 def _dataset(paths: list[str], fs: pa_fs.FileSystem) -> pa_ds.Dataset:

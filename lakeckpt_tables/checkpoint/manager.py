@@ -173,8 +173,7 @@ class CheckpointManager:
         self._commits = 0
         self.async_save = async_save
         self.world = World()
-        self.ledger = open_ledger(ledger, root=self.root,
-                                  storage_options=self.storage.ledger_options()
+        self.ledger = open_ledger(ledger, storage=self.storage.store
                                   ) if self.world.rank == 0 else None
         self.config_hash = _config_hash(config or {})
         self._registration = registry.for_manager(self, config) if self.ledger else None
@@ -185,6 +184,9 @@ class CheckpointManager:
         # This job's token as the run's one writer (NOTE [ one writer per run ] in
         # ledger/base.py); 62 bits, so that Delta can keep it as an app transaction version.
         self.owner = self.world.broadcast(str(uuid.uuid4().int >> 66))
+        # NOTE [ one root for all ranks ]: refused now, before any training step
+        self.storage.prove_shared(self.world, self.run_id)
+        self._root_shared = True
 
     # --------------------------------------------------------------------------- save
 
@@ -259,7 +261,7 @@ class CheckpointManager:
             crash_point("prepare:before_write", rank)
             reader, consumed, events = self._capture_reader(dataloader)
             state = self._state_dict(model, optimizer, lr_scheduler, extra, reader)
-            writer = _Writer(self.storage.url(location), rank, **self.storage.fsspec_options())
+            writer = self.storage.writer(location, _Writer, rank)
             if self.async_save:
                 response = dcp_async_save(state, storage_writer=writer,
                                           process_group=self.world.group,

@@ -100,6 +100,12 @@ class Storage:
         """The same store rooted at ``key``."""
         return Storage(self.url(key), self._options)
 
+    def elsewhere(self, uri: str) -> Storage:
+        """The store at ``uri`` with these options when it is in the same kind of store
+        (same scheme), else with the environment's configuration."""
+        other = Storage(uri)
+        return Storage(uri, self._options) if other.scheme == self.scheme else other
+
     # ----------------------------------------------------------------------------- paths
 
     def url(self, key: str = "") -> str:

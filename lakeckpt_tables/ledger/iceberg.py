@@ -18,6 +18,7 @@ import functools
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Literal
+from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +32,7 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, Reference
 from pyiceberg.expressions.literals import literal
+from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, Transaction
@@ -40,6 +42,7 @@ from pyiceberg.table.update import ValidatableTableRequirement
 from sqlalchemy.exc import SQLAlchemyError
 
 from lakeckpt_tables.errors import CommitConflictError, LedgerCorruptError, LedgerError
+from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
@@ -115,18 +118,39 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
     Args:
         identifier: ``namespace.table``.
         catalog: the pyiceberg catalog holding it (a ``SqlCatalog`` on SQLite or PostgreSQL).
+        storage: the job's store (the checkpoint root's): its options reach the table's
+            files when the catalog gives none for that kind of store.
 
     Raises:
         LedgerError: the identifier has no namespace, or names a table that is not a ledger
             or is a ledger of another format version.
     """
 
-    def __init__(self, identifier: str, *, catalog: Catalog) -> None:
+    def __init__(self, identifier: str, *, catalog: Catalog,
+                 storage: Storage | None = None) -> None:
         super().__init__()
         self._identifier = identifier
         self._catalog = catalog
+        self._storage = storage
         self._table = _open_or_create(catalog, identifier, self.describe())
+        self._use_storage()
         _check_format(self._table, self.describe())
+
+    def _use_storage(self) -> None:
+        """Give the table's FileIO the storage options of the job's store (one seam) where
+        the catalog and the table configure nothing for that kind of store; the catalog's
+        own configuration of its warehouse always wins. Called after every refresh, which
+        rebuilds the FileIO from the catalog."""
+        store = self._storage
+        location = self._table.metadata.location
+        if store is None or not store.has_options or \
+                urlparse(location).scheme.lower() != store.scheme:
+            return
+        given = {**self._catalog.properties, **self._table.metadata.properties}
+        prefix = store.scheme.rstrip("a") + "."
+        if any(k.startswith(prefix) for k in given):
+            return
+        self._table.io = load_file_io({**store.iceberg_properties(), **given}, location)
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -147,7 +171,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
                 changed, and compacting again later will do.
         """
         with self._lock:
-            self._table.refresh()
+            self._refresh()
             current = self._table.current_snapshot()
             if current is None:
                 return
@@ -161,6 +185,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
 
     def _refresh(self) -> None:
         self._table.refresh()
+        self._use_storage()
 
     def _read(
         self,
@@ -178,9 +203,10 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         where = functools.reduce(And, conditions) if conditions else AlwaysTrue()
         try:
             rows = self._table.scan(row_filter=where).to_arrow()
-        except (OSError, pa.ArrowException) as e:
+            # a null where the schema allows none is damage too (a flipped bit)
+            return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+        except (OSError, pa.ArrowException, ValueError) as e:
             raise self._damaged(e) from e
-        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
 
     def _unreadable(self) -> list[tuple[str, Exception]]:
         """The live data files that cannot be read whole (missing, truncated, damaged)."""
@@ -189,8 +215,9 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             path = task.file.file_path
             try:
                 with self._table.io.new_input(path).open() as stream:
-                    pq.read_table(pa.BufferReader(stream.read()))
-            except (OSError, pa.ArrowException) as e:
+                    rows = pq.read_table(pa.BufferReader(stream.read()))
+                rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+            except (OSError, pa.ArrowException, ValueError, KeyError) as e:
                 out.append((path, e))
         return out
 
@@ -217,7 +244,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             CommitConflictError: a concurrent commit landed meanwhile; repair again.
         """
         with self._lock:
-            self._table.refresh()
+            self._refresh()
             current = self._table.current_snapshot()
             bad = {path for path, _ in self._unreadable()}
             if current is None or not bad:

@@ -21,6 +21,7 @@ given the same budget (``retry_timeout``), so a ledger commit gives up in the sa
 
 from __future__ import annotations
 
+import errno
 import random
 import re
 import time
@@ -29,8 +30,8 @@ from typing import TypeVar
 
 from lakeckpt_tables.errors import StorageError, StoreUnavailableError
 
-__all__ = ["DEFAULT_RETRY_SECONDS", "RETRY_OPTION", "classify", "clean", "retry_seconds",
-           "retrying", "store_error"]
+__all__ = ["DEFAULT_RETRY_SECONDS", "RETRY_OPTION", "TRANSIENT", "classify", "clean",
+           "gave_up", "retry_seconds", "retrying", "store_error", "unavailable"]
 
 T = TypeVar("T")
 
@@ -54,12 +55,8 @@ _KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
                        "ExpiredToken", "InvalidToken", "Access Denied", "AuthorizationHeader",
                        "PermissionError", "Unauthorized", "401 Unauthorized",
                        "IMDS", "NoCredentialsError", "Unable to locate credentials")),
-    ("unreachable", ("Connection refused", "Could not connect", "NETWORK_CONNECTION",
-                     "Failed to connect", "tcp connect error", "dns error",
-                     "Name or service not known", "nodename nor servname",
-                     "Could not resolve", "curlCode: 6", "curlCode: 7",
-                     "EndpointConnectionError", "No route to host")),
-    ("unavailable", ("ServiceUnavailable", "SlowDown", "(503)", "status 503", "503 Service",
+    ("unavailable", ("ServiceUnavailable", "Service Unavailable", "SlowDown",
+                     "reduce your request", "(503)", "status 503", "503 Service",
                      "HTTP status 500", "HTTP status 502", "HTTP status 504", "500 Internal",
                      "502 Bad", "504 Gateway", "InternalError", "Throttl", "RequestTimeout",
                      "timed out", "Timeout was reached", "TimeoutError", "ReadTimeout",
@@ -68,6 +65,11 @@ _KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "connection was closed", "UNKNOWN (HTTP status 5", "RemoteDisconnected",
                      "ResponseStreamingError", "error decoding response body",
                      "curlCode: 28", "curlCode: 52", "curlCode: 56", "curlCode: 18")),
+    ("unreachable", ("Connection refused", "Could not connect", "NETWORK_CONNECTION",
+                     "Failed to connect", "tcp connect error", "dns error",
+                     "Name or service not known", "nodename nor servname",
+                     "Could not resolve", "curlCode: 6", "curlCode: 7",
+                     "EndpointConnectionError", "No route to host")),
     ("not found", ("NoSuchKey", "NOT_FOUND", "Path does not exist", "404 Not Found",
                    "No such file", "not found")),
 )
@@ -85,6 +87,12 @@ _WHAT_TO_DO = {
     "failed": "check that the store is reachable and the storage options (endpoint, "
               "credentials) are right, then retry",
 }
+
+_ERRNO_KINDS = {errno.EBUSY: "unavailable", errno.EAGAIN: "unavailable",
+                errno.ETIMEDOUT: "unavailable", errno.ECONNRESET: "unavailable",
+                errno.ECONNABORTED: "unavailable", errno.EPIPE: "unavailable",
+                errno.ECONNREFUSED: "unreachable", errno.EHOSTUNREACH: "unreachable",
+                errno.ENETUNREACH: "unreachable", errno.EACCES: "access denied"}
 
 TRANSIENT = frozenset({"unavailable", "unreachable"})
 """Kinds that waiting may cure: retried within the budget."""
@@ -110,6 +118,8 @@ def classify(exc: BaseException | str) -> str:
         return exc.kind
     if isinstance(exc, PermissionError):
         return "access denied"
+    if isinstance(exc, OSError) and exc.errno in _ERRNO_KINDS:  # s3fs's translations
+        return _ERRNO_KINDS[exc.errno]
     if isinstance(exc, FileNotFoundError) and "bucket" in str(exc).lower():
         return "bucket missing"
     text = _ANSI.sub("", str(exc)) + " " + type(exc).__name__ if not isinstance(exc, str) else exc
@@ -176,12 +186,29 @@ def retrying(call: Callable[[], T], *, budget: float, uri: str, action: str,
                 raise
             left = deadline - time.monotonic()
             if left <= 0:
-                kind = classify(exc)
-                raise StoreUnavailableError(
-                    f"store unavailable: could not {action} {uri} ({kind}) for {budget:g} s, "
-                    f"{tries} tries; nothing was committed by this request. Retry when the "
-                    f"store is back, or give a longer retry budget (storage option "
-                    f"{RETRY_OPTION}). Last error: {redact(clean(str(exc)))}",
-                    uri=uri, kind="unavailable") from exc
+                raise unavailable(uri, action, exc, budget, redact=redact,
+                                  tries=tries) from exc
             time.sleep(min(left, delay * random.uniform(0.5, 1.0)))
             delay = min(delay * 2, 5.0)
+
+
+def unavailable(uri: str, action: str, exc: BaseException, budget: float, *,
+                redact: Callable[[str], str] = lambda t: t,
+                tries: int | None = None) -> StoreUnavailableError:
+    """The error for a store that failed transiently for the whole retry budget."""
+    cause = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
+    how = f", {tries} tries" if tries else ""
+    return StoreUnavailableError(
+        f"store unavailable: could not {action} {uri} ({classify(exc)}) for {budget:g} s"
+        f"{how}; nothing was committed by this request. Retry when the store is back, or "
+        f"give a longer retry budget (storage option {RETRY_OPTION}). Last error: "
+        f"{redact(clean(str(cause)))}", uri=uri, kind="unavailable")
+
+
+def gave_up(uri: str, action: str, exc: BaseException, budget: float, *,
+            redact: Callable[[str], str] = lambda t: t) -> StorageError:
+    """The named error of a client that retried for the budget itself (delta-rs): store
+    unavailable when the failure was transient, else the store error of its kind."""
+    if classify(exc) in TRANSIENT:
+        return unavailable(uri, action, exc, budget, redact=redact)
+    return store_error(uri, action, exc, redact=redact)

@@ -227,6 +227,9 @@ def delta_kwargs(scheme: str, options: Mapping[str, str] | None,
         out["conditional_put"] = "etag"
     if "retry_timeout" not in lowered:
         out["retry_timeout"] = f"{max(retry_seconds, 0.001):g}s"
+    for name, key in (("connect_timeout", "connect_timeout"), ("request_timeout", "timeout")):
+        if name in s3 and key not in lowered:  # a stalled request fails (and is retried)
+            out[key] = f"{float(s3[name]):g}s"
     return out
 
 

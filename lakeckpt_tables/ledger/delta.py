@@ -40,14 +40,7 @@ from lakeckpt_tables.errors import (
     StoreUnavailableError,
 )
 from lakeckpt_tables.io import Storage
-from lakeckpt_tables.io.failures import (
-    RETRY_OPTION,
-    TRANSIENT,
-    classify,
-    clean,
-    retrying,
-    store_error,
-)
+from lakeckpt_tables.io.failures import classify, clean, gave_up, retrying, store_error
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
@@ -335,17 +328,8 @@ class DeltaLedger(LedgerBase[AddAction]):
         try:
             return call()
         except OSError as e:
-            kind = classify(e)
-            if kind in TRANSIENT:
-                raise StoreUnavailableError(
-                    f"store unavailable: could not {action} the ledger at {self._uri} "
-                    f"({kind}) within the retry budget of {self._store.retry_seconds:g} s; "
-                    "nothing was committed by this request. Retry when the store is back, or "
-                    f"give a longer budget (storage option {RETRY_OPTION}). Last error: "
-                    f"{self._store.redact(clean(str(e)))}", uri=self._uri,
-                    kind="unavailable") from e
-            raise store_error(self._uri, f"{action} the ledger at", e,
-                              redact=self._store.redact) from e
+            raise gave_up(self._uri, f"{action} the ledger at", e, self._store.retry_seconds,
+                          redact=self._store.redact) from e
 
     def _read(
         self,
@@ -517,7 +501,8 @@ def _open_or_create(store: Storage) -> DeltaTable:
     try:
         exists = DeltaTable.is_deltatable(store.uri, options)
     except OSError as e:
-        raise store_error(store.uri, "open the ledger at", e, redact=store.redact) from e
+        raise gave_up(store.uri, "open the ledger at", e, store.retry_seconds,
+                      redact=store.redact) from e
     if not exists:
         # CommitFailedError: another process created it between our check and our create.
         with contextlib.suppress(CommitFailedError):
@@ -533,8 +518,8 @@ def _open_or_create(store: Storage) -> DeltaTable:
                     raise_if_key_not_exists=False,
                 )
             except OSError as e:
-                raise store_error(store.uri, "create the ledger at", e,
-                                  redact=store.redact) from e
+                raise gave_up(store.uri, "create the ledger at", e, store.retry_seconds,
+                              redact=store.redact) from e
     return _open(store, where)
 
 
@@ -542,7 +527,8 @@ def _open(store: Storage, where: str) -> DeltaTable:
     try:
         return DeltaTable(store.uri, storage_options=store.delta_options())
     except OSError as e:
-        raise store_error(store.uri, "open the ledger at", e, redact=store.redact) from e
+        raise gave_up(store.uri, "open the ledger at", e, store.retry_seconds,
+                      redact=store.redact) from e
     except DeltaError as e:
         raise LedgerError(f"ledger {where} could not be opened or created: "
                           f"{store.redact(clean(str(e)))}") from e

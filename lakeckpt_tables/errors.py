@@ -187,6 +187,12 @@ class DataFileStoreError(DataFileError, StorageError):
     :class:`DataFileError` (names table, version and file) and a :class:`StorageError`
     (carries the URI and the kind)."""
 
+    @classmethod
+    def wrap(cls, where: str, path: str, error: StorageError) -> DataFileStoreError:
+        """``error`` of the store, said of data file ``path`` of ``where`` (table, version)."""
+        return cls(f"{where}: data file {path} cannot be read: {error}",
+                   uri=error.uri or path, kind=error.kind)
+
 
 def _rebuild_store_error(cls: type[StorageError], message: str, uri: str,
                          kind: str) -> StorageError:

@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakeckpt_tables.demo.ledger_proof import covered_twice
 from lakeckpt_tables.plan.check import check_exactly_once
+from lakeckpt_tables.tools.demo.ledger_proof import covered_twice
 
 __all__ = [
     "FEATURES",

@@ -27,6 +27,7 @@ __all__ = [
     "ResumePathError",
     "RowCountMismatchError",
     "RunFencedError",
+    "SourceArgumentError",
     "SourceChangedError",
     "SourceFileChangedError",
     "SourceNotFoundError",
@@ -153,7 +154,15 @@ class RunFencedError(CommitConflictError):
 
 
 class LedgerCorruptError(LedgerError):
-    """A ledger file is missing, truncated or damaged, or a record fails its checksum."""
+    """A ledger file is missing, truncated or damaged, or a record fails its checksum.
+
+    ``file`` is the damaged ledger data file when one is to blame (the one to move aside before
+    ``repair()``), else None.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None) -> None:
+        super().__init__(message)
+        self.file = file
 
 
 class CheckpointWriteError(CheckpointError):
@@ -166,6 +175,11 @@ class ResumePathError(StateMismatchError):
 
 class ProcessGroupError(LakeckptError):
     """The environment says several ranks but no torch.distributed process group is set up."""
+
+
+class SourceArgumentError(LakeckptError, ValueError):
+    """A source was given an identifier, path or URI that cannot name a table (the message shows
+    the expected form)."""
 
 
 STORE_KINDS = ("bucket missing", "access denied", "unreachable", "unavailable", "not found",

@@ -1,4 +1,6 @@
-"""Compare lakeckpt-tables with deltalake on every version of every Delta table under a folder.
+"""Compare lakeckpt-tables with deltalake's kernel ``scan()`` (the Delta reference: it applies
+column mapping and deletion vectors) on versions of every Delta table under a folder (all
+versions up to 4, else the first, middle and last two).
 
     .venv/bin/python scripts/conformance_real_tables.py /work/shared/real-tables/delta-rs
 

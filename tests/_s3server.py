@@ -1,6 +1,6 @@
 """Fixtures for the object storage tests: real S3 servers (moto's server mode) on loopback.
 
-A server runs in its own process (``python -m lakeckpt_tables.io.s3server``) on a free port of
+A server runs in its own process (``python -m lakeckpt_tables.tools.s3server``) on a free port of
 127.0.0.1 for the whole session; tests talk to it over HTTP exactly as to S3, and control its
 front (request log, outage, lost responses, latency) over HTTP too. Nothing inside the library
 is mocked. A second, "shadow" server holds different data under the same names: tests point
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from lakeckpt_tables.io.s3server import spawn
+from lakeckpt_tables.tools.s3server import spawn
 
 __all__ = ["S3Server", "s3", "shadow_env", "shadow_s3"]
 

@@ -49,26 +49,39 @@ KNOWN_REFERENCE_DEFECTS = {
 
 
 def delta_references(path: str, version: int) -> list[pa.Table]:
-    """deltalake's own readings of ``version``: the kernel scan (which applies column mapping)
-    and ``to_pyarrow_table`` (which fails on some INT96); at least one, or raises."""
+    """deltalake's reading of ``version`` by its kernel ``scan()``, the Delta reference: it
+    applies column mapping and deletion vectors (``to_pyarrow_table()`` reads column-mapped
+    files as nulls, so it is no reference). One table, in a list; raises when deltalake
+    cannot read the version."""
     from deltalake import DeltaTable
 
-    dt = DeltaTable(path, version=version)
-    out, error = [], None
-    for read in (lambda: pa.table(dt.scan()), dt.to_pyarrow_table):
-        try:
-            out.append(read())
-        except Exception as exc:
-            error = exc
-    if not out and error is not None:
-        raise error
-    return out
+    return [pa.table(DeltaTable(path, version=version).scan())]
 
 
-def compare(ours: pa.Table, reference: pa.Table) -> str:
-    """"" when both hold the same rows of the same columns; what differs otherwise."""
+def _family(kind: pa.DataType) -> str:
+    """A type up to its Arrow encoding (string / large_string / string_view are one)."""
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(
+            kind):
+        return "string"
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(
+            kind):
+        return "binary"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_list_view(kind):
+        return f"list<{_family(kind.value_type)}>"
+    return str(kind)
+
+
+def compare(ours: pa.Table, reference: pa.Table, *, types: bool = False) -> str:
+    """"" when both hold the same rows of the same columns (and, with ``types``, of the same
+    types up to their Arrow encoding); what differs otherwise."""
     if sorted(ours.column_names) != sorted(reference.column_names):
         return f"columns differ: ours {ours.column_names}, reference {reference.column_names}"
+    if types:
+        differ = [(f.name, str(f.type), str(reference.schema.field(f.name).type))
+                  for f in ours.schema
+                  if _family(f.type) != _family(reference.schema.field(f.name).type)]
+        if differ:
+            return f"types differ (column, ours, reference): {differ}"
     columns = sorted(reference.column_names)
     a, b = rows_multiset(ours, columns), rows_multiset(reference, columns)
     if a == b:

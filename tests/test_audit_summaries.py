@@ -138,7 +138,7 @@ def test_a_damaged_page_met_inside_a_query_is_a_named_error_naming_the_file(
 
 def test_damage_met_by_duckdb_inside_a_view_is_named_too(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from lakeckpt_tables.bench.audit import _build
+    from lakeckpt_tables.tools.bench.audit import _build
 
     where = tmp_path / "ledger"
     _build(where, 1_100, lambda _: None)  # 71,500 rows: consumption spills into row group 1

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lakeckpt_tables.bench.audit import run_audit_bench
+from lakeckpt_tables.tools.bench.audit import run_audit_bench
 
 
 @pytest.mark.timeout(180)

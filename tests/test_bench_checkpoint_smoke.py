@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lakeckpt_tables.bench.checkpoint import (
+from lakeckpt_tables.sources.delta import DeltaSource
+from lakeckpt_tables.tools.bench import cli as bench_cli
+from lakeckpt_tables.tools.bench.checkpoint import (
     COMMIT_TARGET_MS,
     CommitResult,
     OverheadResult,
@@ -19,9 +21,7 @@ from lakeckpt_tables.bench.checkpoint import (
     measure_commit,
     measure_overhead,
 )
-from lakeckpt_tables.bench.data import SyntheticTable, ensure_synthetic_table
-from lakeckpt_tables.cli import bench as bench_cli
-from lakeckpt_tables.sources.delta import DeltaSource
+from lakeckpt_tables.tools.bench.data import SyntheticTable, ensure_synthetic_table
 
 SAVES, WARMUP = 3, 1
 

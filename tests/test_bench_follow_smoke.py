@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lakeckpt_tables.bench.follow import (
+from lakeckpt_tables.cli import main
+from lakeckpt_tables.tools.bench.follow import (
     ensure_backlog_table,
     format_report,
     measure_latency,
     measure_segment_cost,
     run_follow_bench,
 )
-from lakeckpt_tables.cli import main
 
 
 @pytest.mark.parametrize("workers", [0, 1])

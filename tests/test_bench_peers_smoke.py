@@ -1,7 +1,8 @@
-"""``lakeckpt bench peers`` on a tiny table: every peer reads every row, the report is whole.
+"""``lakeckpt bench peers`` and ``bench workers`` on tiny tables: every loop reads every row,
+the reports are whole and name their table's shape.
 
-The figures themselves come from the benchmark, not from tests; these tests prove that the
-loaders being compared read the same rows and that the naive skip-ahead peer resumes exactly.
+The figures themselves come from the benchmarks, not from tests; these tests prove that the
+loops being compared read the same rows and that the naive skip-ahead peer resumes exactly.
 """
 
 from __future__ import annotations
@@ -11,90 +12,107 @@ from pathlib import Path
 
 import pytest
 
-from lakeckpt_tables.bench.peers import (
+from lakeckpt_tables.cli import main
+from lakeckpt_tables.tools.bench.peers import (
     PlainParquetDataset,
-    ensure_token_table,
     format_peers,
     hf_available,
-    raw_batches,
     run_peers_bench,
-    write_json,
 )
+from lakeckpt_tables.tools.bench.raw import raw_batches, units_of
+from lakeckpt_tables.tools.bench.shapes import SHAPES, ShapeTable, ensure_shape_table
+from lakeckpt_tables.tools.bench.workers import format_workers, run_workers_bench
 
 ROWS = 6_000
 
 
 @pytest.fixture(scope="module")
-def token_table(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
-    return ensure_token_table(tmp_path_factory.mktemp("peers"), ROWS)
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("peers")
 
 
-def test_token_table_has_every_id_once_and_is_reused(token_table, tmp_path: Path) -> None:
-    uri, files = token_table
-    ids = [int(i) for f in files for b in raw_batches([(f, 0)], 10_000) for i in b["id"]]
-    assert sorted(ids) == list(range(ROWS))
-    assert ensure_token_table(Path(uri).parent, ROWS) == (uri, files)
+@pytest.fixture(scope="module")
+def tables(root: Path) -> dict[str, ShapeTable]:
+    return {shape: ensure_shape_table(root, shape, ROWS, files=2, row_groups=6)
+            for shape in SHAPES}
 
 
-def test_naive_skip_ahead_resumes_at_the_exact_row(token_table) -> None:
-    _, files = token_table
-    full = [int(i) for b in PlainParquetDataset(files, 128) for i in b["id"]]
-    resumed = PlainParquetDataset(files, 128)
+def test_each_shape_has_every_id_once_and_is_reused(root: Path, tables) -> None:
+    for shape, table in tables.items():
+        batches = list(raw_batches(units_of(table.files), table.columns, 1000))
+        assert sorted(int(i) for b in batches for i in b["id"]) == list(range(ROWS))
+        assert (len(table.files), table.row_groups) == (2, 6)
+        assert ensure_shape_table(root, shape, ROWS, files=2, row_groups=6) == table
+        assert table.describe().startswith(f"{shape} table (id int64")
+    tokens = next(iter(raw_batches(units_of(tables["tokens"].files), SHAPES["tokens"], 10)))
+    assert sorted(tokens) == ["id", "tokens_offsets", "tokens_values", "x"]
+    assert int(tokens["tokens_offsets"][-1]) == len(tokens["tokens_values"])
+    with pytest.raises(ValueError, match="unknown table shape 'wide'"):
+        ensure_shape_table(root, "wide", ROWS)
+
+
+def test_naive_skip_ahead_resumes_at_the_exact_row(tables) -> None:
+    table = tables["tokens"]
+    full = [int(i) for b in PlainParquetDataset(table.files, table.columns, 128)
+            for i in b["id"]]
+    resumed = PlainParquetDataset(table.files, table.columns, 128)
     resumed.load_state_dict({"delivered": 1000})
-    rest = [int(i) for b in resumed for i in b["id"]]
-    assert rest == full[1000:]
+    assert [int(i) for b in resumed for i in b["id"]] == full[1000:]
 
 
 @pytest.mark.timeout(300)
-def test_peers_report_covers_every_loader_and_resume_point(token_table) -> None:
-    uri, _ = token_table
-    report = run_peers_bench(Path(uri).parent, rows=ROWS, batch_size=256, rounds=1,
-                             workers=(0,), grid_batch_sizes=())
-    assert report.grid is None
-    expected = {"raw", "plain@0", "library@0"} | ({"hf@0"} if hf_available() else set())
-    assert set(report.throughput) == expected
-    assert all(v > 0 for v in report.throughput.values())
-    peers = {"library", "naive-skip"} | ({"hf"} if hf_available() else set())
-    assert set(report.resume_s) == {f"{p}@{f}" for p in peers for f in ("0%", "50%", "90%")}
-    assert report.ratios()["library/plain, 0 workers"] is not None
+def test_peers_report_covers_every_loop_ratio_and_resume_point_of_both_shapes(root) -> None:
+    report = run_peers_bench(root, rows=ROWS, files=2, row_groups=6, batch_size=256,
+                             rounds=2, workers=(0,))
+    hf = {"hf@0"} if hf_available() else set()
+    for shape in SHAPES:
+        result = report.shapes[shape]
+        assert set(result.passes) == {"raw", "plain@0", "library@0"} | hf
+        assert all(len(p) == 2 and all(t.rows == ROWS and t.wall_s > 0 for t in p)
+                   for p in result.passes.values())
+        peers = {"library", "naive-skip"} | ({"hf"} if hf else set())
+        assert set(result.resume_s) == {f"{p}@{f}" for p in peers for f in ("0%", "50%", "90%")}
+    ratios = report.ratios()
+    assert ratios["narrow: library / plain loader, 0 workers"] is not None
+    assert ratios["tokens: library / raw read, 0 workers"] is not None
+    assert (ratios["tokens: library / HF datasets, 0 workers"] is None) is not hf
     text = format_peers(report)
-    assert "| library | 0 |" in text and "library/plain, 0 workers" in text
+    assert "narrow table (id int64, x/y/z float32): 6,000 rows, 2 files, 6 row groups" in text
+    assert "| library / plain loader, 0 workers |" in text
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["bench"] == "peers" and data["ratios"] == ratios
 
 
 @pytest.mark.timeout(120)
-def test_chunked_loader_runs_beside_the_per_batch_loader_across_batch_sizes(
-    token_table, tmp_path: Path,
-) -> None:
-    uri, _ = token_table
-    report = run_peers_bench(Path(uri).parent, rows=ROWS, batch_size=512, rounds=1,
-                             workers=(0, 2), grid_batch_sizes=(256, 2048))
-    # every pass delivered every row (a short pass raises), ChunkedLoader only with workers
-    assert {"library@0", "library@2", "chunked@2"} <= set(report.throughput)
-    assert "chunked@0" not in report.throughput
-    grid = report.grid
-    assert grid is not None and grid.rows == ROWS
-    assert sorted(grid.library) == ["0@2048", "0@256", "2@2048", "2@256"]
-    assert sorted(grid.chunked) == ["2@2048", "2@256"]
-    assert grid.chunked_speedup(2, 256) == grid.chunked["2@256"] / grid.library["0@256"]
-    text = format_peers(report)
-    assert ("| batch | raw | 0 workers | 2 workers, per batch | 2 workers, chunked "
-            "| chunked 2 / 0 workers |") in text
-    assert "| chunked | 2 |" in text and "chunked 2 workers / library 0 workers" in text
-    write_json(report, tmp_path / "peers.json")
-    data = json.loads((tmp_path / "peers.json").read_text())
-    assert sorted(data["grid"]["chunked_over_0_workers"]) == ["2@2048", "2@256"]
+def test_the_workers_bench_prints_the_grid_and_the_per_batch_costs(root) -> None:
+    report = run_workers_bench(root, shape="narrow", rows=ROWS, files=2, row_groups=6,
+                               workers=(0, 2), batch_sizes=(512,), rounds=1)
+    assert set(report.passes) == {"raw@512", "library 0@512", "library 2@512", "chunked 2@512"}
+    costs = report.costs[512]
+    assert costs.decode_us > 0 and costs.library_us > 0 and costs.copy_us > 0
+    assert set(costs.handoff_us) == set(costs.chunked_handoff_us) == {2}
+    assert costs.model(0, 2) == 1.0 and costs.model(2, 2) > 0
+    assert set(report.ratios()) == {"batch 512: library 0 workers / raw read",
+                                    "batch 512: library 2 workers / raw read",
+                                    "batch 512: library 2 workers / 0 workers",
+                                    "batch 512: chunked 2 workers / library 0 workers"}
+    text = format_workers(report)
+    assert text.startswith("narrow table (id int64, x/y/z float32): 6,000 rows")
+    row = next(line for line in text.splitlines() if line.startswith("| 512 | ") and
+               line.count("|") == 8)
+    assert row.endswith("x |")  # decode, library, copy, hand-off 2w, model 2w, measured 2w
+    assert json.loads(json.dumps(report.to_json()))["costs_us"]["512"]["model"]["2"] > 0
 
 
 @pytest.mark.timeout(120)
-def test_the_worker_grid_runs_alone_from_the_command_line(
-    token_table, capsys: pytest.CaptureFixture[str],
-) -> None:
-    from lakeckpt_tables.bench.workers import main
-
-    uri, _ = token_table
-    assert main(["--rows", str(ROWS), "--rounds", "1", "--batch-sizes", "512,3000",
-                 "--dir", str(Path(uri).parent)]) == 0
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith(("| 512 |", "| 3000 |"))]
-    assert len(rows) == 2 and all(line.count("|") == 7 and line.endswith("x |") for line in rows)
-    assert f"whole passes of {ROWS:,} rows" in out
+def test_the_cli_writes_a_report_that_bench_compare_reads(
+        root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "peers", "--rows", str(ROWS), "--files", "2", "--row-groups", "6",
+                 "--shapes", "narrow", "--rounds", "1", "--no-resume", "--dir", str(root),
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["bench"] == "peers" and "narrow table" in report["shape"]
+    (tmp_path / "new.json").write_text(json.dumps(report))
+    assert main(["bench", "compare", str(tmp_path / "new.json"), "--baseline",
+                 str(tmp_path / "new.json")]) == 0
+    assert "no ratio fell" in capsys.readouterr().out

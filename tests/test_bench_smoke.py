@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from lakeckpt_tables import DeltaSource, LakeDataset
-from lakeckpt_tables.bench.data import ensure_synthetic_table
-from lakeckpt_tables.bench.read import (
+from lakeckpt_tables.cli import main
+from lakeckpt_tables.reader.state import decode_state, encode_state
+from lakeckpt_tables.tools.bench.data import ensure_synthetic_table
+from lakeckpt_tables.tools.bench.raw import raw_batches
+from lakeckpt_tables.tools.bench.read import (
     format_report,
     interleaved_pass,
     measure_throughput,
-    raw_batches,
     run_read_bench,
 )
-from lakeckpt_tables.bench.state import STATE_TARGET_BYTES, measure_state_size
-from lakeckpt_tables.cli import main
-from lakeckpt_tables.reader.state import decode_state, encode_state
+from lakeckpt_tables.tools.bench.state import STATE_TARGET_BYTES, measure_state_size
 
 ROWS = 50_000
 
@@ -46,10 +46,10 @@ def test_the_raw_loop_and_the_reader_deliver_the_same_rows_in_the_same_order(
                           shuffle=False)
     units = [(u.path, u.row_group) for u in dataset.snapshot.units]
     handles = {p: pq.ParquetFile(p) for p, _ in units}
-    raw = torch.cat([b["id"] for b in raw_batches(handles, units, ["id", "x"], 8192)])
+    raw = torch.cat([b["id"] for b in raw_batches(units, ["id", "x"], 8192, handles=handles)])
     ours = torch.cat([b["id"] for b in dataset])
     assert torch.equal(raw, ours) and len(ours) == ROWS
-    times = interleaved_pass({"raw": raw_batches(handles, units, ["id", "x"], 8192),
+    times = interleaved_pass({"raw": raw_batches(units, ["id", "x"], 8192, handles=handles),
                               "reader": dataset}, "id")
     assert {t.rows for t in times.values()} == {ROWS}
     assert all(t.wall_s > 0 and t.cpu_s >= 0 for t in times.values())
@@ -109,10 +109,14 @@ def test_run_read_bench_reports_every_figure_with_its_target(bench_root: Path) -
     assert [f["target"] for f in data["figures"]
             if f["name"] == "deletion vectors / plain read"] == [">= 0.95x"]
     loaders = data["loaders"]
-    assert loaders["rows"] == ROWS
-    assert sorted(loaders["library"]) == ["0@1024", "0@8192", "2@1024", "2@8192"]
-    assert sorted(loaders["raw"]) == ["1024", "8192"]
-    assert "StatefulDataLoader, 2 workers, batch 1024 / raw" in names
+    assert loaders["rows"] == ROWS and loaders["bench"] == "workers"
+    assert sorted(loaders["rows_per_s"]) == ["library 0@1024", "library 0@8192",
+                                             "library 2@1024", "library 2@8192", "raw@1024",
+                                             "raw@8192"]
+    assert "StatefulDataLoader grid: batch 1024: library 2 workers / raw read" in names
+    assert data["bench"] == "read" and "narrow table (id int64, x float32)" in data["shape"]
+    assert data["ratios"]["reader / raw, shuffle off"] == throughput["ratio"]
+    assert "batch 8192: library 2 workers / 0 workers" in data["ratios"]
     text = format_report(report)
     assert "reader / raw, shuffle off" in text and ">= 0.9x" in text and "<= 64 KB" in text
 
@@ -124,8 +128,8 @@ def test_reader_state_for_128_ranks_by_8_workers_is_under_64_kb() -> None:
 
 
 def test_the_simulated_state_round_trips_through_its_encoding() -> None:
-    from lakeckpt_tables.bench.state import simulated_state
     from lakeckpt_tables.reader.state import ReaderState
+    from lakeckpt_tables.tools.bench.state import simulated_state
 
     state, _ = simulated_state()
     assert ReaderState.from_dict(decode_state(encode_state(state))) == state

@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lakeckpt_tables import DeltaSource, LakeDataset
-from lakeckpt_tables.bench.tables import (
+from lakeckpt_tables.tools.bench.tables import (
     FeatureTables,
     ensure_feature_tables,
     feature_figures,

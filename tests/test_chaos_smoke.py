@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from lakeckpt_tables.cli import main
-from lakeckpt_tables.cli.chaos import _kill_spec, _repair_ledger, _trial_rng
+from lakeckpt_tables.tools.chaos.campaign import _kill_spec, _repair_ledger, _trial_rng
 
 _CLI = "import sys; from lakeckpt_tables.cli import main; sys.exit(main())"
 
@@ -120,17 +120,29 @@ def test_a_stopped_campaign_leaves_no_job_behind(tmp_path: Path) -> None:
 
 
 def test_the_campaign_takes_the_way_out_on_the_file_the_error_names(tmp_path: Path) -> None:
-    """A flipped bit in a footer's schema can leave a ledger file pyarrow reads but the ledger
-    cannot (trial 753 of the seed-3 campaign: timestamp[ns] where an int32 was): the file to
-    move aside is the one LedgerCorruptError names, readable or not."""
-    import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
+    """The damaged ledger file travels as ``LedgerCorruptError.file`` (no message parsing), and
+    the campaign moves that file aside even when pyarrow reads it: a flipped bit in a footer's
+    schema can leave a file pyarrow reads but the ledger cannot (trial 753 of the seed-3
+    campaign: timestamp[ns] where an int32 was)."""
+    import pyarrow.parquet as pq
+    import torch
+    from deltalake import DeltaTable
 
+    from lakeckpt_tables.checkpoint import CheckpointManager
+    from lakeckpt_tables.errors import LedgerCorruptError
+
+    manager = CheckpointManager(tmp_path, "run")
+    first, second = (manager.save(s, model=torch.nn.Linear(2, 1)).checkpoint_id for s in (1, 2))
     ledger = tmp_path / "_ledger"
-    for k in range(2):
-        write_deltalake(str(ledger), pa.table({"step": [k]}), mode="append")
-    named, kept = sorted(ledger.glob("*.parquet"))
-    _repair_ledger(tmp_path, f"ledger delta:{ledger}: data file {named} is missing, truncated "
-                             "or damaged (Unsupported cast). The way out: move the file aside")
+    files = {cid: p for p in ledger.glob("*.parquet")
+             for cid in pq.read_table(p)["checkpoint_id"].to_pylist()}
+    named, kept = files[second], files[first]
+    named.write_bytes(named.read_bytes()[:100])
+    with pytest.raises(LedgerCorruptError) as caught:
+        CheckpointManager(tmp_path, "run").restore(model=torch.nn.Linear(2, 1))
+    assert caught.value.file == str(named)
+    named.write_bytes(kept.read_bytes())  # readable by pyarrow now
+    _repair_ledger(tmp_path, caught.value.file)  # moved aside all the same
     assert (tmp_path / f"aside-{named.name}").exists() and kept.exists()
     assert [Path(f).name for f in DeltaTable(str(ledger)).file_uris()] == [kept.name]
+    assert CheckpointManager(tmp_path, "run").restore(model=torch.nn.Linear(2, 1)) == 1

@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from lakeckpt_tables.cli import main
-from lakeckpt_tables.demo import DemoError
-from lakeckpt_tables.demo.ledger_proof import IdLocator, check_coverage, matches_ids
-from lakeckpt_tables.demo.proof import delivered, prove_ids
-from lakeckpt_tables.demo.runner import Attempt
-from lakeckpt_tables.demo.scenario import choose_schedule, crash_spec, save_steps
-from lakeckpt_tables.demo.steplog import StepLog, read_steps
-from lakeckpt_tables.demo.table import build_table
-from lakeckpt_tables.demo.train import FINAL_PARAMS
 from lakeckpt_tables.sources import DeltaSource
+from lakeckpt_tables.tools.demo import DemoError
+from lakeckpt_tables.tools.demo.ledger_proof import IdLocator, check_coverage, matches_ids
+from lakeckpt_tables.tools.demo.proof import delivered, prove_ids
+from lakeckpt_tables.tools.demo.runner import Attempt
+from lakeckpt_tables.tools.demo.scenario import choose_schedule, crash_spec, save_steps
+from lakeckpt_tables.tools.demo.steplog import StepLog, read_steps
+from lakeckpt_tables.tools.demo.table import build_table
+from lakeckpt_tables.tools.demo.train import FINAL_PARAMS
 from lakeckpt_tables.types import Unit
 
 _CLI = "import sys; from lakeckpt_tables.cli import main; sys.exit(main())"

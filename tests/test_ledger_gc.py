@@ -21,6 +21,8 @@ from lakeckpt_tables.ledger.summary import SUMMARY_DIR
 SAVE = """
 import sys, torch
 from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.tools import crash
+crash.install()
 manager = CheckpointManager(sys.argv[1], "r")
 for step in (1, 2):
     manager.save(step, model=torch.nn.Linear(2, 1))

@@ -10,10 +10,10 @@ import pytest
 from _s3server import S3Server
 
 from lakeckpt_tables import DeltaSource
-from lakeckpt_tables.bench.planning import TARGET_S
-from lakeckpt_tables.bench.storage import format_report, run_store_read_bench
 from lakeckpt_tables.cli import main
 from lakeckpt_tables.sources import _footers
+from lakeckpt_tables.tools.bench.planning import TARGET_S
+from lakeckpt_tables.tools.bench.storage import format_report, run_store_read_bench
 
 s3 = _s3server.s3  # the fixture of the module
 

@@ -1,4 +1,4 @@
-"""The local S3 server (lakeckpt_tables/io/s3server.py): ranged GETs served as a real store
+"""The local S3 server (lakeckpt_tables/tools/s3server.py): ranged GETs served as a real store
 serves them (NOTE [ ranged reads ]), and the request log the benches read."""
 
 from __future__ import annotations

@@ -47,10 +47,10 @@ from lakeckpt_tables.checkpoint._failures import (
     describe_failure,
     is_write_failure,
 )
-from lakeckpt_tables.checkpoint._faults import crash_point
 from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
 from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError
+from lakeckpt_tables.hooks import reached as crash_point  # test seam: no hook in production
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import (
     CheckpointRecord,

@@ -17,9 +17,9 @@ __all__ = ["main"]
 
 # name -> (module, one-line help)
 _COMMANDS = {
-    "demo": ("lakeckpt_tables.cli.demo",
+    "demo": ("lakeckpt_tables.tools.demo.cli",
              "train from a synthetic Delta table, SIGKILL it, resume, prove exactly-once"),
-    "bench": ("lakeckpt_tables.cli.bench", "measure reader, checkpoint and state figures"),
+    "bench": ("lakeckpt_tables.tools.bench.cli", "measure reader, checkpoint and state figures"),
     "checkpoints": ("lakeckpt_tables.cli.checkpoints",
                     "list the committed checkpoints under a root"),
     "progress": ("lakeckpt_tables.cli.progress",
@@ -35,7 +35,7 @@ _COMMANDS = {
     "maintain": ("lakeckpt_tables.cli.maintain", "compact the ledger"),
     "report": ("lakeckpt_tables.cli.report",
                "write a self-contained HTML report: progress plot, runs, checkpoints, events"),
-    "chaos": ("lakeckpt_tables.cli.chaos",
+    "chaos": ("lakeckpt_tables.tools.chaos.campaign",
               "attack a scratch run (kills, bit flips, concurrent jobs) and count what breaks"),
 }
 

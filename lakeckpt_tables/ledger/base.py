@@ -40,7 +40,6 @@ from __future__ import annotations
 import abc
 import json
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -50,6 +49,7 @@ from typing import Generic, Protocol, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakeckpt_tables import hooks
 from lakeckpt_tables.errors import (
     CommitConflictError,
     CommitStateUnknownError,
@@ -309,7 +309,7 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 return stored
             record = replace(checkpoint, committed_at=now_utc())
             prepared = self._prepare(commit_rows(record, consumption, events, owner=owner))
-            _crash_point("ledger:prepared")
+            hooks.reached("ledger:prepared", 0)
             try:
                 stored = self._publish_settled(record, prepared, owner)
             except CommitConflictError:
@@ -542,15 +542,6 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
             f"{record.checkpoint_id!r}) lost {COMMIT_ATTEMPTS} commit races in a row; nothing "
             "of it was written"
         )
-
-
-def _crash_point(point: str) -> None:
-    # the test seam of lakeckpt_tables.checkpoint._faults, imported only when a crash point is
-    # set: the checkpoint package imports the ledger, and torch, which a ledger user may lack
-    if os.environ.get("LAKECKPT_CRASH_AT"):
-        from lakeckpt_tables.checkpoint._faults import crash_point
-
-        crash_point(point, 0)
 
 
 def _check_parent(

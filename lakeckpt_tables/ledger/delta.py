@@ -389,7 +389,7 @@ class DeltaLedger(LedgerBase[AddAction]):
                     f"damaged ({self._store.redact(clean(str(e)))}). The way out: move the "
                     f"file aside (keep it for inspection) and run DeltaTable({self._uri!r})"
                     ".repair(), which drops it from the log; its records are lost, and restore "
-                    "falls back to the newest checkpoint the ledger still holds"
+                    "falls back to the newest checkpoint the ledger still holds", file=path
                 )
         return LedgerCorruptError(f"ledger {self.describe()} could not be read: "
                                   f"{self._store.redact(clean(str(cause)))}")

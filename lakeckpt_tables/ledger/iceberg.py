@@ -229,7 +229,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
                 f"({' '.join(str(e).split())}). The way out: keep a copy of the file for "
                 f"inspection and run IcebergLedger({self._identifier!r}, catalog=...).repair(), "
                 "which drops it from the table; its records are lost, and restore falls back "
-                "to the newest checkpoint the ledger still holds"
+                "to the newest checkpoint the ledger still holds", file=path
             )
         return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
 

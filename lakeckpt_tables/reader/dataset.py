@@ -235,6 +235,8 @@ class LakeDataset(IterableDataset[Batch]):
             config["refresh"] = self.refresh
         if self.filter is not None:
             config["filter"] = str(self.filter)
+        if self.snapshot.schema_id is not None:  # NOTE [ schema read ] in sources/base.py
+            config["schema_id"] = self.snapshot.schema_id
         if self.follow is not None:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows}
         return config
@@ -331,9 +333,11 @@ class LakeDataset(IterableDataset[Batch]):
         if not same_table:
             diffs.append(f"table: state is of {state.table.describe()}, "
                          f"this reader reads {ours.table.describe()}")
-        if same_table and state.version != ours.version and self._adopts_versions():
+        schema_id = state.config.get("schema_id")
+        if same_table and (state.version, schema_id) != (ours.version, self.snapshot.schema_id) \
+                and self._adopts_versions():
             try:
-                self._repin(state.version)
+                self._repin(state.version, schema_id)
             except SourceNotFoundError as exc:
                 raise StateMismatchError(f"reader state pinned version {state.version}, which "
                                          f"the table does not list: {exc}") from exc
@@ -388,8 +392,8 @@ class LakeDataset(IterableDataset[Batch]):
                           output=self.output, nulls=self.nulls, decimals=self.decimals)
         check_nulls(self.snapshot, self.columns, self.nulls if self.output == "torch" else "fill")
 
-    def _repin(self, version: int) -> None:
-        snapshot = self.source.snapshot(version)
+    def _repin(self, version: int, schema_id: int | None = None) -> None:
+        snapshot = self.source.snapshot(version, schema_id=schema_id)
         # the filter is part of what defines the rows: the re-pinned snapshot gets it too
         self.snapshot = snapshot if self.filter is None else filtered(snapshot, self.filter)
         self._row_reader = self.snapshot.row_reader()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -20,13 +20,12 @@ from lakeckpt_tables.errors import (
     StorageError,
 )
 from lakeckpt_tables.io import Storage
-from lakeckpt_tables.sources._deletes import Deletes, select_live
+from lakeckpt_tables.sources._deletes import select_live
 from lakeckpt_tables.sources._footers import FileFooter, read_footers
 from lakeckpt_tables.sources._open import open_data_file
+from lakeckpt_tables.sources.commits import Commit
+from lakeckpt_tables.sources.datafile import DataFile
 from lakeckpt_tables.types import TableIdentity, Unit
-
-if TYPE_CHECKING:
-    from lakeckpt_tables.sources.commits import Commit
 
 __all__ = [
     "DataFile",
@@ -44,32 +43,6 @@ def local_path_or_uri(uri: str) -> str:
     if parsed.scheme in ("", "file"):
         return unquote(parsed.path).rstrip("/") or "/"
     return uri.rstrip("/")
-
-
-@dataclass(frozen=True, slots=True)
-class DataFile:
-    """A data file as table metadata lists it, with what its reader needs besides its bytes.
-
-    Attributes:
-        path: local path or URI.
-        size_bytes: size the table metadata records (checked before rows are delivered).
-        rows: row count the table metadata records; None when it carries none.
-        deletes: rows of the file deleted at the pinned version (a Delta deletion vector,
-            Iceberg positional deletes), computed in the main process.
-        partition: (logical column, typed value) pairs stored in the metadata, not the file.
-        row_group_rows: rows per row group as the footer said when pinned (set by
-            :func:`units_from_files`; checked again before the rows are delivered).
-        null_counts: (logical column, nulls in the whole file) from the table metadata's
-            statistics, when it has them: the null policy then needs no footer read.
-    """
-
-    path: str
-    size_bytes: int | None
-    rows: int | None  # None when the table metadata carries no row count
-    deletes: Deletes | None = None
-    partition: tuple[tuple[str, Any], ...] = ()
-    row_group_rows: tuple[int, ...] | None = None
-    null_counts: tuple[tuple[str, int], ...] | None = None
 
 
 class RowGroupReader:
@@ -256,11 +229,21 @@ def _check_pinned(where: str, data_file: DataFile, handle: Any) -> None:
 class Snapshot:
     """One immutable version of a source, resolved to its units in canonical order.
 
+    NOTE [ schema read ]
+    A version's rows are read with one schema. Delta: the version's own (column mapping
+    resolved from the log at that version). Iceberg, as pyiceberg reads: pinned without
+    ``version=``, the table's current schema (a rename or drop since the last snapshot made no
+    snapshot); pinned with ``version=S``, snapshot S's own. Columns are resolved by field id
+    either way. When the schema read is not the version's own, its id is ``schema_id``, which
+    the reader state keeps so a resume reads the same columns, whatever the table did since.
+
     Attributes:
         identity: which table.
         version: Delta version or Iceberg snapshot id.
-        schema: Arrow schema of the table at this version.
+        schema: Arrow schema of the rows read (NOTE [ schema read ]).
         units: every row group of every data file, sorted by (path, row group).
+        schema_id: the Iceberg schema read when it is not the version's own; None otherwise
+            (``source.snapshot(version)`` then reads the same columns).
     """
 
     identity: TableIdentity
@@ -272,6 +255,7 @@ class Snapshot:
     """Column name -> the table format's own type text, to detect type changes in follow mode."""
     reader: RowGroupReader | None = None
     """Reads this table's units (NOTE [ reading seam ]); a plain Parquet reader when None."""
+    schema_id: int | None = None
 
     def row_reader(self) -> RowGroupReader:
         """The reader of this snapshot's units (and of units appended later, in follow mode)."""
@@ -283,14 +267,17 @@ class Snapshot:
         return sum(u.rows for u in self.units)
 
     def describe(self) -> str:
-        return f"{self.identity.describe()} at version {self.version}"
+        schema = "" if self.schema_id is None else f" (schema {self.schema_id})"
+        return f"{self.identity.describe()} at version {self.version}{schema}"
 
 
 class Source(Protocol):
     """A Delta or Iceberg table that can be pinned to a snapshot."""
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
-        """Resolve ``version`` (latest when None) to an immutable snapshot."""
+    def snapshot(self, version: int | None = None, *,
+                 schema_id: int | None = None) -> Snapshot:
+        """Resolve ``version`` (latest when None) to an immutable snapshot, read with schema
+        ``schema_id`` when given (a reader state's; NOTE [ schema read ])."""
         ...
 
     def commit_after(self, version: int, snapshot: Snapshot,

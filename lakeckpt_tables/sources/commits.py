@@ -24,7 +24,7 @@ from typing import Any, Literal
 from urllib.parse import unquote
 
 from lakeckpt_tables.io import Storage
-from lakeckpt_tables.sources.base import DataFile
+from lakeckpt_tables.sources.datafile import DataFile
 
 __all__ = ["Commit", "CommitKind", "column_change", "read_delta_commit"]
 

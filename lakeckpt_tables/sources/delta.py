@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +20,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from lakeckpt_tables.errors import (
+    SourceArgumentError,
     SourceNotFoundError,
     StorageError,
     TableMetadataError,
@@ -71,8 +74,14 @@ class DeltaSource:
             environment variables when they are given (:class:`~lakeckpt_tables.io.Storage`).
     """
 
-    def __init__(self, uri: str, *, storage_options: dict[str, str] | None = None) -> None:
-        self.uri = str(uri)
+    def __init__(self, uri: str | os.PathLike[str], *,
+                 storage_options: dict[str, str] | None = None) -> None:
+        if not isinstance(uri, str | os.PathLike) or not str(os.fspath(uri)).strip():
+            raise SourceArgumentError(
+                f"DeltaSource(uri={uri!r}): a Delta table is named by its root directory, a "
+                "local path or a URI such as 's3://bucket/table'; for an Iceberg table in a "
+                "catalog use IcebergSource('namespace.table')")
+        self.uri = str(os.fspath(uri))
         self.storage_options = dict(storage_options or {})
         self._storage = Storage(self.uri, storage_options or None)
         self._snapshots: dict[int, Snapshot] = {}
@@ -100,17 +109,20 @@ class DeltaSource:
                               storage_options=self._storage.delta_options())
         except TableNotFoundError as exc:
             raise SourceNotFoundError(
-                f"no Delta table at {self.uri}: {exc}. Check the path or URI."
+                f"no Delta table at {self.uri}: {_message(exc)}. Check the path or URI."
             ) from exc
         except OSError as exc:  # the store failed (delta-rs has retried)
             raise StorageError(
-                f"Delta table {self.uri}: the store failed: {self._storage.redact(str(exc))}. "
+                f"Delta table {self.uri}: the store failed: "
+                f"{self._storage.redact(_message(exc))}. "
                 "Check the endpoint and credentials in storage_options, then retry") from exc
         except Exception as exc:
-            if version is None:
+            if version is None or self._storage.exists(f"_delta_log/{version:020d}.json"):
+                at = "" if version is None else f" at version {version}"
                 raise TableMetadataError(
-                    f"Delta table {self.uri}: deltalake cannot load its log: "
-                    f"{type(exc).__name__}: {self._storage.redact(str(exc))}") from exc
+                    f"Delta table {self.uri}: deltalake cannot load its log{at}: "
+                    f"{type(exc).__name__}: {self._storage.redact(_message(exc))}. The log is "
+                    "malformed or uses what deltalake cannot read") from exc
             try:
                 latest: int | str = DeltaTable(
                     self.uri, storage_options=self._storage.delta_options()).version()
@@ -118,15 +130,18 @@ class DeltaSource:
                 latest = "unknown"
             raise SourceNotFoundError(
                 f"Delta table {self.uri} has no version {version} (or cannot read it; latest "
-                f"is {latest}, older ones may be vacuumed): {type(exc).__name__}: {exc}"
+                f"is {latest}, older ones may be vacuumed): {type(exc).__name__}: "
+                f"{_message(exc)}"
             ) from exc
 
     def latest_version(self) -> int:
         """The newest committed version."""
         return int(self._open(None).version())
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
-        """Pin ``version`` (the latest when None) and list its units.
+    def snapshot(self, version: int | None = None, *,
+                 schema_id: int | None = None) -> Snapshot:
+        """Pin ``version`` (the latest when None) and list its units, read with the version's
+        own schema (a Delta schema is its version's: ``schema_id`` must be None).
 
         Raises:
             SourceNotFoundError: no table at ``uri``, or no such version.
@@ -135,6 +150,10 @@ class DeltaSource:
             PinnedFileMissingError: a data file of the version is gone.
             RowCountMismatchError: the log and a file footer disagree.
         """
+        if schema_id is not None:
+            raise SourceArgumentError(
+                f"{self!r}.snapshot(schema_id={schema_id!r}): a Delta version is read with its "
+                "own schema; the schema id is for Iceberg tables (is the reader state of one?)")
         if version is not None and version in self._snapshots:
             return self._snapshots[version]
         dt = self._open(version)
@@ -155,7 +174,8 @@ class DeltaSource:
             raise
         except Exception as exc:
             raise TableMetadataError(
-                f"{where}: cannot list its files: {type(exc).__name__}: {exc}") from exc
+                f"{where}: cannot list its files: {type(exc).__name__}: {_message(exc)}"
+            ) from exc
         units, _ = units_from_files(identity, pinned, files, self._storage)
         columns = {f.path: tuple(reader.schema.names) for f in files}  # missing ones read null
         snap = Snapshot(identity, pinned, reader.schema, units, columns, types, reader)
@@ -282,6 +302,15 @@ class DeltaRowGroupReader(RowGroupReader):
             return 1 if values.get(column) is None else 0
         physical = self._file_name(handle, data_file.path if data_file else None, column)
         return physical if physical in handle.file.schema_arrow.names else 1
+
+
+_BACKTRACE = re.compile(r"\n\s*0: ")
+
+
+def _message(exc: BaseException) -> str:
+    """deltalake's error text without the Rust backtrace its kernel errors carry, nor a
+    trailing period (the caller's sentence follows)."""
+    return _BACKTRACE.split(str(exc), maxsplit=1)[0].strip().rstrip(".")
 
 
 def _reader(dt: Any, identity: TableIdentity, version: int,

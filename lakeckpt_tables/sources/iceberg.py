@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from lakeckpt_tables.errors import (
+    SourceArgumentError,
     SourceChangedError,
     SourceNotFoundError,
     TableMetadataError,
@@ -33,6 +34,7 @@ from lakeckpt_tables.types import TableIdentity, Unit
 __all__ = ["DEFAULT_CATALOG_NAME", "IcebergRowGroupReader", "IcebergSource", "default_catalog"]
 
 DEFAULT_CATALOG_NAME = "lakeckpt"
+_NAME_MAPPING = "schema.name-mapping.default"
 
 
 def _default_catalog_properties() -> dict[str, str]:
@@ -69,10 +71,10 @@ class IcebergSource:
     """
 
     def __init__(self, identifier: str | tuple[str, ...], *, catalog: Any = None) -> None:
-        self.identifier = identifier
+        self.identifier = _checked_identifier(identifier)
         self.catalog = catalog if catalog is not None else default_catalog()
         self._catalog_pid = os.getpid()
-        self._snapshots: dict[int, Snapshot] = {}
+        self._snapshots: dict[tuple[int, int | None], Snapshot] = {}  # (version, schema_id)
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -102,7 +104,7 @@ class IcebergSource:
 
     def load_table(self) -> Any:
         """The table's current metadata (main process only)."""
-        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, ValidationError
 
         catalog = self._catalog_here()
         try:
@@ -111,26 +113,41 @@ class IcebergSource:
             raise SourceNotFoundError(
                 f"no Iceberg table {self.identifier!r} in catalog {catalog.name!r}: {exc}"
             ) from exc
+        except FileNotFoundError as exc:
+            raise SourceNotFoundError(
+                f"Iceberg table {self.identifier!r} in catalog {catalog.name!r}: its metadata "
+                f"file is gone: {exc}. Restore it, or point the catalog at a metadata file "
+                "that exists") from exc
+        except (ValidationError, ValueError, KeyError, TypeError) as exc:  # pydantic's too
+            raise TableMetadataError(
+                f"Iceberg table {self.identifier!r} in catalog {catalog.name!r}: pyiceberg "
+                f"cannot read its metadata: {type(exc).__name__}: {str(exc)[:500]}") from exc
 
     def latest_version(self) -> int | None:
         """The current snapshot id, None for a table without snapshots."""
         current = self.load_table().current_snapshot()
         return None if current is None else int(current.snapshot_id)
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
+    def snapshot(self, version: int | None = None, *,
+                 schema_id: int | None = None) -> Snapshot:
         """Pin snapshot ``version`` (the current one when None) and list its units.
 
+        Its rows are read with the table's current schema when ``version`` is None, with the
+        snapshot's own otherwise, or with schema ``schema_id`` when given (a reader state's):
+        NOTE [ schema read ] in ``sources/base.py``.
+
         Raises:
-            SourceNotFoundError: no such table or snapshot.
+            SourceNotFoundError: no such table, snapshot or schema.
             UnsupportedTableError: the snapshot has equality delete files.
-            TableMetadataError: pyiceberg cannot read its manifests or delete files.
+            TableMetadataError: pyiceberg cannot read its metadata, manifests or delete files,
+                or a data file's location is relative and not found where pyiceberg looks.
             PinnedFileMissingError: a data file of the snapshot is gone.
             RowCountMismatchError: manifest and file footer disagree.
         """
-        if version is not None and version in self._snapshots:
-            return self._snapshots[version]
+        if version is not None and (version, schema_id) in self._snapshots:
+            return self._snapshots[(version, schema_id)]
         table = self.load_table()
-        identity = TableIdentity("iceberg", local_path_or_uri(table.metadata.location),
+        identity = TableIdentity("iceberg", _location(table.metadata.location),
                                  str(table.metadata.table_uuid))
         snap_meta = table.current_snapshot() if version is None else table.snapshot_by_id(version)
         if snap_meta is None and version not in (None, -1):
@@ -138,22 +155,26 @@ class IcebergSource:
             raise SourceNotFoundError(
                 f"{identity.describe()} has no snapshot {version} (expired?); newest ids: {known}"
             )
-        if snap_meta is None:  # a table created but never written (-1: a follower's pin): empty
-            reader = IcebergRowGroupReader(identity, -1, table.schema(),
-                                           table.metadata.name_mapping(),
-                                           int(table.metadata.format_version))
-            return Snapshot(identity, -1, table.schema().as_arrow(), (), {}, reader=reader)
-        pinned = int(snap_meta.snapshot_id)
+        pinned = -1 if snap_meta is None else int(snap_meta.snapshot_id)
+        where = f"{identity.describe()} at snapshot {pinned}"
+        schema = _schema_read(table, snap_meta, version, schema_id, where)
+        own = None if snap_meta is None else snap_meta.schema_id
+        recorded = None if own is not None and schema.schema_id == own else schema.schema_id
         storage = iceberg_storage(table.metadata.location, table.io.properties)
-        reader = _reader(table, identity, pinned, snap_meta, storage)
-        files = self._data_files(table, identity, pinned, reader.schema)
+        reader = IcebergRowGroupReader(identity, pinned, schema, _name_mapping(table, where),
+                                       int(table.metadata.format_version), storage)
+        types = {f.name: str(f.field_type) for f in schema.fields}
+        arrow = schema.as_arrow()
+        if snap_meta is None:  # a table created but never written (-1: a follower's pin): empty
+            return Snapshot(identity, -1, arrow, (), {}, types, reader, recorded)
+        files = self._data_files(table, identity, pinned, schema)
         units, _ = units_from_files(identity, pinned, files, storage)
-        schema = _snapshot_schema(table, snap_meta)
-        columns = {f.path: tuple(schema.names) for f in files}  # resolved by field id
-        snap = Snapshot(identity, pinned, schema, units, columns,
-                        _column_types(table, snap_meta.schema_id), reader)
+        columns = {f.path: tuple(schema.column_names) for f in files}  # resolved by field id
+        snap = Snapshot(identity, pinned, arrow, units, columns, types, reader, recorded)
         with self._lock:
-            self._snapshots[pinned] = snap
+            self._snapshots[(pinned, recorded)] = snap
+            if version is not None:  # asked as (version, the snapshot's own schema id)
+                self._snapshots[(pinned, schema_id)] = snap
         return snap
 
     def commit_after(self, version: int, snapshot: Snapshot,
@@ -181,10 +202,12 @@ class IcebergSource:
                 f"{snapshot.identity.describe()} snapshot {sid} ({operation}): pyiceberg cannot "
                 f"plan its appended files: {type(exc).__name__}: {exc}") from exc
         files = []
+        reader = snapshot.reader
+        schema = reader.schema if isinstance(reader, IcebergRowGroupReader) else None
         for task in tasks:
             if task.delete_files:
                 return Commit(sid, "change", operation, detail="adds delete files")
-            files.append(_data_file(table, task, None))
+            files.append(_data_file(table, task, None, schema))  # statistics by pinned names
         return Commit(sid, "append", operation, tuple(files))
 
     def is_after(self, version: int, until: int) -> bool:
@@ -204,19 +227,39 @@ class IcebergSource:
                 f"{where}: pyiceberg cannot plan its files: {type(exc).__name__}: {exc}"
             ) from exc
         read: dict[str, dict[str, Any]] = {}  # delete file -> {data file: positions}
-        return [_data_file(table, task, _positions(table, task, read, where), schema)
-                for task in tasks]
+        try:
+            files = [_data_file(table, task, _positions(table, task, read, where), schema)
+                     for task in tasks]
+        except (ValueError, KeyError, TypeError) as exc:  # malformed partitions or statistics
+            raise TableMetadataError(
+                f"{where}: its manifests cannot be read: {type(exc).__name__}: {exc}") from exc
+        for task, data_file in zip(tasks, files, strict=True):
+            _check_relative(task.file.file_path, data_file.path, where)
+        return files
+
+
+def _checked_identifier(identifier: Any) -> str | tuple[str, ...]:
+    """``identifier`` if it names a table in a namespace, as pyiceberg needs."""
+    parts = (identifier.split(".") if isinstance(identifier, str) else
+             list(identifier) if isinstance(identifier, tuple | list) else None)
+    if parts is None or len(parts) < 2 or not all(isinstance(p, str) and p for p in parts):
+        raise SourceArgumentError(
+            f"IcebergSource(identifier={identifier!r}): an Iceberg table is named "
+            "'namespace.table' (or a tuple ('namespace', 'table')), e.g. "
+            "IcebergSource('default.tokens'); for a Delta table by path use DeltaSource(path)")
+    return identifier if isinstance(identifier, str) else tuple(parts)
 
 
 class IcebergRowGroupReader(RowGroupReader):
-    """Reads an Iceberg row group as the table's columns of the pinned snapshot's schema
-    (NOTE [ reading seam ]), with pyiceberg's own projection: columns resolved by field id
-    (renames, swaps, drop and re-add, int->long and float->double promotion), columns a file
+    """Reads an Iceberg row group as the columns of the schema read (NOTE [ schema read ],
+    NOTE [ reading seam ]), with pyiceberg's own projection: columns resolved by field id
+    (renames, swaps, drop and re-add, int->long, float->double and decimal widening), columns a file
     lacks read as nulls or, for identity partitions, as the manifest's value; positional
     deletes and v3 deletion vectors (resolved at pin time) drop deleted rows.
 
     Relies on ``pyiceberg.io.pyarrow`` (``pyarrow_to_schema``, ``_to_requested_schema``) of
-    the pinned pyiceberg range; ``tests/test_tables_iceberg.py`` tests that seam.
+    the pinned pyiceberg range; ``tests/test_tables_iceberg*.py`` and
+    ``tests/test_tables_evolution.py`` test that seam.
     """
 
     def __init__(self, identity: TableIdentity, version: int, schema: Any,
@@ -270,11 +313,57 @@ class IcebergRowGroupReader(RowGroupReader):
         return 0 if str(field_id) in identity else 1
 
 
-def _reader(table: Any, identity: TableIdentity, pinned: int, snap_meta: Any,
-            storage: Storage | None = None) -> IcebergRowGroupReader:
-    schema = table.schemas().get(snap_meta.schema_id, table.schema())
-    return IcebergRowGroupReader(identity, pinned, schema, table.metadata.name_mapping(),
-                                 int(table.metadata.format_version), storage)
+def _schema_read(table: Any, snap_meta: Any, version: int | None, schema_id: int | None,
+                 where: str) -> Any:
+    """The pyiceberg schema a snapshot's rows are read with (NOTE [ schema read ]): as
+    ``scan()`` (current schema) when ``version`` is None, as ``scan(snapshot_id=version)``
+    (the snapshot's own; the current one when it records none) otherwise."""
+    schemas = table.schemas()
+    if schema_id is not None:
+        if schema_id not in schemas:
+            raise SourceNotFoundError(
+                f"{where}: the table has no schema {schema_id} (the reader state's); its "
+                f"schemas are {sorted(schemas)}. Start a new run, or restore the table metadata")
+        return schemas[schema_id]
+    if version is None or snap_meta is None or snap_meta.schema_id is None:
+        return table.schema()
+    return schemas.get(snap_meta.schema_id, table.schema())
+
+
+def _name_mapping(table: Any, where: str) -> Any:
+    """The table's ``schema.name-mapping.default`` (how files without field ids are read)."""
+    from pyiceberg.exceptions import ValidationError
+
+    try:
+        return table.metadata.name_mapping()
+    except (ValidationError, ValueError) as exc:  # pydantic's, or JSON that does not parse
+        text = table.metadata.properties.get(_NAME_MAPPING, "")
+        raise TableMetadataError(
+            f"{where}: table property {_NAME_MAPPING!r} is not a name mapping in the Iceberg "
+            f"spec's shape (a JSON list of {{\"field-id\", \"names\", \"fields\"}} objects): "
+            f"{text[:200]!r}: {type(exc).__name__}: {str(exc)[:300]}. Fix or remove the "
+            "property (ALTER TABLE ... SET/UNSET TBLPROPERTIES)") from exc
+
+
+def _location(location: str) -> str:
+    """A table or file location as pyiceberg's FileIO resolves it: a location without a
+    scheme is a local path, relative ones resolved against the current directory
+    (``PyArrowFileIO.parse_location`` calls ``os.path.abspath``)."""
+    if "://" not in location and not location.startswith("/"):
+        return os.path.abspath(location)
+    return local_path_or_uri(location)
+
+
+def _check_relative(location: str, path: str, where: str) -> None:
+    """A relative data-file location not found where pyiceberg looks is named as such, not as
+    a file gone."""
+    if location != path and "://" not in location and not location.startswith("/") \
+            and not os.path.exists(path):
+        raise TableMetadataError(
+            f"{where}: data file location {location!r} in the table metadata is relative; "
+            f"pyiceberg resolves it against the current directory ({os.getcwd()}), and "
+            f"{path} does not exist. Run from the directory the table's locations are "
+            "relative to, or rewrite the table metadata with absolute locations")
 
 
 def _data_file(table: Any, task: Any, deletes: Deletes | None, schema: Any = None) -> DataFile:
@@ -301,7 +390,7 @@ def _data_file(table: Any, task: Any, deletes: Deletes | None, schema: Any = Non
         except ValueError:
             continue
     named = tuple(sorted((n, c) for n, c in counts if n is not None))
-    return DataFile(local_path_or_uri(file.file_path), file.file_size_in_bytes,
+    return DataFile(_location(file.file_path), file.file_size_in_bytes,
                     file.record_count, deletes, tuple(partition), null_counts=named or None)
 
 
@@ -385,10 +474,3 @@ def _column_types(table: Any, schema_id: int) -> dict[str, str]:
 def _schema_problem(table: Any, schema_id: int, columns: Sequence[str],
                     types: dict[str, str]) -> str:
     return column_change(columns, types, _column_types(table, schema_id))
-
-
-def _snapshot_schema(table: Any, snap_meta: Any) -> pa.Schema:
-    schemas = table.schemas()
-    schema = schemas.get(snap_meta.schema_id, table.schema())
-    arrow: pa.Schema = schema.as_arrow()
-    return arrow

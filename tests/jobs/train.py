@@ -20,6 +20,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.tools import crash
 
 
 def _args() -> argparse.Namespace:
@@ -50,6 +51,7 @@ def _truncate_log(path: str, step: int) -> None:
 
 def main() -> int:
     a = _args()
+    crash.install()  # LAKECKPT_CRASH_AT kills this job at a crash point
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0

@@ -1,0 +1,124 @@
+"""Timing helpers of the checkpoint benchmarks: a manager that times its phases, a train step.
+
+Measurement stays out of the library: ``TimedManager`` subclasses ``CheckpointManager`` here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from lakeckpt_tables.checkpoint.manager import CheckpointManager
+from lakeckpt_tables.ledger import CheckpointRecord
+from lakeckpt_tables.tools.bench._common import Progress, clock, percentile, quiet
+
+__all__ = ["Progress", "TimedManager", "clock", "no_dcp_warnings", "percentile", "quiet",
+           "train_step"]
+
+@contextlib.contextmanager
+def no_dcp_warnings() -> Iterator[None]:
+    # DCP warns on every single-process save that it assumes a single process: it does.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        warnings.filterwarnings("ignore", category=UserWarning,
+                                module="torch.distributed.checkpoint")
+        warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata 0.11, on iter()
+        yield
+
+
+# ------------------------------------------------------------------------ timed manager
+
+
+class TimedManager(CheckpointManager):
+    """A :class:`CheckpointManager` that times its phases (see NOTE [ what the commit ... ]).
+
+    ``timings`` holds seconds per call, appended in call order: ``commit`` (phase 2 on this
+    rank, retention scan excluded) and within it ``gather`` and ``broadcast`` (the protocol's
+    collectives), ``retire`` (the retention scan, rank 0), ``ledger_commit`` (rank 0) and
+    ``capture`` (reader state + consumption). ``records`` holds the consumption
+    records of each ledger commit (rank 0).
+    """
+
+    def __init__(self, *args: Any, barrier_before_commit: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timings: dict[str, list[float]] = defaultdict(list)
+        self.records: list[int] = []
+        self._barrier = barrier_before_commit
+        self._retire_s = 0.0
+        if self.ledger is not None:
+            real = self.ledger.commit
+
+            def timed_commit(checkpoint: CheckpointRecord, consumption: Sequence[Any] = (),
+                             events: Sequence[Any] = (), *,
+                             owner: str | None = None) -> CheckpointRecord:
+                t0 = clock()
+                out = real(checkpoint, consumption, events, owner=owner)
+                self.timings["ledger_commit"].append(clock() - t0)
+                self.records.append(len(consumption))
+                return out
+
+            self.ledger.commit = timed_commit  # type: ignore[method-assign]
+
+    def _commit(self, attempt: Any) -> CheckpointRecord:
+        if self._barrier:
+            self.world.barrier()
+        self._retire_s = 0.0
+        world = self.world
+        gather, broadcast = world.gather, world.broadcast
+
+        def timed_gather(value: Any) -> list[Any]:
+            t0 = clock()
+            out = gather(value)
+            self.timings["gather"].append(clock() - t0)
+            return out
+
+        def timed_broadcast(value: Any) -> Any:
+            t0 = clock()
+            out = broadcast(value)
+            self.timings["broadcast"].append(clock() - t0)
+            return out
+
+        world.gather, world.broadcast = timed_gather, timed_broadcast  # type: ignore[method-assign]
+        t0 = clock()
+        try:
+            out = super()._commit(attempt)
+        finally:
+            del world.gather, world.broadcast  # back to the class's methods
+        self.timings["commit"].append(clock() - t0 - self._retire_s)
+        return out
+
+    def _retire_old(self) -> None:
+        t0 = clock()
+        super()._retire_old()
+        self._retire_s = clock() - t0
+        self.timings["retire"].append(self._retire_s)
+
+    def _capture_reader(self, dataloader: Any) -> Any:  # its tuple grows with the library
+        t0 = clock()
+        out = super()._capture_reader(dataloader)
+        self.timings["capture"].append(clock() - t0)
+        return out
+
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                features: int, distributed: bool) -> None:
+    inputs = torch.sin(x[:, None] * torch.arange(1, features + 1, dtype=torch.float32))
+    optimizer.zero_grad()
+    loss = nn.functional.mse_loss(model(inputs)[:, 0], x)
+    loss.backward()  # type: ignore[no-untyped-call]
+    if distributed:
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= world
+    optimizer.step()

@@ -1,0 +1,1 @@
+"""``lakeckpt chaos``: :mod:`.campaign` attacks runs of :mod:`.job` and counts what breaks."""

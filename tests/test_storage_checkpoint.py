@@ -159,7 +159,7 @@ def test_a_checkpoint_root_on_a_server_that_is_down_saves_nothing_and_a_retry_co
         s3: S3Server, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     root = f"s3://{s3.bucket('down')}/ckpt"
-    options = s3.options(max_attempts="1")
+    options = s3.options(max_attempts="1", lakeckpt_retry_seconds="1")
     manager = CheckpointManager(root, "run", storage_options=options)
     model = torch.nn.Linear(2, 1)
     with s3.down(), pytest.raises((StorageError, CheckpointError)) as caught:

@@ -121,7 +121,7 @@ class CheckpointStorage:
         """Remove a checkpoint's files, best effort: a failure is logged, and what is left
         is an orphan no ledger names, which a later :meth:`CheckpointManager.gc` removes."""
         try:
-            self.store.delete(location)
+            self.store.delete(location, retry=False)
         except StorageError as exc:
             log.warning("could not remove %s (gc removes it later): %s",
                         self.url(location), exc)

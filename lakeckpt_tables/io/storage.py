@@ -200,14 +200,17 @@ class Storage:
         except OSError:
             return False
 
-    def call(self, action: str, key: str, fn: Callable[[], T]) -> T:
-        """``fn()`` under the store's error naming and retry budget."""
+    def call(self, action: str, key: str, fn: Callable[[], T], *,
+             budget: float | None = None) -> T:
+        """``fn()`` under the store's error naming and retry budget (``budget`` seconds
+        instead, if given)."""
         def attempt() -> T:
             with self._errors(action, key):
                 return fn()
         if self.is_local:
             return attempt()
-        return retrying(attempt, budget=self.retry_seconds, uri=self.url(key), action=action,
+        return retrying(attempt, budget=self.retry_seconds if budget is None else budget,
+                        uri=self.url(key), action=action,
                         redact=self.redact,
                         transient=lambda e: isinstance(e, StorageError)
                         and e.kind in TRANSIENT)
@@ -300,8 +303,10 @@ class Storage:
                 stream.write(data)
         self.call("write", key, put_)
 
-    def delete(self, key: str) -> None:
-        """Remove a file or a directory tree; nothing happens when it is absent."""
+    def delete(self, key: str, *, retry: bool = True) -> None:
+        """Remove a file or a directory tree; nothing happens when it is absent.
+
+        ``retry=False``: one try (a best-effort cleanup that gc repeats later)."""
         def delete_() -> None:
             path = self._inner(key)
             info = self.filesystem.get_file_info(path)
@@ -309,7 +314,7 @@ class Storage:
                 self.filesystem.delete_dir(path)
             elif info.type == pafs.FileType.File:
                 self.filesystem.delete_file(path)
-        self.call("delete", key, delete_)
+        self.call("delete", key, delete_, budget=None if retry else 0)
 
     def sha256(self, key: str) -> tuple[str, int]:
         """SHA-256 hex digest and size of a file, streamed.

@@ -1,11 +1,6 @@
 """One store, built from a URI and storage options: every byte the library reads or writes.
 
-NOTE [ backing ]
-S3 goes through pyarrow's native ``S3FileSystem``: Parquet row groups are fetched with
-pre-buffering, which coalesces a row group's column chunks into one or two ranged GETs
-(measured: 1-2 requests per row group read, where fsspec's s3fs reads through a readahead
-cache that issues more, smaller requests). Other URIs (gs://, abfs://, ...) go through fsspec,
-wrapped for pyarrow, with the options passed to fsspec as they are.
+NOTE [ backing ] in :mod:`lakeckpt_tables.io.filesystems` says which client serves which store.
 
 A ``Storage`` is picklable: the filesystem is not pickled but rebuilt lazily in the process
 that uses it (DataLoader workers, other ranks), and credentials never appear in its repr or in
@@ -30,6 +25,7 @@ import pyarrow.parquet as pq
 from lakeckpt_tables.errors import StorageError
 from lakeckpt_tables.io import options as opts
 from lakeckpt_tables.io.failures import TRANSIENT, retry_seconds, retrying, store_error
+from lakeckpt_tables.io.filesystems import build_filesystem, release_at_exit
 from lakeckpt_tables.io.options import s3_settings
 
 __all__ = ["Storage", "iceberg_storage", "s3_settings", "storage_from_cli"]
@@ -37,21 +33,10 @@ __all__ = ["Storage", "iceberg_storage", "s3_settings", "storage_from_cli"]
 _CHUNK = 1 << 20
 T = TypeVar("T")
 
-class Storage:
-    """A file system or object store rooted at ``uri``.
-
-    Keys given to the methods are either relative to the root or absolute (a URI of the same
-    store, or an absolute local path).
-
-    Args:
-        uri: root, a local path, ``file://``, ``s3://bucket/prefix`` or another fsspec URI.
-        options: storage options (NOTE [ storage options ] in
-            :mod:`lakeckpt_tables.io.options`); None for the environment's.
-
-    Every operation is retried while the store fails transiently, for at most the retry
-    budget (NOTE [ retry budget ] in :mod:`lakeckpt_tables.io.failures`), and fails with a
-    :class:`~lakeckpt_tables.errors.StorageError` that names the URI and the kind.
-    """
+class StoreAddress:
+    """Where a store is and how it is reached: its root URI and storage options, the paths
+    under it, the options in each client's dialect, and this process's filesystem for it.
+    :class:`Storage` adds the operations."""
 
     def __init__(self, uri: str | os.PathLike[str], options: Mapping[str, str] | None = None
                  ) -> None:
@@ -144,17 +129,10 @@ class Storage:
         return self._fs
 
     def _build(self) -> pafs.FileSystem:
-        if self.is_local:
-            return pafs.LocalFileSystem()
-        if self.scheme in ("s3", "s3a") and self._options is not None:
-            return _arrow_s3(s3_settings(self._options))
-        if self._options is None and self.scheme in ("s3", "s3a", "gs", "gcs"):
-            fs, _ = pafs.FileSystem.from_uri(self.uri.replace("s3a://", "s3://", 1))
-            return fs
-        import fsspec
-
-        fs_spec = fsspec.filesystem(self.scheme, **self.fsspec_options())
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs_spec))
+        fs = build_filesystem(self.scheme, self.uri, self._options)
+        if isinstance(fs, pafs.S3FileSystem):
+            release_at_exit(self)
+        return fs
 
     def fsspec_options(self) -> dict[str, Any]:
         """The options as fsspec keyword arguments (s3fs for S3, as given for other stores)."""
@@ -170,6 +148,23 @@ class Storage:
                                                                          self._options)
 
     # ------------------------------------------------------------------------ operations
+
+
+class Storage(StoreAddress):
+    """A file system or object store rooted at ``uri``.
+
+    Keys given to the methods are either relative to the root or absolute (a URI of the same
+    store, or an absolute local path).
+
+    Args:
+        uri: root, a local path, ``file://``, ``s3://bucket/prefix`` or another fsspec URI.
+        options: storage options (NOTE [ storage options ] in
+            :mod:`lakeckpt_tables.io.options`); None for the environment's.
+
+    Every operation is retried while the store fails transiently, for at most the retry
+    budget (NOTE [ retry budget ] in :mod:`lakeckpt_tables.io.failures`), and fails with a
+    :class:`~lakeckpt_tables.errors.StorageError` that names the URI and the kind.
+    """
 
     @contextmanager
     def _errors(self, action: str, key: str) -> Iterator[None]:
@@ -396,26 +391,6 @@ class _ParquetFile(pq.ParquetFile):  # type: ignore[misc]
 def _not_found(exc: BaseException) -> bool:
     text = str(exc)
     return "NoSuchKey" in text or "Path does not exist" in text or "NOT_FOUND" in text
-
-
-def _arrow_s3(s3: Mapping[str, str], *, allow_bucket_creation: bool = False
-              ) -> pafs.S3FileSystem:
-    endpoint = urlparse(s3["endpoint"])
-    kwargs: dict[str, Any] = {
-        "region": s3["region"],
-        "endpoint_override": endpoint.netloc,
-        "scheme": endpoint.scheme or "https",
-        "connect_timeout": float(s3.get("connect_timeout", 5)),
-        "request_timeout": float(s3.get("request_timeout", 30)),
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(int(s3.get("max_attempts", 3))),
-        "allow_bucket_creation": allow_bucket_creation,
-    }
-    if "key" in s3:
-        kwargs.update(access_key=s3["key"], secret_key=s3.get("secret", ""),
-                      session_token=s3.get("token"))
-    else:
-        kwargs["anonymous"] = True
-    return pafs.S3FileSystem(**kwargs)
 
 
 def iceberg_storage(location: str, properties: Mapping[str, str]) -> Storage:

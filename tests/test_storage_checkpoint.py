@@ -266,8 +266,10 @@ def test_per_node_roots_fail_by_name_before_anything_is_saved_and_restore_checks
     second = _torchrun(local_table, str(shared), tmp_path / "out2", options=None,
                        roots=(str(shared), str(copy)))
     assert second.returncode != 0
-    assert "StorageRootNotSharedError" in second.stderr
-    assert f"step {record.step}" in second.stderr and "rank 1" in second.stderr
+    # refused when the manager is created (the probe rank 0 wrote is not on node 1's copy),
+    # before restore and before any training step
+    assert "StorageRootNotSharedError" in second.stderr and "rank 1" in second.stderr
+    assert "do not share the checkpoint root" in second.stderr
     assert not (tmp_path / "out2").exists()  # no rank got past restore
 
 

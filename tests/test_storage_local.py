@@ -11,9 +11,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lakeckpt_tables.errors import StorageError, StoreUnavailableError
-from lakeckpt_tables.io import Storage, iceberg_storage, s3_settings
+from lakeckpt_tables.errors import StorageError, StorageOptionsError, StoreUnavailableError
+from lakeckpt_tables.io import (
+    OPTIONS_ENV,
+    Storage,
+    iceberg_storage,
+    parse_storage_options,
+    s3_settings,
+    storage_from_cli,
+)
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
+from lakeckpt_tables.io.failures import classify, store_error
 from lakeckpt_tables.sources import _footers
 
 
@@ -181,3 +189,46 @@ def test_gcs_and_azure_options_become_fsspec_keywords() -> None:
         "anon": "false"})
     assert azure.fsspec_options() == {"account_name": "acct", "account_key": "k",
                                       "anon": False}  # a bool: the string "false" is truthy
+
+
+def test_storage_options_from_the_command_line_json_file_or_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
+    assert parse_storage_options(None) is None
+    given = '{"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "max_attempts": 2, "x": true}'
+    assert parse_storage_options(given) == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+                                            "max_attempts": "2", "x": "true"}
+    path = tmp_path / "s3.json"
+    path.write_text('{"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "hunter2-secret"}')
+    store = storage_from_cli("s3://b/root", f"@{path}")
+    assert store.has_options and store.delta_options()["AWS_SECRET_ACCESS_KEY"] == \
+        "hunter2-secret"
+    monkeypatch.setenv(OPTIONS_ENV, f"@{path}")
+    assert parse_storage_options() == {"AWS_ACCESS_KEY_ID": "AK",
+                                       "AWS_SECRET_ACCESS_KEY": "hunter2-secret"}
+    for bad in ('{"AWS_SECRET_ACCESS_KEY": "hunter2-secret"', '["hunter2-secret"]',
+                '{"AWS_SECRET_ACCESS_KEY": {"v": "hunter2-secret"}}', f"@{tmp_path}/none.json"):
+        with pytest.raises(StorageOptionsError) as caught:
+            parse_storage_options(bad)
+        assert "hunter2" not in str(caught.value)  # never echoed: options hold credentials
+        assert "--storage-options" in str(caught.value)
+
+
+def test_store_failures_are_named_by_kind_in_plain_words() -> None:
+    delta_rs = ("Generic S3 error\n \x1b[31m↳\x1b[0m Error performing GET http://h/b?list in "
+                "2ms - Server returned non-2xx status code\n \x1b[31m↳\x1b[0m 404 Not Found\n "
+                "\x1b[31m↳\x1b[0m <?xml version=\"1.0\" encoding=\"utf-8\"?>\n<Error><Code>"
+                "NoSuchBucket</Code><Message>The specified bucket does not exist</Message>"
+                "<BucketName>b</BucketName></Error>")
+    error = store_error("s3://b/root", "read", OSError(delta_rs))
+    assert (error.kind, error.uri) == ("bucket missing", "s3://b/root")
+    assert "\x1b[" not in str(error) and "<" not in str(error)
+    assert "NoSuchBucket: The specified bucket does not exist" in str(error)
+    assert "create it, or fix the bucket name" in str(error)
+    for text, kind in (("AWS Error ACCESS_DENIED during GetObject", "access denied"),
+                       ("An error occurred (InvalidAccessKeyId)", "access denied"),
+                       ("tcp connect error -> Connection refused (os error 111)", "unreachable"),
+                       ("AWS Error UNKNOWN (HTTP status 503) during HeadObject", "unavailable"),
+                       ("curlCode: 28, Timeout was reached", "unavailable"),
+                       ("retry_timeout 180s - Connection refused", "unreachable")):
+        assert classify(OSError(text)) == kind, text

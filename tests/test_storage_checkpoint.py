@@ -345,3 +345,4 @@ def test_an_iceberg_ledger_on_s3_loses_nothing_to_lost_responses(
     assert again.save(3, model=model).step == 3
     assert [c.step for c in IcebergLedger("ml.ledger", catalog=catalog).checkpoints("run")] \
         == [1, 2, 3]
+

@@ -57,7 +57,7 @@ def open_ledger(spec: str | Ledger | None, *, root: str | None = None,
         root: the checkpoint root, where the default ledger lives (when ``storage`` is not
             given).
         storage: the checkpoint root's store: the default ledger lives under it, and a
-            ``delta:`` or ``iceberg:`` ledger takes its storage options (one seam).
+            ``delta:`` ledger in the same kind of store takes its storage options (one seam).
         storage_options: the options of ``root`` when no ``storage`` is given.
 
     Returns:
@@ -83,7 +83,9 @@ def open_ledger(spec: str | Ledger | None, *, root: str | None = None,
         from lakeckpt_tables.ledger.iceberg import IcebergLedger
         from lakeckpt_tables.sources.iceberg import default_catalog
 
-        return IcebergLedger(target, catalog=default_catalog(), storage=storage)
+        # its files go through the catalog's FileIO: the catalog reads the table's metadata
+        # itself, so the catalog's properties configure the store
+        return IcebergLedger(target, catalog=default_catalog())
     raise LedgerError(
         f"ledger spec {spec!r} is not understood: use 'delta:<uri>', "
         "'iceberg:<namespace.table>', or leave it unset for the Delta ledger under the "

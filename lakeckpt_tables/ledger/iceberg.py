@@ -18,7 +18,6 @@ import functools
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Literal
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,7 +31,6 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, Reference
 from pyiceberg.expressions.literals import literal
-from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, Transaction
@@ -42,7 +40,6 @@ from pyiceberg.table.update import ValidatableTableRequirement
 from sqlalchemy.exc import SQLAlchemyError
 
 from lakeckpt_tables.errors import CommitConflictError, LedgerCorruptError, LedgerError
-from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
@@ -118,39 +115,18 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
     Args:
         identifier: ``namespace.table``.
         catalog: the pyiceberg catalog holding it (a ``SqlCatalog`` on SQLite or PostgreSQL).
-        storage: the job's store (the checkpoint root's): its options reach the table's
-            files when the catalog gives none for that kind of store.
 
     Raises:
         LedgerError: the identifier has no namespace, or names a table that is not a ledger
             or is a ledger of another format version.
     """
 
-    def __init__(self, identifier: str, *, catalog: Catalog,
-                 storage: Storage | None = None) -> None:
+    def __init__(self, identifier: str, *, catalog: Catalog) -> None:
         super().__init__()
         self._identifier = identifier
         self._catalog = catalog
-        self._storage = storage
         self._table = _open_or_create(catalog, identifier, self.describe())
-        self._use_storage()
         _check_format(self._table, self.describe())
-
-    def _use_storage(self) -> None:
-        """Give the table's FileIO the storage options of the job's store (one seam) where
-        the catalog and the table configure nothing for that kind of store; the catalog's
-        own configuration of its warehouse always wins. Called after every refresh, which
-        rebuilds the FileIO from the catalog."""
-        store = self._storage
-        location = self._table.metadata.location
-        if store is None or not store.has_options or \
-                urlparse(location).scheme.lower() != store.scheme:
-            return
-        given = {**self._catalog.properties, **self._table.metadata.properties}
-        prefix = store.scheme.rstrip("a") + "."
-        if any(k.startswith(prefix) for k in given):
-            return
-        self._table.io = load_file_io({**store.iceberg_properties(), **given}, location)
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -185,7 +161,6 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
 
     def _refresh(self) -> None:
         self._table.refresh()
-        self._use_storage()
 
     def _read(
         self,

@@ -45,7 +45,7 @@ class LedgerSnapshot:
     def __init__(self, where: str, version: int | None, rows: pa.Table | None = None,
                  catalog: Any = None, *, dataset: pa_ds.Dataset | None = None,
                  consumed: Callable[[], pa.Table] | None = None,
-                 damaged: Callable[[Exception], LedgerCorruptError] | None = None) -> None:
+                 damaged: Callable[[Exception], LakeckptError] | None = None) -> None:
         if (rows is None) == (dataset is None):
             raise ValueError("a ledger snapshot holds either rows or a dataset")
         self.where, self.version, self.catalog, self.dataset = where, version, catalog, dataset
@@ -75,7 +75,7 @@ class LedgerSnapshot:
         except (OSError, pa.ArrowException) as e:
             raise self.damage(e) from e
 
-    def damage(self, cause: Exception) -> LedgerCorruptError:
+    def damage(self, cause: Exception) -> LakeckptError:
         """The named error for a failed read of this ledger: which file, and the way out."""
         if self._damaged is not None:
             return self._damaged(cause)

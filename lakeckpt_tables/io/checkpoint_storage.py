@@ -241,6 +241,11 @@ class _ObjectStoreFiles(_DcpFileSystem):
         super().__init__()
         self._store = store
 
+    @property
+    def _files(self) -> Any:
+        assert self.fs is not None  # set by the DCP writer or reader it serves
+        return self.fs
+
     def _retrying(self, action: str, path: Any, call: Callable[[], T]) -> T:
         url = str(path)
         try:
@@ -256,9 +261,8 @@ class _ObjectStoreFiles(_DcpFileSystem):
 
     @contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-        assert self.fs is not None
         if not any(ch in mode for ch in "wa+"):
-            with self._retrying("read", path, lambda: self.fs.open(path, mode)) as stream:
+            with self._retrying("read", path, lambda: self._files.open(path, mode)) as stream:
                 yield stream
             return
         spool = _Spool()
@@ -267,14 +271,14 @@ class _ObjectStoreFiles(_DcpFileSystem):
 
             def upload() -> None:
                 spool.seek(0)
-                with self.fs.open(path, "wb") as out:
+                with self._files.open(path, "wb") as out:
                     shutil.copyfileobj(spool, out, 8 << 20)
             self._retrying("write", path, upload)
         finally:
             spool.discard()
 
     def exists(self, path: Any) -> bool:
-        return self._retrying("look up", path, lambda: bool(self.fs.exists(path)))
+        return self._retrying("look up", path, lambda: bool(self._files.exists(path)))
 
     def rename(self, path: Any, new_path: Any) -> None:
-        self._retrying("write", new_path, lambda: self.fs.rename(path, new_path))
+        self._retrying("write", new_path, lambda: self._files.rename(path, new_path))

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pa_ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 
 from lakeckpt_tables.errors import (
     LakeckptError,
@@ -47,7 +48,7 @@ class DeltaFiles:
     _store: Storage
     _uri: str
     _base: str
-    _table: Any
+    _table: DeltaTable
     _lock: Any
     _verified: set[str]
 

@@ -36,7 +36,8 @@ class DeltaUpkeep(DeltaFiles):
     def _refresh(self) -> None:
         raise NotImplementedError
 
-    def _read(self, **filters: Any) -> pa.Table:
+    def _read(self, *, record: str | None = None, run_id: str | None = None,
+              checkpoint_id: str | None = None) -> pa.Table:
         raise NotImplementedError
 
     def _prepare(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:

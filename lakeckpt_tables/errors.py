@@ -17,11 +17,15 @@ __all__ = [
     "DataFileError",
     "DataFileStoreError",
     "EmptySourceError",
+    "EosInDocumentWarning",
     "FilterError",
     "LakeckptError",
     "LedgerCorruptError",
     "LedgerError",
+    "MixtureError",
+    "MixtureStateError",
     "NullValuesError",
+    "PackingError",
     "PinnedFileMissingError",
     "ProcessGroupError",
     "ResumePathError",
@@ -177,9 +181,40 @@ class ProcessGroupError(LakeckptError):
     """The environment says several ranks but no torch.distributed process group is set up."""
 
 
+class PackingError(LakeckptError):
+    """Packing cannot give fixed-length token sequences as asked: ``seq_len`` below 2, a packing
+    column that is not a list of integers, null token lists, a bad ``last`` policy."""
+
+
+class EosInDocumentWarning(UserWarning):
+    """``eos_id`` occurs inside documents, so document ends are ambiguous (warned once per
+    process; every occurrence is counted)."""
+
+
+class MixtureError(LakeckptError):
+    """A mixture is not well defined: weights not positive, or naming other sources than the
+    mixture has, or an unknown ``on_exhausted`` policy."""
+
+
+class MixtureStateError(StateMismatchError):
+    """A mixture state does not fit this mixture: it names a source the mixture lacks, lacks
+    one it has, or a source's table identity changed."""
+
+
 class SourceArgumentError(LakeckptError, ValueError):
     """A source was given an identifier, path or URI that cannot name a table (the message shows
     the expected form)."""
+
+
+class CheckpointRestoreError(CheckpointError):
+    """A restore cannot proceed (the model or optimizer does not fit the checkpoint, the
+    checkpoint asked for is not restorable, a required checkpoint is absent); the message names
+    the cause, and nothing was loaded, claimed or recorded."""
+
+
+class RunInUseError(CheckpointError):
+    """Another live job owns the run and the manager was asked to refuse, not fence it
+    (``takeover="refuse"``); the message names the owner and how to take over deliberately."""
 
 
 STORE_KINDS = ("bucket missing", "access denied", "unreachable", "unavailable", "not found",

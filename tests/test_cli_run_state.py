@@ -12,7 +12,8 @@ from audit_helpers import write_table
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lakeckpt_tables import DeltaSource, LakeDataset
-from lakeckpt_tables.audit import connect, registry
+from lakeckpt_tables.audit import connect
+from lakeckpt_tables.checkpoint import registration
 from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.cli import main
 from lakeckpt_tables.ledger import DeltaLedger, LedgerEvent
@@ -57,7 +58,7 @@ def test_a_run_that_stopped_saving_is_stale_in_progress_runs_and_the_report(
     monkeypatch.delenv("LAKECKPT_REGISTRY", raising=False)
     root = tmp_path / "root"
     _train(table, root, "killed", 4)
-    assert registry.flush()
+    assert registration.flush()
 
     alive = _json(["progress", str(root), "--stale-after", NEVER], capsys)
     assert [(p["state"], p["rows_consumed"], p["rows_in_pass"]) for p in alive] == [
@@ -118,7 +119,7 @@ def test_checkpoints_whose_model_files_retention_removed_are_not_listed_as_commi
     assert [(r["step"], r["status"], r["restorable"]) for r in shown] == [
         (1, "removed", False), (2, "removed", False), (3, "removed", False),
         (4, "committed", True), (5, "committed", True)]
-    assert shown[0]["removed_reason"] == "model files absent from the checkpoint root"
+    assert shown[0]["removed_reason"] == "retention"  # the manager records why it removed them
     assert shown[0]["checkpoint_id"] == records[0].checkpoint_id
     # what they trained still counts
     assert _json(["progress", str(root)], capsys)[0]["rows_consumed"] == 50
@@ -151,7 +152,7 @@ def test_a_run_that_consumed_its_passes_is_finished_even_when_its_registry_says_
     monkeypatch.delenv("LAKECKPT_REGISTRY", raising=False)
     root = tmp_path / "root"
     _train(table, root, "whole", 4, batch=100)  # 4 x 100 rows: the whole pass
-    assert registry.flush()
+    assert registration.flush()
     shown = _json(["progress", str(root), "--stale-after", AT_ONCE], capsys)
     assert [(p["state"], p["percent"], p["eta_s"]) for p in shown] == [("done", 100.0, 0.0)]
     listed = _json(["runs", "--stale-after", AT_ONCE], capsys)

@@ -50,8 +50,9 @@ def is_write_failure(exc: BaseException) -> bool:
 
 
 def describe_failure(exc: BaseException) -> str:
-    """One line: the root cause in words when known (ENOSPC...), then the exception."""
-    for cause in _causes(exc):  # a named store error (its kind, the URI) says it all
+    """One line: the root cause in words when known (the store's own error, which names the
+    URI and the kind of failure; ENOSPC...), then the exception."""
+    for cause in _causes(exc):
         if isinstance(cause, StorageError):
             return str(cause)
     for cause in _causes(exc):

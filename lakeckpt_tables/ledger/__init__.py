@@ -23,6 +23,7 @@ from lakeckpt_tables.ledger.records import (
     LedgerEvent,
 )
 from lakeckpt_tables.ledger.schema import LEDGER_FORMAT_VERSION, LEDGER_SCHEMA
+from lakeckpt_tables.ledger.spec import LedgerSpec
 
 if TYPE_CHECKING:
     from lakeckpt_tables.ledger.iceberg import IcebergLedger
@@ -38,6 +39,7 @@ __all__ = [
     "IcebergLedger",
     "Ledger",
     "LedgerEvent",
+    "LedgerSpec",
     "open_ledger",
 ]
 

@@ -18,6 +18,7 @@ from lakeckpt_tables.ledger.records import (
     DamagedRecord,
     LedgerEvent,
 )
+from lakeckpt_tables.ledger.spec import LedgerSpec
 
 __all__ = ["COMMIT_ATTEMPTS", "EVENT_RETIRED", "EVENT_TAG", "Ledger", "RunScan"]
 
@@ -134,4 +135,14 @@ class Ledger(Protocol):
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
+        ...
+
+    @property
+    def spec(self) -> LedgerSpec:
+        """Where the ledger lives, as a value (what the run registry records)."""
+        ...
+
+    def repair_missing(self) -> list[str]:
+        """Drop the data files that no longer exist from the table (their records are lost)
+        and return them; the way out of a :class:`LedgerCorruptError` for a missing file."""
         ...

@@ -43,6 +43,7 @@ from lakeckpt_tables.ledger.delta_files import (
 )
 from lakeckpt_tables.ledger.delta_upkeep import ORPHAN_GRACE_HOURS, DeltaUpkeep
 from lakeckpt_tables.ledger.records import CheckpointRecord
+from lakeckpt_tables.ledger.spec import LedgerSpec
 
 __all__ = ["ORPHAN_GRACE_HOURS", "DeltaLedger"]
 
@@ -85,6 +86,24 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
         return f"delta:{self._uri}"
+
+    @property
+    def spec(self) -> LedgerSpec:
+        """Where the ledger lives, as a value."""
+        return LedgerSpec("delta", self._uri)
+
+    def repair_missing(self) -> list[str]:
+        """Drop from the log the data files that no longer exist (deltalake's FSCK): their
+        records are lost, the rest stay; a damaged file that exists is kept for inspection.
+
+        Returns:
+            The files dropped (empty when none is missing).
+        """
+        with self._lock:
+            self._refresh()
+            removed = self._table.repair(dry_run=False).get("files_removed", [])
+            self._refresh()
+            return sorted(str(f) for f in removed)
 
     def _refresh(self) -> None:
         # The handle does not advance by itself, not even after our own commits.

@@ -43,6 +43,7 @@ from lakeckpt_tables.errors import CommitConflictError, LedgerCorruptError, Ledg
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
+from lakeckpt_tables.ledger.spec import LedgerSpec
 
 __all__ = ["IcebergLedger"]
 
@@ -132,6 +133,11 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         """Where the ledger lives, for error messages."""
         return f"iceberg:{self._identifier} (catalog {self._catalog.name})"
 
+    @property
+    def spec(self) -> LedgerSpec:
+        """Where the ledger lives, as a value."""
+        return LedgerSpec("iceberg", self._identifier, self._catalog.name)
+
     def compact(self) -> None:
         """Rewrite all data files into one, then expire the snapshots before the rewrite.
 
@@ -208,7 +214,12 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             )
         return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
 
-    def repair(self) -> list[str]:
+    def repair_missing(self) -> list[str]:
+        """:meth:`repair` for data files that no longer exist only; a damaged file that exists
+        is kept for inspection."""
+        return self.repair(missing_only=True)
+
+    def repair(self, *, missing_only: bool = False) -> list[str]:
         """Drop the data files that cannot be read from the table (the way out of a
         :class:`LedgerCorruptError`): their records are lost, the rest stay.
 
@@ -221,7 +232,8 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         with self._lock:
             self._refresh()
             current = self._table.current_snapshot()
-            bad = {path for path, _ in self._unreadable()}
+            bad = {path for path, e in self._unreadable()
+                   if not missing_only or isinstance(e, FileNotFoundError)}
             if current is None or not bad:
                 return []
             files = [task.file for task in self._table.scan().plan_files()

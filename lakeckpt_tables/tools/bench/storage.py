@@ -123,7 +123,7 @@ def _ensure_table(uri: str, storage: Storage, rows: int) -> None:
 def _create_bucket(storage: Storage, bucket: str) -> None:
     import pyarrow.fs as pafs
 
-    from lakeckpt_tables.io.storage import _arrow_s3
+    from lakeckpt_tables.io.filesystems import arrow_s3 as _arrow_s3
 
     assert storage._options is not None
     fs = _arrow_s3(s3_settings(storage._options), allow_bucket_creation=True)

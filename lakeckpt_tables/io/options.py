@@ -119,7 +119,7 @@ def parse_storage_options(text: str | None = None) -> dict[str, str] | None:
     where = "--storage-options"
     if text is None:
         text = os.environ.get(OPTIONS_ENV)
-        where = OPTIONS_ENV
+        where = f"${OPTIONS_ENV}"
         if text is None or not text.strip():
             return None
     text = text.strip()

@@ -88,7 +88,7 @@ _EXPECTED = ("deltalake", "pyiceberg", "sqlalchemy", "duckdb", "pyarrow", "botoc
 def _named(exc: Exception, args: argparse.Namespace) -> str | None:
     """The one line an expected failure is told in; None for a bug (it keeps its traceback)."""
     if _ledger_scan_failed(exc):
-        from lakeckpt_tables.audit._target import damage_error
+        from lakeckpt_tables.audit.target import damage_error
 
         return str(damage_error(getattr(args, "target", None), exc))
     module = type(exc).__module__.lstrip("_").split(".")[0]

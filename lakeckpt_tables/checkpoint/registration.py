@@ -2,10 +2,11 @@
 
 The entry's shape is :mod:`lakeckpt_tables.ledger.registry`, its readers
 :mod:`lakeckpt_tables.audit.registry`. The manager registers its run when created (status
-``running``; rank 0 only), updates it after every commit (``latest``; ``best`` for a checkpoint tagged ``best``; the table and version read),
-marks it ``failed`` when the process ends on an uncaught exception and ``finished`` when it ends
-normally (a SIGKILLed run stays ``running`` until it is resumed or marked with
-:func:`set_status`). ``LAKECKPT_REGISTRY=off`` turns registration off.
+``running``; rank 0 only), updates it after every commit (``latest``; ``best`` for a checkpoint
+tagged ``best``; the table and version read), marks it ``failed`` when the process ends on an
+uncaught exception and ``finished`` when it ends normally (a SIGKILLed run stays ``running``
+until it is resumed or marked with :func:`set_status`). ``LAKECKPT_REGISTRY=off`` turns
+registration off.
 
 The registry is for audits and must never stop training: an update that cannot be written (a
 read-only catalog, a full disk, an unreachable database) is one warning line per run, without

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from lakeckpt_tables import LakeDataset
+from lakeckpt_tables import LakeDataset, Mixture
 from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.ledger import DeltaLedger
 from tests.conftest import Table, loader_for
@@ -65,3 +65,44 @@ def test_a_packed_run_resumed_from_its_checkpoint_delivers_the_uninterrupted_tok
     assert max(seen.values()) == 1
     # every delivered eos is one row consumed: rows of the epochs' tails are not
     assert sum(seen.values()) == int((torch.cat(whole) == EOS).sum())
+
+
+def mixture(delta: Table, iceberg: Table) -> Mixture:
+    return Mixture({"web": packed(delta), "code": packed(iceberg)},
+                   weights={"web": 0.7, "code": 0.3}, seed=1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mixture_resumed_from_its_checkpoint_delivers_the_uninterrupted_schedule(
+        delta_table: Table, iceberg_table: Table, tmp_path: Path, workers: int) -> None:
+    def key(batch: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
+        return batch["source"], tuple(batch["input_ids"].ravel().tolist())
+
+    whole = [key(b) for b in loader_for(mixture(delta_table, iceberg_table), workers)]
+    manager = CheckpointManager(tmp_path, "m")
+    loader = loader_for(mixture(delta_table, iceberg_table), workers)
+    got = []
+    for step, batch in enumerate(loader, 1):
+        got.append(key(batch))
+        if step % 4 == 0:
+            manager.save(step, dataloader=loader)
+        if step == 10:
+            break
+    resumed = loader_for(mixture(delta_table, iceberg_table), workers)
+    again = CheckpointManager(tmp_path, "m")
+    step = again.restore(dataloader=resumed)
+    assert step == 8
+    got = got[:step]
+    for batch in resumed:
+        got.append(key(batch))
+        step += 1
+        if step % 4 == 0:
+            again.save(step, dataloader=resumed)
+    again.save(step + 1, dataloader=resumed)
+    assert got == whole
+    assert {s for s, _ in whole} == {"web", "code"}
+    seen = consumed_rows(DeltaLedger(str(tmp_path / "_ledger")), "m")
+    assert max(seen.values()) == 1
+    for name in ("web", "code"):
+        eos = sum(ids.count(EOS) for s, ids in whole if s == name)
+        assert sum(n for k, n in seen.items() if k[0] == name) == eos

@@ -106,3 +106,44 @@ def test_a_mixture_resumed_from_its_checkpoint_delivers_the_uninterrupted_schedu
     for name in ("web", "code"):
         eos = sum(ids.count(EOS) for s, ids in whole if s == name)
         assert sum(n for k, n in seen.items() if k[0] == name) == eos
+
+
+def _mixture_run(delta: Table, iceberg: Table, root: Path) -> Counter[str]:
+    """An unpacked mixture read to its end (the first source to run out), checkpointed."""
+    sources = {"web": delta.dataset(batch_size=23, seed=2),
+               "code": iceberg.dataset(batch_size=23, seed=2)}
+    loader = loader_for(Mixture(sources, weights={"web": 0.5, "code": 0.5}, seed=3), 0)
+    manager = CheckpointManager(root, "v")
+    rows: Counter[str] = Counter()
+    step = 0
+    for step, batch in enumerate(loader, 1):
+        rows[batch["source"]] += len(batch["id"])
+        if step % 3 == 0:
+            manager.save(step, dataloader=loader)
+    manager.save(step + 1, dataloader=loader)
+    return rows
+
+
+def test_verify_checks_every_source_of_a_mixture_and_names_the_one_at_fault(
+        delta_table: Table, iceberg_table: Table, tmp_path: Path) -> None:
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable, write_deltalake
+
+    from lakeckpt_tables.audit import verify
+
+    rows = _mixture_run(delta_table, iceberg_table, tmp_path)
+    (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
+    assert verdict.violations == []
+    assert verdict.rows == sum(rows.values())
+    assert verdict.finished_passes == [(0, 0)]  # the source that ran out
+    uri = str(tmp_path / "_ledger")
+    consumption = DeltaTable(uri).to_pyarrow_dataset().to_table().filter(
+        pc.field("record") == "consumption")
+    assert set(consumption["source_key"].to_pylist()) == {"web", "code"}
+    for key in ("web", "code"):
+        assert sum(r["rows"] for r in consumption.to_pylist() if r["source_key"] == key) \
+            == rows[key]
+    copy = consumption.filter(pc.field("source_key") == "code").slice(0, 1)
+    write_deltalake(uri, copy, mode="append")
+    (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
+    assert verdict.violations and verdict.violations[0].startswith("overlap: run v source 'code'")

@@ -124,12 +124,12 @@ def _mixture_run(delta: Table, iceberg: Table, root: Path) -> Counter[str]:
     return rows
 
 
-def test_verify_checks_every_source_of_a_mixture_and_names_the_one_at_fault(
+def test_verify_and_progress_check_every_source_of_a_mixture_by_its_key(
         delta_table: Table, iceberg_table: Table, tmp_path: Path) -> None:
     import pyarrow.compute as pc
     from deltalake import DeltaTable, write_deltalake
 
-    from lakeckpt_tables.audit import verify
+    from lakeckpt_tables.audit import connect, verify
 
     rows = _mixture_run(delta_table, iceberg_table, tmp_path)
     (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
@@ -143,6 +143,13 @@ def test_verify_checks_every_source_of_a_mixture_and_names_the_one_at_fault(
     for key in ("web", "code"):
         assert sum(r["rows"] for r in consumption.to_pylist() if r["source_key"] == key) \
             == rows[key]
+    con = connect(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
+    progress = con.sql("SELECT source_key, epoch, rows_consumed, rows_in_pass FROM progress "
+                       "ORDER BY source_key").fetchall()
+    assert [(k, e, n) for k, e, n, _ in progress] == [("code", 0, rows["code"]),
+                                                      ("web", 0, rows["web"])]
+    # the source that ran out is done: its rows_in_pass is from its own round event
+    assert any(n == total for _, _, n, total in progress)
     copy = consumption.filter(pc.field("source_key") == "code").slice(0, 1)
     write_deltalake(uri, copy, mode="append")
     (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])

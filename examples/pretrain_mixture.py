@@ -12,7 +12,8 @@ rank trained (the killed job's steps up to the restored checkpoint, then the sec
 equal, batch for batch, those of the same mixture read without a crash, and
 ``check_exactly_once`` finds no token twice and none missing; each document's tokens come in
 order. The ledger's consumption records, per source key, count each row once and as many rows
-as documents were finished (eos trained). The last line says ``PROOF OK`` or ``PROOF FAILED``.
+as documents were finished (eos trained), and ``lakeckpt_tables.audit.verify`` (``lakeckpt
+verify``) finds no overlap in any source. The last line says ``PROOF OK`` or ``PROOF FAILED``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from _common import StepLog, read_steps, sql_catalog  # examples/_common.py
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset, Mixture
+from lakeckpt_tables.audit import verify
 from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.ledger import DeltaLedger
 from lakeckpt_tables.plan.check import check_exactly_once
@@ -197,6 +199,11 @@ def run(args: argparse.Namespace) -> bool:
         ok &= good
         print(f"ledger {key}: {counted} documents consumed, {eos[key]} finished in training, "
               f"{twice} twice: {'OK' if good else 'FAILED'}")
+    (verdict,) = verify(str(work / "ckpt"), source_catalog=sql_catalog(None, work / "iceberg"))
+    print(f"verify run pretrain up to step {verdict.step}: {verdict.records} records of "
+          f"{verdict.rows} rows, {len(verdict.violations)} violations: "
+          f"{'OK' if verdict.ok else verdict.violations[:3]}")
+    ok &= verdict.ok
     print("PROOF OK" if ok else "PROOF FAILED")
     return ok
 

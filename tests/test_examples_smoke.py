@@ -106,3 +106,5 @@ def test_pretrain_mixture_trains_every_token_once_in_order_across_a_sigkill() ->
     assert sum(x.endswith("same batches, same order") for x in lines) == 2
     assert any(x.startswith("tokens: ") and x.endswith("0 twice, 0 missing: OK") for x in lines)
     assert sum(x.startswith("ledger ") and x.endswith(": OK") for x in lines) == 2
+    assert any(x.startswith("verify run pretrain") and x.endswith("0 violations: OK")
+               for x in lines)

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, NoReturn, TypeVar
 
-import pyarrow as pa
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, Piece
 from lakeckpt_tables.reader.config import ReaderConfig
-from lakeckpt_tables.reader.convert import Batch, convert
+from lakeckpt_tables.reader.convert import Batch, CutConverter
 from lakeckpt_tables.reader.distributed import rank_and_world
 from lakeckpt_tables.reader.loaders import parse_state, refuse_finished_pass
 from lakeckpt_tables.reader.loop import SliceReader, start_cursor
@@ -282,18 +281,20 @@ class LakeDataset(IterableDataset[Batch]):
                             own=self._resume_own, epoch=self._epoch)
 
     def __iter__(self) -> Iterator[Batch]:
-        output, nulls, transform = self.output, self.nulls, self.transform
-        for table in self._tables():
-            batch = convert(table, output, nulls)
+        transform, converted = self.transform, CutConverter(self.output, self.nulls)
+        for cut in self._tables(cuts=True):
+            batch = converted(*cut)
             yield transform(batch) if transform is not None else batch
 
-    def _tables(self, read_ahead: int | None = None) -> Iterator[pa.Table]:
+    def _tables(self, read_ahead: int | None = None, *, cuts: bool = False) -> Iterator[Any]:
         """The batches as Arrow tables, the cursor at each one's end (``reader/handoff.py``
-        converts them in the main process); ``read_ahead`` overrides the option."""
+        converts them in the main process); ``read_ahead`` overrides the option; ``cuts``:
+        as :data:`~lakeckpt_tables.reader.loop.Cut` instead."""
         cursor = self._cursor = self._start_cursor()
         if get_worker_info() is None or self._resume_own:
             # a later pass in this process starts afresh (persistent workers: in this worker)
             self._resume = None
         depth = self.read_ahead if read_ahead is None else read_ahead
-        return self._reader.tables(cursor, self.planner, self._rounds, read_ahead=depth,
-                                   unit_rows=self.unit_rows)
+        read = self._reader.cuts if cuts else self._reader.tables
+        return read(cursor, self.planner, self._rounds, read_ahead=depth,
+                    unit_rows=self.unit_rows)

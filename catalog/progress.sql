@@ -1,7 +1,8 @@
 -- progress: per run and pass (segment, epoch), rows consumed by committed checkpoints against
 -- the rows the pass delivers. Pass sizes come from 'round' events, else from 'segment' events
 -- (follow segments) or the pinned snapshot's metadata (the _pass_sizes table connect() builds);
--- null when none is known.
+-- null when none is known. state: 'done' (the pass is consumed), else its run's state from
+-- _run_activity ('running', 'stale' or 'finished'); only a 'running' pass has an ETA.
 CREATE OR REPLACE VIEW progress AS
 WITH per_checkpoint AS (  -- _consumed: the consumption view's totals per checkpoint, from the
                          -- summaries `maintain` writes (not every consumption row)
@@ -48,18 +49,26 @@ rated AS (
                 THEN (rows_consumed - consumed_first)
                      / (date_diff('microsecond', first_at, last_at) / 1e6) END AS rows_per_s
     FROM passes
+),
+stated AS (  -- a pass not done is as alive as its run: no ETA once the run is stale
+    SELECT r.*,
+           CASE WHEN rows_in_pass IS NOT NULL AND rows_consumed >= rows_in_pass THEN 'done'
+                ELSE coalesce(a.state, 'running') END                       AS state
+    FROM rated r
+    LEFT JOIN _run_activity a USING (run_id)
 )
 SELECT run_id,
        segment,
        epoch,
+       state,
        rows_consumed,
        rows_in_pass,
        live_rows,
        round(100.0 * rows_consumed / nullif(rows_in_pass, 0), 2)           AS percent,
        rows_per_s,
-       CASE WHEN rows_in_pass IS NOT NULL AND rows_consumed >= rows_in_pass THEN 0.0
-            WHEN rows_per_s > 0 THEN (rows_in_pass - rows_consumed) / rows_per_s END
-                                                                             AS eta_s,
+       CASE WHEN state = 'done' THEN 0.0
+            WHEN state = 'running' AND rows_per_s > 0
+                 THEN (rows_in_pass - rows_consumed) / rows_per_s END        AS eta_s,
        from_version,
        to_version,
        coalesce(checkpoints, 0)                                              AS checkpoints,
@@ -67,5 +76,5 @@ SELECT run_id,
        last_step,
        first_at,
        last_at
-FROM rated
+FROM stated
 ORDER BY run_id, segment, epoch;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.audit import connect, registry
-from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.checkpoint import CheckpointManager, registration
 from lakeckpt_tables.cli import main
 
 
@@ -50,7 +51,7 @@ def test_a_run_registers_with_latest_best_table_and_status(
     monkeypatch.delenv("LAKECKPT_REGISTRY", raising=False)
     first = _train(table, tmp_path / "root1", "run-one", 3)
     second = _train(table, tmp_path / "root2", "run-two", 2)
-    assert registry.flush()
+    assert registration.flush()
     runs = registry.registered_runs()
     assert [(r["run_id"], r["root"], r["status"], r["latest"], r["latest_step"], r["best"],
              r["best_step"], r["experiment"], r["table_uri"], r["table_version"])
@@ -96,8 +97,35 @@ def test_registration_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("LAKECKPT_REGISTRY", "off")
     CheckpointManager(tmp_path / "root", "quiet").save(1, model=torch.nn.Linear(1, 1))
-    assert registry.flush()
+    assert registration.flush()
     assert not (tmp_path / "home" / "catalog.db").exists()
+
+
+def test_a_registry_that_cannot_be_written_logs_one_line_and_training_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    db = tmp_path / "catalog.db"
+    writable = registry.load_catalog(f"sqlite:///{db}")
+    writable.create_namespace_if_not_exists((registry.NAMESPACE,))
+    # a real read-only SQLite database: every write fails ("attempt to write a readonly
+    # database"), as on a read-only mount (tests run as root, so file modes would not do)
+    monkeypatch.setenv("PYICEBERG_CATALOG__LAKECKPT__URI", f"sqlite:///file:{db}?mode=ro&uri=true")
+    monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LAKECKPT_REGISTRY", raising=False)
+    logger = "lakeckpt_tables.checkpoint.registration"
+    with caplog.at_level(logging.DEBUG, logger=logger):
+        manager = CheckpointManager(tmp_path / "root", "ro")
+        for step in (1, 2, 3):
+            manager.save(step, model=torch.nn.Linear(1, 1))
+        assert registration.flush()
+    records = [r for r in caplog.records if r.name == logger]
+    warned = [r for r in records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and len(records) == 4  # registered, then three commits
+    assert "run ro: the run registry cannot be written, training goes on" in warned[0].message
+    assert "readonly database" in warned[0].message
+    assert all(r.exc_info is None and "\n" not in r.message for r in records)
+    assert [r.step for r in manager.checkpoints()] == [1, 2, 3]
+    assert registry.registered_runs(writable) == []
 
 
 @pytest.mark.postgres
@@ -111,7 +139,7 @@ def test_runs_register_in_a_postgresql_catalog(table: Path, tmp_path: Path,
     monkeypatch.delenv("LAKECKPT_REGISTRY", raising=False)
     run_id = f"pg-{uuid.uuid4().hex[:8]}"
     ids = _train(table, tmp_path / "root", run_id, 2)
-    assert registry.flush()
+    assert registration.flush()
     catalog = registry.load_catalog(uri)
     mine = [r for r in registry.registered_runs(catalog) if r["run_id"] == run_id]
     try:

@@ -63,7 +63,8 @@ def test_the_report_shows_plot_runs_checkpoints_events_and_recoveries_offline(
         assert record.checkpoint_id in html
     for section in ("runs-table", "progress-table", "checkpoints-table", "recoveries-table"):
         assert f'id="{section}"' in html
-    assert re.search(r"<td>15</td>\s*<td>10</td>", html)  # newest step, steps lost
+    # newest step, reached step (not recorded), steps lost
+    assert re.search(r"<td>15</td>\s*<td></td>\s*<td>10</td>", html)
     assert "<td>restore</td>" in html and 'id="events-table"' in html
     assert "<td>210</td>" in html  # rows consumed by the run (3 x 70)
 

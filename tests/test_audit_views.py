@@ -17,18 +17,22 @@ from lakeckpt_tables.ledger import DeltaLedger, IcebergLedger, LedgerEvent
 COLUMNS = {
     "checkpoints": ["run_id", "checkpoint_id", "step", "status", "retired_reason", "parent_id",
                     "tags", "world_size", "source_format", "source_location", "source_table_id",
-                    "source_version", "rows", "config_hash", "model_location", "wall_time_s",
+                    "source_version", "rows", "config_hash", "model_location", "removed_at",
+                    "removed_reason", "wall_time_s",
                     "committed_at"],
     "consumption": ["run_id", "checkpoint_id", "step", "status", "committed_at", "rank",
                     "worker", "segment", "epoch", "file", "row_group", "row_start", "row_end",
                     "rows", "exact"],
     "events": ["run_id", "checkpoint_id", "step", "committed_at", "event", "segment", "epoch",
                "rows", "detail"],
-    "progress": ["run_id", "segment", "epoch", "rows_consumed", "rows_in_pass", "live_rows",
-                 "percent", "rows_per_s", "eta_s", "from_version", "to_version", "checkpoints",
-                 "first_step", "last_step", "first_at", "last_at"],
-    "recoveries": ["run_id", "restored_at", "checkpoint_id", "step", "newest_step", "steps_lost",
-                   "fallback", "source_event"],
+    "progress": ["run_id", "segment", "epoch", "state", "rows_consumed", "rows_in_pass",
+                 "live_rows", "percent", "rows_per_s", "eta_s", "from_version", "to_version",
+                 "checkpoints", "first_step", "last_step", "first_at", "last_at"],
+    "recoveries": ["run_id", "restored_at", "checkpoint_id", "step", "newest_step",
+                   "reached_step", "steps_lost", "fallback", "source_event"],
+    "runs": ["run_id", "state", "follow", "checkpoints", "last_step", "last_commit_at",
+             "save_interval_s", "idle_s", "stale_after_s", "passes", "passes_done",
+             "rows_consumed", "source_format", "source_location"],
     "follow_lag": ["run_id", "source_format", "source_location", "follow", "committed_version",
                    "table_version", "versions_behind", "last_step", "last_commit_at",
                    "checked_at"],
@@ -201,3 +205,27 @@ def test_a_ledger_object_is_read_at_one_version(table: Path, tmp_path: Path) -> 
     _half_run(table, ledger, "later")  # committed after connect(): not seen by it
     assert _all(con, "SELECT count(*) FROM checkpoints") == [(2,)]
     assert _all(connect(ledger), "SELECT count(*) FROM checkpoints") == [(4,)]
+
+
+def test_catalog_readme_documents_every_column_of_every_view_and_every_event_kind(
+        tmp_path: Path) -> None:
+    import re
+
+    readme = (Path(__file__).parent.parent / "catalog" / "README.md").read_text()
+    sections = re.split(r"^## ", readme, flags=re.M)
+    DeltaLedger(str(tmp_path / "_ledger"))
+    con = connect(str(tmp_path))
+    for view in VIEWS:
+        (section,) = [s for s in sections if s.split("\n", 1)[0].strip() == view]
+        documented = re.findall(r"^\| ([a-z_]+) \| [A-Z]", section, flags=re.M)
+        assert documented == con.sql(f"SELECT * FROM {view}").columns, view
+    (events,) = [s for s in sections if s.startswith("events")]
+    kinds = set(re.findall(r"^\| `([a-z_]+)` \|", events, flags=re.M))
+    # every event kind the library records, by name in its source
+    source = "\n".join(p.read_text() for p in (Path(__file__).parent.parent /
+                                               "lakeckpt_tables").rglob("*.py"))
+    recorded = set(re.findall(r'LedgerEvent\(\s*"([a-z_]+)"', source))
+    recorded |= set(re.findall(r'\("([a-z_]+)", \{', source)) & {
+        "round", "segment", "skipped_commit", "undelivered", "policy_change"}
+    recorded |= {"claim", "retired", "tag", "compaction_failed", "finished", "source"}
+    assert recorded <= kinds, recorded - kinds

@@ -42,6 +42,9 @@ def test_no_fall_passes_and_a_missing_or_unusable_baseline_is_named(
         [pytest.approx(-0.05), None]
     with pytest.raises(SystemExit, match="no committed baseline for bench 'nosuch'"):
         main(["bench", "compare", _report(tmp_path / "x.json", {"a": 1.0}, bench="nosuch")])
+    with pytest.raises(SystemExit, match=r"of bench 'workers', .* of bench 'peers'"):
+        main(["bench", "compare", _report(tmp_path / "w.json", {"a": 1.0}, bench="workers"),
+              "--baseline", base])
     (tmp_path / "bad.json").write_text(json.dumps({"bench": "peers"}))
     with pytest.raises(SystemExit, match="has no 'ratios'"):
         main(["bench", "compare", str(tmp_path / "bad.json"), "--baseline", base])

@@ -116,3 +116,11 @@ def test_the_cli_writes_a_report_that_bench_compare_reads(
     assert main(["bench", "compare", str(tmp_path / "new.json"), "--baseline",
                  str(tmp_path / "new.json")]) == 0
     assert "no ratio fell" in capsys.readouterr().out
+    assert main(["bench", "workers", "--shape", "narrow", "--rows", str(ROWS), "--files", "2",
+                 "--row-groups", "6", "--workers", "0", "--batch-sizes", "512,2048", "--rounds",
+                 "1", "--no-chunked", "--dir", str(root), "--json"]) == 0
+    workers = json.loads(capsys.readouterr().out)
+    assert workers["bench"] == "workers" and sorted(workers["costs_us"]) == ["2048", "512"]
+    with pytest.raises(SystemExit):
+        main(["bench", "workers", "--workers", "0,-2"])
+    assert "expected comma-separated counts >= 0, got '0,-2'" in capsys.readouterr().err

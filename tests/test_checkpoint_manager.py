@@ -116,6 +116,13 @@ def test_retention_keeps_the_last_n_and_tagged_and_gc_removes_only_orphans(
     records = {r.step: r for r in manager.checkpoints()}
     kept = {s for s, r in records.items() if (tmp_path / r.model_location).is_dir()}
     assert kept == {2, 4, 5}
+    import json
+
+    events = DeltaLedger(str(tmp_path / "_ledger")).to_arrow().filter(
+        pa.compute.field("event") == "removed").to_pylist()
+    assert sorted((json.loads(e["detail"])["step"], json.loads(e["detail"])["reason"],
+                   json.loads(e["detail"])["checkpoint_id"]) for e in events) == [
+        (1, "retention", records[1].checkpoint_id), (3, "retention", records[3].checkpoint_id)]
     orphan = tmp_path / "k" / "step-000000006-deadbeef"
     orphan.mkdir()
     (orphan / "__0_0.distcp").write_bytes(b"half written")
@@ -124,7 +131,8 @@ def test_retention_keeps_the_last_n_and_tagged_and_gc_removes_only_orphans(
     assert {s for s, r in records.items() if (tmp_path / r.model_location).is_dir()} == kept
     assert CheckpointManager(tmp_path, "k").restore(model=model, tag="best") == 2
     assert CheckpointManager(tmp_path, "k").restore(model=model, step=4) == 4
-    with pytest.raises(CheckpointError, match=r"steps \[3\]: model files removed by retention"):
+    with pytest.raises(CheckpointError,
+                       match=r"step 3 .* is removed: .*retention.* not restorable"):
         CheckpointManager(tmp_path, "k").restore(model=model, step=3)
 
 

@@ -118,9 +118,10 @@ def test_progress_per_run_in_json_and_csv(root: tuple[Path, list[SimulatedRun]],
     code, out, _ = _run(["progress", str(path)], capsys)
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()
              if line.startswith("│")]
-    assert code == 0 and [c[:3] + c[4:7] for c in cells] == [
+    assert code == 0 and [c[:3] + c[5:8] for c in cells] == [
         ["a", "0", "0", "400", "400", "100"], ["a", "0", "1", "400", "400", "100"],
         ["b", "0", "0", "120", "400", "30"]]
+    assert [c[3] for c in cells[:2]] == ["done", "done"] and cells[2][3] in ("running", "stale")
 
 
 def test_piping_into_head_ends_quietly(root: tuple[Path, list[SimulatedRun]]) -> None:
@@ -223,8 +224,13 @@ def test_tag_gc_and_maintain(table: Path, tmp_path: Path,
     done = _json(["gc", str(tmp_path), "--keep-last", "2"], capsys)
     assert sorted(r["location"] for r in done) == want
     assert not (tmp_path / "g" / "step-orphan").exists()
+    # the checkpoints gc removed the files of are shown removed: not restorable any more
+    shown = _json(["checkpoints", str(tmp_path)], capsys)
+    assert [(r["step"], r["status"], r["restorable"]) for r in shown] == [
+        (1, "committed", True), (2, "removed", False), (3, "removed", False),
+        (4, "committed", True), (5, "committed", True)]
     compacted = _json(["maintain", str(tmp_path)], capsys)
-    assert compacted[0]["rows_before"] == compacted[0]["rows_after"] == 6
+    assert compacted[0]["rows_before"] == compacted[0]["rows_after"] == 8  # + 2 removed events
     assert len(_json(["checkpoints", str(tmp_path)], capsys)) == 5
 
 
@@ -248,3 +254,118 @@ def test_progress_watch_shows_again_until_told_to_stop(root: tuple[Path, list[Si
                          "csv"], capsys)
     assert code == 0
     assert out.count("run_id,segment,epoch") == 3
+
+
+def test_audit_where_without_table_uses_each_runs_own_table(
+        root: tuple[Path, list[SimulatedRun]], table: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = root
+    told = _json(["audit", str(path), "--where", "user_id = 42", "--table", str(table)], capsys)
+    found = _json(["audit", str(path), "--where", "user_id = 42"], capsys)
+    assert found == told and [r["run_id"] for r in found] == ["a", "b"]
+
+
+def test_verify_names_its_finished_passes_readably(root: tuple[Path, list[SimulatedRun]],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = root
+    code, out, _ = _run(["verify", str(path), "--output", "csv"], capsys)
+    rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert code == 0 and rows["a"]["finished_passes"] == "segment 0 epochs 0-1"
+    assert rows["b"]["finished_passes"] == "none"
+    verdicts = _json(["verify", str(path), "--run", "a"], capsys)
+    assert verdicts[0]["finished_passes"] == [{"segment": 0, "epoch": 0},
+                                              {"segment": 0, "epoch": 1}]
+
+
+def test_rates_are_never_printed_in_scientific_notation(
+        root: tuple[Path, list[SimulatedRun]], capsys: pytest.CaptureFixture[str]) -> None:
+    from lakeckpt_tables.cli._output import _text
+
+    assert (_text(1234567.8), _text(96.5), _text(0.00012)) == ("1,234,568", "96.5", "0.00012")
+    assert (_text(1234567.8, plain=True), _text(1.5e-05, plain=True)) == ("1234567.8",
+                                                                           "0.000015")
+    path, _ = root
+    for fmt in ("table", "csv"):
+        code, out, _ = _run(["progress", str(path), "--output", fmt], capsys)
+        assert code == 0 and "e+" not in out and "e-" not in out
+
+
+def test_an_iceberg_source_is_found_in_the_catalog_the_ledger_records_or_the_one_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from lakeckpt_tables import IcebergSource
+
+    monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))  # an empty default catalog
+    uri = f"sqlite:///{tmp_path}/j.db"
+    jcat = SqlCatalog("jcat", uri=uri, warehouse=f"file://{tmp_path}/wh")
+    jcat.create_namespace("data")
+    events = jcat.create_table("data.events", schema=pa.schema([("id", pa.int64())]),
+                               properties={"write.parquet.row-group-limit": "25"})
+    events.append(pa.table({"id": np.arange(60, dtype=np.int64)}))
+    ledger = DeltaLedger(str(tmp_path / "ck" / "_ledger"))
+    run = SimulatedRun(lambda: IcebergSource("data.events", catalog=jcat), ledger, "ice",
+                       world=1, batch=6, window=2)
+    while run.train(4):
+        run.checkpoint()
+    if run.pending:
+        run.checkpoint()
+    target = str(tmp_path / "ck")
+    for command in (["verify"], ["audit", "--where", "id = 7"]):
+        code, _, err = _run([*command, target], capsys)
+        assert code == 2 and err.count("\n") == 1 and "--source-catalog" in err, err
+        assert "'jcat'" not in err  # the catalogs searched are named: the default, not jcat
+        code, _, err = _run([*command, target, "--source-catalog", uri, "--output", "json"],
+                              capsys)
+        assert code == 0, err
+    assert _json(["verify", target, "--source-catalog", uri], capsys)[0]["ok"] is True
+    assert [r["rows"] for r in _json(["audit", target, "--where", "id = 7", "--source-catalog",
+                                      uri], capsys)] == [1]
+    assert _run(["report", target, "-o", str(tmp_path / "r.html"), "--source-catalog", uri],
+                capsys)[0] == 0
+    # the ledger records the source's catalog by name: found without being told
+    monkeypatch.setenv("PYICEBERG_CATALOG__JCAT__TYPE", "sql")
+    monkeypatch.setenv("PYICEBERG_CATALOG__JCAT__URI", uri)
+    import pyiceberg.catalog
+    from pyiceberg.utils.config import Config
+
+    # pyiceberg reads its environment once, at import: as a new process would, read it again
+    monkeypatch.setattr(pyiceberg.catalog, "_ENV_CONFIG", Config())
+    source = run.run.records[0].source
+    assert source is not None
+    ledger.record_events("ice", [LedgerEvent("source", {
+        **source.to_json(), "catalog": "jcat", "identifier": "data.events"})])
+    assert _json(["verify", target], capsys)[0]["ok"] is True
+    assert [r["rows"] for r in _json(["audit", target, "--where", "id = 7"], capsys)] == [1]
+
+
+def test_expected_failures_of_every_command_are_one_line_and_exit_2(
+        root: tuple[Path, list[SimulatedRun]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))
+    path, _ = root
+    target = str(path)
+    failing = [
+        (["sql", target, "SELECT nope FROM checkpoints"], "nope"),
+        (["tag", target, "ffffffffff", "best"], "0 checkpoints match"),
+        (["audit", target, "--checkpoint", "ffffffffff"], "no checkpoint with id"),
+        (["verify", target, "--checkpoint", "ffffffffff"], "no single checkpoint"),
+        (["progress", target, "--plot", str(tmp_path / "no" / "dir" / "p.png")], "p.png"),
+        (["report", target, "-o", str(tmp_path / "no" / "dir" / "r.html")], "r.html"),
+        (["checkpoints", "iceberg:ml.nothing"], "no ledger"),
+        (["maintain", str(tmp_path / "missing")], "does not exist"),
+        (["gc", str(tmp_path / "missing")], "does not exist"),
+        (["runs", "--catalog", "no-such-catalog"], "no-such-catalog"),
+        (["verify", target, "--source-catalog", "no-such-catalog"], "no-such-catalog"),
+        (["audit", target, "--where", "user_id = 1", "--table", str(tmp_path / "none")],
+         str(tmp_path / "none")),
+        (["progress", target, "--storage-options", "@" + str(tmp_path / "none.json")],
+         "none.json cannot be read"),
+    ]
+    for args, named in failing:
+        code, out, err = _run(args, capsys)  # an exception escaping main fails the test
+        assert code == 2, (args, out, err)
+        assert err.startswith(f"lakeckpt {args[0]}: error: ") and err.count("\n") == 1, err
+        assert named in err, (args, err)

@@ -79,7 +79,7 @@ def test_progress_sql_queries_an_empty_then_a_resumed_ledger(backend: str) -> No
     for title in ("-- runs", "-- progress per run and pass", "-- rows per checkpoint",
                   "-- restores", "-- which checkpoints read"):
         assert title in text
-    assert "progress columns: ['run_id', 'segment', 'epoch', 'rows_consumed', 'rows_in_pass'," \
+    assert "progress columns: ['run_id', 'segment', 'epoch', 'state', 'rows_consumed'," \
            in text
     assert "progress: [(0, 1200, 1200), (1, 1200, 1200)]; ids trained twice each" in text
     assert "verify run example up to step" in text and text.count(": OK") == 1

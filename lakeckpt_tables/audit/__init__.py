@@ -1,7 +1,8 @@
 """Progress and audits over the ledger: DuckDB views, exact rows per checkpoint, verification.
 
 - :func:`connect`: a DuckDB connection with the views ``checkpoints``, ``consumption``,
-  ``progress``, ``events``, ``recoveries`` and ``follow_lag`` (SQL in ``catalog/*.sql``).
+  ``progress``, ``runs``, ``events``, ``recoveries`` and ``follow_lag`` (SQL in
+  ``catalog/*.sql``).
 - :func:`rows`: the exact (file, row group, row) a checkpoint trained on, recomputed from the
   pure plan and the reader states the ledger holds.
 - :func:`verify`: exactly-once, proved from the ledger's consumption records.

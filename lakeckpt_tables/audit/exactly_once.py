@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.compute as pc
 
-from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.audit.replay import dataset_for, lineage
+from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
@@ -65,22 +66,28 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "checkpoint_id": self.checkpoint_id, "step": self.step,
                 "ok": self.ok, "checkpoints": self.checkpoints, "records": self.records,
-                "rows": self.rows, "finished_passes": [list(p) for p in self.finished_passes],
+                "rows": self.rows,
+                "finished_passes": [{"segment": seg, "epoch": ep}
+                                    for seg, ep in self.finished_passes],
                 "violations": self.violations}
 
 
 def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None,
-           catalog: Any = None, storage_options: dict[str, str] | None = None,
-           source: Any = None) -> list[Verdict]:
+           catalog: Any = None, storage_options: Mapping[str, str] | None = None,
+           source: Any = None, source_catalog: Any = None) -> list[Verdict]:
     """Verify exactly-once for each run (or ``run``) up to its newest committed checkpoint.
 
     Args:
         target: a checkpoint root, a ledger spec or a ledger object.
         run: only this run.
         checkpoint: verify up to this checkpoint (id or unique prefix) instead; implies its run.
-        catalog: pyiceberg catalog of an Iceberg ledger or source.
-        storage_options: deltalake storage options.
+        catalog: pyiceberg catalog of an Iceberg ledger.
+        storage_options: storage options of the ledger and Delta sources (as
+            ``CheckpointManager`` takes them).
         source: the source table; by default opened from what the ledger names.
+        source_catalog: the catalog of an Iceberg source, when it is neither the one the
+            ledger records for it nor the ledger's (see
+            :func:`~lakeckpt_tables.audit.sources.open_source`).
 
     Returns:
         One verdict per run verified.
@@ -89,14 +96,16 @@ def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None
         LedgerError: no ledger there, or no such run or checkpoint.
         SourceNotFoundError: the source table cannot be opened to size its passes.
     """
-    snapshot = read_ledger(target, catalog=catalog, storage_options=storage_options)
+    snapshot = read_ledger(target, catalog=catalog,
+                           storage_options=delta_options(ledger_uri(target), storage_options))
     return verify_snapshot(snapshot, run=run, checkpoint=checkpoint, source=source,
-                           storage_options=storage_options)
+                           storage_options=storage_options, source_catalog=source_catalog)
 
 
 def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
                     checkpoint: str | None = None, source: Any = None,
-                    storage_options: dict[str, str] | None = None) -> list[Verdict]:
+                    storage_options: Mapping[str, str] | None = None,
+                    source_catalog: Any = None) -> list[Verdict]:
     """:func:`verify` over a ledger version already read."""
     is_checkpoint = pc.field(s.RECORD) == s.RECORD_CHECKPOINT
     retired = _retired(snapshot)
@@ -125,7 +134,8 @@ def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
                 raise LedgerError(f"ledger {snapshot.where} has no committed checkpoint of run "
                                   f"{run_id!r}")
             head = mine[-1]
-        verdicts.append(_verify_run(snapshot, records, head, source, storage_options))
+        verdicts.append(_verify_run(snapshot, records, head, source, storage_options,
+                                    source_catalog))
     return verdicts
 
 
@@ -140,7 +150,7 @@ Key = tuple[int, int, str, int]  # segment, epoch, file, row group
 
 def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
                 head: CheckpointRecord, source: Any,
-                storage_options: dict[str, str] | None) -> Verdict:
+                storage_options: Mapping[str, str] | None, source_catalog: Any) -> Verdict:
     chain = lineage(records, head)
     steps = {r.checkpoint_id: r.step for r in chain}
     verdict = Verdict(head.run_id, head.checkpoint_id, head.step, checkpoints=len(chain))
@@ -161,7 +171,7 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
     for key in sorted(by_group):
         verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
     verdict.violations.extend(_gaps(snapshot, head, chain, by_group, verdict, source,
-                                    storage_options))
+                                    storage_options, source_catalog))
     return verdict
 
 
@@ -199,7 +209,8 @@ def _overlaps(run_id: str, key: Key, ranges: list[tuple[int, int, int, int]]) ->
 
 def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[CheckpointRecord],
           by_group: dict[Key, list[tuple[int, int, int, int]]], verdict: Verdict,
-          source: Any, storage_options: dict[str, str] | None) -> list[str]:
+          source: Any, storage_options: Mapping[str, str] | None,
+          source_catalog: Any) -> list[str]:
     """Row groups of finished passes that did not give exactly their live rows."""
     if not head.reader_state:
         return []
@@ -208,7 +219,8 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
     state = ReaderState.from_dict(decode_state(head.reader_state))
     if state.plan is None:
         return []
-    dataset = dataset_for(state, snapshot, source=source, storage_options=storage_options)
+    dataset = dataset_for(state, snapshot, source=source, storage_options=storage_options,
+                          source_catalog=source_catalog)
     undelivered = _undelivered(snapshot, head.run_id, {r.checkpoint_id for r in chain})
     known = dict(state.rounds)
     out: list[str] = []

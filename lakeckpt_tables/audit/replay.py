@@ -10,14 +10,15 @@ the source's metadata is (to list its units).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
+from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
 from lakeckpt_tables.plan.accounting import slice_spans
@@ -36,7 +37,8 @@ pinned version), which is the row's index in the file's row group when nothing w
 
 
 def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any = None,
-         storage_options: dict[str, str] | None = None, source: Any = None) -> pa.Table:
+         storage_options: Mapping[str, str] | None = None, source: Any = None,
+         source_catalog: Any = None) -> pa.Table:
     """The (file, row group, row) checkpoint ``checkpoint`` trained on.
 
     Not cumulative by default: the rows delivered since the checkpoint's parent (the
@@ -49,9 +51,12 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
             :func:`~lakeckpt_tables.audit.connect`).
         checkpoint: the checkpoint id.
         cumulative: include the rows of the checkpoint's ancestors.
-        catalog: pyiceberg catalog of an Iceberg ledger or source.
-        storage_options: deltalake storage options.
+        catalog: pyiceberg catalog of an Iceberg ledger.
+        storage_options: storage options of the ledger and Delta sources (as
+            ``CheckpointManager`` takes them).
         source: the source table to plan from; by default opened from what the ledger names.
+        source_catalog: the catalog of an Iceberg source, when it is neither the one the
+            ledger records for it nor the ledger's.
 
     Returns:
         A table in :data:`ROWS_SCHEMA`, each slice's rows in the order they were delivered.
@@ -61,14 +66,16 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
         SourceNotFoundError: the source table cannot be opened again.
         StateMismatchError: a reader state cannot be replayed against the table.
     """
-    snapshot = read_ledger(target, catalog=catalog, storage_options=storage_options)
+    snapshot = read_ledger(target, catalog=catalog,
+                           storage_options=delta_options(ledger_uri(target), storage_options))
     records = checkpoints_from_arrow(snapshot.rows)
     record = _find(records, checkpoint, snapshot.where)
     chain = lineage(records, record) if cumulative else [record]
     parts = []
     for rec in reversed(chain):
         parts.append(checkpoint_rows(rec, _parent(records, rec), snapshot,
-                                     source=source, storage_options=storage_options).table())
+                                     source=source, storage_options=storage_options,
+                                     source_catalog=source_catalog).table())
     return pa.concat_tables(parts) if parts else ROWS_SCHEMA.empty_table()
 
 
@@ -102,8 +109,9 @@ class CheckpointRows:
 
 def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
                     snapshot: LedgerSnapshot, *, source: Any = None,
-                    storage_options: dict[str, str] | None = None,
-                    datasets: dict[Any, Any] | None = None) -> CheckpointRows:
+                    storage_options: Mapping[str, str] | None = None,
+                    datasets: dict[Any, Any] | None = None,
+                    source_catalog: Any = None) -> CheckpointRows:
     """Replay the plan from ``parent``'s positions to ``record``'s (see the module docstring).
 
     ``datasets`` caches the readers built per (source, state configuration) across calls.
@@ -121,7 +129,7 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
         if before.plan is None or before.table.table_id != after.table.table_id:
             before = None
     dataset = dataset_for(after, snapshot, source=source, storage_options=storage_options,
-                          cache=datasets)
+                          cache=datasets, source_catalog=source_catalog)
     return CheckpointRows(list(_replay(dataset, before, after)), dataset)
 
 
@@ -154,10 +162,10 @@ def _slice_rows(plan: Any, g: int, lo: int, hi: int) -> np.ndarray[Any, Any]:
 
 
 def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
-                storage_options: dict[str, str] | None = None,
-                cache: dict[Any, Any] | None = None) -> Any:
+                storage_options: Mapping[str, str] | None = None,
+                cache: dict[Any, Any] | None = None, source_catalog: Any = None) -> Any:
     """A reader configured as the one that captured ``state`` (never iterated: it plans)."""
-    from lakeckpt_tables.audit.sources import open_source
+    from lakeckpt_tables.audit.sources import open_source, recorded_catalogs
     from lakeckpt_tables.reader.dataset import LakeDataset
 
     config = dict(state.config)
@@ -165,8 +173,12 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
     if cache is not None and key in cache:
         return cache[key]
     if source is None:
+        recorded = recorded_catalogs(snapshot.scan) if state.table.format == "iceberg" else {}
         source = open_source(state.table.format, state.table.location, catalog=snapshot.catalog,
-                             table_id=state.table.table_id, storage_options=storage_options)
+                             table_id=state.table.table_id, storage_options=storage_options,
+                             source_catalog=source_catalog,
+                             recorded_catalog=recorded.get(state.table.location,
+                                                          recorded.get(state.table.table_id)))
     follow = config.get("follow")
     kwargs: dict[str, Any] = {}
     if isinstance(follow, dict):

@@ -16,18 +16,20 @@ from lakeckpt_tables.audit.plot import progress_png
 __all__ = ["render_report"]
 
 _SECTIONS = (
-    ("Runs", "SELECT run_id, count(*) FILTER (WHERE status = 'committed') AS checkpoints, "
-             "max(step) FILTER (WHERE status = 'committed') AS last_step, "
-             "max(world_size) AS world_size, any_value(source_location) AS source_table, "
-             "CAST(sum(rows) FILTER (WHERE status = 'committed') AS BIGINT) AS rows_consumed, "
-             "max(committed_at) AS last_commit FROM checkpoints GROUP BY run_id ORDER BY run_id"),
-    ("Progress", "SELECT run_id, segment, epoch, rows_consumed, rows_in_pass, percent, "
+    ("Runs", "SELECT r.run_id, r.state, r.checkpoints, r.last_step, c.world_size, "
+             "r.source_location AS source_table, c.rows_consumed, "
+             "r.last_commit_at AS last_commit, round(r.save_interval_s, 1) AS save_interval_s "
+             "FROM runs r LEFT JOIN (SELECT run_id, max(world_size) AS world_size, "
+             "CAST(sum(rows) FILTER (WHERE status = 'committed') AS BIGINT) AS rows_consumed "
+             "FROM checkpoints GROUP BY run_id) c USING (run_id) ORDER BY r.run_id"),
+    ("Progress", "SELECT run_id, segment, epoch, state, rows_consumed, rows_in_pass, percent, "
                  "round(rows_per_s, 1) AS rows_per_s, round(eta_s, 1) AS eta_s, last_step "
                  "FROM progress"),
-    ("Checkpoints", "SELECT run_id, step, checkpoint_id, status, tags, world_size, "
-                    "source_version, rows, committed_at FROM checkpoints"),
-    ("Recoveries", "SELECT run_id, restored_at, checkpoint_id, step, newest_step, steps_lost, "
-                   "fallback FROM recoveries"),
+    ("Checkpoints", "SELECT run_id, step, checkpoint_id, CASE WHEN status = 'committed' AND "
+                    "removed_reason IS NOT NULL THEN 'removed' ELSE status END AS status, "
+                    "tags, world_size, source_version, rows, committed_at FROM checkpoints"),
+    ("Recoveries", "SELECT run_id, restored_at, checkpoint_id, step, newest_step, reached_step, "
+                   "steps_lost, fallback FROM recoveries"),
     ("Events", "SELECT run_id, step, committed_at, event, segment, epoch, rows, detail "
                "FROM events"),
 )

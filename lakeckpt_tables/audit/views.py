@@ -2,7 +2,7 @@
 
 DuckDB cannot download its delta or iceberg extensions here, and reading a ledger's Parquet
 files by globbing would count twice the rows a compaction rewrote. So each ledger is read once,
-through its table format's reader, at one version (:mod:`lakeckpt_tables.audit._target`), and
+through its table format's reader, at one version (:mod:`lakeckpt_tables.audit.target`), and
 registered as the Arrow table ``ledger``; the views are plain SQL shipped in ``catalog/*.sql``
 and documented column by column in ``catalog/README.md``.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -21,19 +21,63 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
-from lakeckpt_tables.errors import LakeckptError, LedgerError
+from lakeckpt_tables.audit.sources import (
+    delta_options,
+    ledger_uri,
+    open_source,
+    recorded_catalogs,
+)
+from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
+from lakeckpt_tables.errors import AuditError, LakeckptError, LedgerError, StorageError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.summary import SUMMARY_SCHEMA
 
-__all__ = ["VIEWS", "connect", "connect_snapshots"]
+__all__ = ["VIEWS", "connect", "connect_snapshots", "stale_threshold"]
 
-VIEWS = ("checkpoints", "consumption", "events", "progress", "recoveries", "follow_lag")
+VIEWS = ("checkpoints", "consumption", "events", "progress", "runs", "recoveries",
+         "follow_lag")
 """The views of a connection (see ``catalog/README.md``)."""
 
-_ORDER = ("checkpoint_status", *VIEWS)
-"""The order their SQL is run in (later ones use earlier ones; ``_checkpoint_status`` is
-internal, shared by ``checkpoints``, ``consumption`` and ``progress``)."""
+_ORDER = ("checkpoint_status", "run_activity", *VIEWS)
+"""The order their SQL is run in (later ones use earlier ones; ``_checkpoint_status`` and
+``_run_activity`` are internal: the status of every checkpoint, and whether each run is still
+committing)."""
+
+STALE_FACTOR = "lakeckpt_stale_factor"
+STALE_MIN_S = "lakeckpt_stale_min_s"
+"""DuckDB variables of the stale threshold (``run_activity.sql``): a run is stale when its
+last commit is older than ``max(factor * median save interval, min_s)`` seconds."""
+
+DEFAULT_STALE_FACTOR = 3.0
+DEFAULT_STALE_MIN_S = 60.0
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def stale_threshold(stale_after: str | float | None) -> tuple[float, float]:
+    """``(factor, min_s)`` of a stale threshold: ``"5x"`` (5 times the run's median save
+    interval), seconds as a number or with a unit (``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``),
+    or None for the default (3 times the interval, at least a minute).
+
+    Raises:
+        AuditError: not a multiple or a duration.
+    """
+    if stale_after is None:
+        return DEFAULT_STALE_FACTOR, DEFAULT_STALE_MIN_S
+    text = str(stale_after).strip().lower()
+    try:
+        if text.endswith("x"):
+            factor = float(text[:-1])
+            if factor > 0:
+                return factor, 0.0
+        else:
+            unit = _UNITS.get(text[-1:])
+            seconds = float(text[:-1]) * unit if unit else float(text)
+            if seconds >= 0:
+                return 0.0, seconds
+    except ValueError:
+        pass
+    raise AuditError(f"stale threshold {stale_after!r} is neither a multiple of the save "
+                     "interval (e.g. 3x) nor a duration (e.g. 600, 90s, 10m, 2h)")
 
 PASS_SIZES_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("segment", pa.int64()), ("epoch", pa.int64()),
@@ -44,17 +88,19 @@ SOURCE_VERSIONS_SCHEMA = pa.schema([
     ("location", pa.string()), ("latest_version", pa.int64()),
     ("checked_at", pa.timestamp("us", tz="UTC")),
 ])
+MISSING_MODELS_SCHEMA = pa.schema([("run_id", pa.string()), ("model_location", pa.string())])
 LEDGERS_SCHEMA = pa.schema([("ledger", pa.string()), ("version", pa.int64()),
                             ("rows", pa.int64())])
 
 
 def connect(target: Any = None, *, catalog: Any = None,
-            storage_options: dict[str, str] | None = None) -> duckdb.DuckDBPyConnection:
+            storage_options: Mapping[str, str] | None = None, source_catalog: Any = None,
+            stale_after: str | float | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection over one consistent version of a ledger (or of every registered run).
 
-    Views: ``checkpoints``, ``consumption``, ``events``, ``progress``, ``recoveries``,
-    ``follow_lag`` (see ``catalog/README.md``); tables: ``ledger`` (the raw rows) and
-    ``ledgers`` (which ledger versions were read). An empty ledger gives empty views.
+    Views: ``checkpoints``, ``consumption``, ``events``, ``progress``, ``runs``,
+    ``recoveries``, ``follow_lag`` (see ``catalog/README.md``); tables: ``ledger`` (the raw
+    rows) and ``ledgers`` (which ledger versions were read). An empty ledger gives empty views.
 
     Args:
         target: a checkpoint root, ``"delta:<uri>"``, ``"iceberg:<namespace.table>"``, or a
@@ -62,7 +108,13 @@ def connect(target: Any = None, *, catalog: Any = None,
             catalog name (:mod:`lakeckpt_tables.audit.registry`).
         catalog: a pyiceberg catalog (or the name of one pyiceberg can load): where an
             ``iceberg:`` target lives, and, without a target, whose registered runs to read.
-        storage_options: deltalake storage options of Delta ledgers.
+        storage_options: storage options of the ledger, the checkpoints and Delta sources,
+            as ``CheckpointManager(storage_options=)`` takes them; None for the environment's.
+        source_catalog: the catalog holding the runs' Iceberg sources when it is neither the
+            one the ledger records nor the ledger's (object, name or SQLAlchemy URI).
+        stale_after: when a run that stopped committing is ``stale``: a multiple of its median
+            save interval (``"3x"``), or seconds (``600``, ``"10m"``, ``"2h"``); by default 3
+            times the interval and at least one minute (:func:`stale_threshold`).
 
     Returns:
         The connection; the caller closes it.
@@ -70,6 +122,7 @@ def connect(target: Any = None, *, catalog: Any = None,
     Raises:
         LedgerError: no ledger where ``target`` points (nothing is created), or it cannot be
             read.
+        AuditError: ``stale_after`` is not a multiple or a duration.
     """
     catalog = _load_catalog(catalog)
     if target is None:
@@ -78,24 +131,37 @@ def connect(target: Any = None, *, catalog: Any = None,
                               "catalog= to read every run registered there")
         from lakeckpt_tables.audit.registry import registered_ledgers
 
-        snapshots = [read_ledger(spec, catalog=catalog, storage_options=storage_options)
+        snapshots = [read_ledger(spec, catalog=catalog,
+                                 storage_options=delta_options(ledger_uri(spec),
+                                                               storage_options))
                      for spec in registered_ledgers(catalog)]
     else:
-        snapshots = [read_ledger(target, catalog=catalog, storage_options=storage_options)]
-    return connect_snapshots(snapshots)
+        snapshots = [read_ledger(target, catalog=catalog,
+                                 storage_options=delta_options(ledger_uri(target),
+                                                               storage_options))]
+    return connect_snapshots(snapshots, storage_options=storage_options,
+                             source_catalog=source_catalog, stale_after=stale_after)
 
 
 def connect_snapshots(snapshots: Iterable[LedgerSnapshot], *,
-                      look_up_sources: bool = True) -> duckdb.DuckDBPyConnection:
+                      look_up_sources: bool = True,
+                      storage_options: Mapping[str, str] | None = None,
+                      source_catalog: Any = None,
+                      stale_after: str | float | None = None) -> duckdb.DuckDBPyConnection:
     """The connection of :func:`connect` over ledger versions already read.
 
     Args:
         snapshots: the ledger versions.
         look_up_sources: open the source tables the runs read for what the ledger does not
             hold (sizes of passes without a ``round`` event, the tables' newest versions).
+        storage_options, source_catalog, stale_after: as :func:`connect` takes them.
     """
     snapshots = list(snapshots)
+    factor, floor = stale_threshold(stale_after)
     con = duckdb.connect()
+    # the stale threshold of the views (runs.sql): variables, so a query may set its own
+    con.execute(f"SET VARIABLE {STALE_FACTOR} = {factor}")
+    con.execute(f"SET VARIABLE {STALE_MIN_S} = {floor}")
     if len(snapshots) == 1 and snapshots[0].dataset is not None:
         # lazy: DuckDB pushes each view's filters and columns down into the scan
         con.register("ledger", snapshots[0].dataset)
@@ -116,9 +182,13 @@ def connect_snapshots(snapshots: Iterable[LedgerSnapshot], *,
 
     catalogs = [sn.catalog for sn in snapshots if sn.catalog is not None]
     con.register("_pass_sizes", pass_sizes(scan, look_up_sources=look_up_sources,
-                                           catalog=catalogs[0] if catalogs else None))
-    con.register("_source_versions", _source_versions(scan) if look_up_sources
-                 else SOURCE_VERSIONS_SCHEMA.empty_table())
+                                           catalog=catalogs[0] if catalogs else None,
+                                           storage_options=storage_options,
+                                           source_catalog=source_catalog))
+    con.register("_source_versions", _source_versions(scan, storage_options)
+                 if look_up_sources else SOURCE_VERSIONS_SCHEMA.empty_table())
+    con.register("_missing_models", _missing_models(snapshots, scan, storage_options)
+                 if look_up_sources else MISSING_MODELS_SCHEMA.empty_table())
     for name in _ORDER:
         con.execute(view_sql(name))
     return con
@@ -150,8 +220,9 @@ Scan = Callable[[pc.Expression, list[str]], pa.Table]
 """Reads the ledger rows matching a filter, with the given columns."""
 
 
-def pass_sizes(scan: Scan, *, look_up_sources: bool = True,
-               catalog: Any = None) -> pa.Table:
+def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
+               storage_options: Mapping[str, str] | None = None,
+               source_catalog: Any = None) -> pa.Table:
     """Rows in each pass (segment, epoch) of each run: what ``progress`` divides by.
 
     From ``round`` events when the ledger has them; else follow segments from ``segment``
@@ -184,7 +255,8 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True,
                         "from_version": detail.get("from_version"),
                         "to_version": detail.get("to_version"), "origin": "segment"}
     if look_up_sources:
-        for key, size in _pinned_sizes(scan, out, catalog).items():
+        for key, size in _pinned_sizes(scan, out, catalog, storage_options,
+                                       source_catalog).items():
             size["delivered"] = size["rows"] - undelivered.get(key, 0)
             out[key] = size
     names = [f.name for f in PASS_SIZES_SCHEMA][3:]
@@ -194,8 +266,9 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True,
     }, schema=PASS_SIZES_SCHEMA)
 
 
-def _pinned_sizes(scan: Scan, known: dict[tuple[str, int, int], Any],
-                  catalog: Any) -> dict[tuple[str, int, int], dict[str, Any]]:
+def _pinned_sizes(scan: Scan, known: dict[tuple[str, int, int], Any], catalog: Any,
+                  storage_options: Mapping[str, str] | None,
+                  source_catalog: Any) -> dict[tuple[str, int, int], dict[str, Any]]:
     """Epochs of the pinned snapshot (segment 0) of every run, sized from table metadata."""
     is_checkpoint = pc.field(s.RECORD) == s.RECORD_CHECKPOINT
     steps = scan(is_checkpoint, [s.RUN_ID, s.STEP])
@@ -211,6 +284,7 @@ def _pinned_sizes(scan: Scan, known: dict[tuple[str, int, int], Any],
     latest = {c[s.RUN_ID]: c for c in found.to_pylist() if c[s.READER_STATE]}
     if not latest:
         return {}
+    recorded = recorded_catalogs(scan)
     # the reader state's decoder imports the reader (and torch): only when there is one
     from lakeckpt_tables.reader.state import decode_state
 
@@ -230,7 +304,10 @@ def _pinned_sizes(scan: Scan, known: dict[tuple[str, int, int], Any],
         where = (c[s.SOURCE_FORMAT], c[s.SOURCE_LOCATION], int(c[s.SOURCE_VERSION]))
         key = (where[1], where[2])
         if key not in sizes:
-            sizes[key] = _snapshot_rows(*where, catalog=catalog)
+            sizes[key] = _snapshot_rows(*where, catalog=catalog,
+                                        storage_options=storage_options,
+                                        source_catalog=source_catalog,
+                                        recorded=recorded.get(where[1]))
         size = sizes[key]
         if size is None:
             continue
@@ -240,16 +317,18 @@ def _pinned_sizes(scan: Scan, known: dict[tuple[str, int, int], Any],
     return out
 
 
-def _snapshot_rows(fmt: str, location: str, version: int, *, catalog: Any) -> int | None:
+def _snapshot_rows(fmt: str, location: str, version: int, *, catalog: Any,
+                   storage_options: Mapping[str, str] | None, source_catalog: Any,
+                   recorded: str | None) -> int | None:
     try:
-        from lakeckpt_tables.audit.sources import open_source
-
-        return int(open_source(fmt, location, catalog=catalog).snapshot(version).rows)
+        source = open_source(fmt, location, catalog=catalog, storage_options=storage_options,
+                             source_catalog=source_catalog, recorded_catalog=recorded)
+        return int(source.snapshot(version).rows)
     except LakeckptError:
         return None
 
 
-def _source_versions(scan: Scan) -> pa.Table:
+def _source_versions(scan: Scan, storage_options: Mapping[str, str] | None) -> pa.Table:
     """Each Delta source's newest version now (Iceberg snapshot ids have no order: skipped)."""
     checkpoints = scan(pc.field(s.RECORD) == s.RECORD_CHECKPOINT,
                        [s.SOURCE_FORMAT, s.SOURCE_LOCATION])
@@ -264,10 +343,52 @@ def _source_versions(scan: Scan) -> pa.Table:
         if fmt != "delta":
             continue
         try:
-            version = DeltaTable(location).version()
+            version = DeltaTable(location, storage_options=delta_options(
+                location, storage_options)).version()
         except (DeltaError, OSError):
             continue
         found["location"].append(location)
         found["latest_version"].append(version)
         found["checked_at"].append(datetime.now(UTC))
     return pa.table(found, schema=SOURCE_VERSIONS_SCHEMA)
+
+
+def _missing_models(snapshots: list[LedgerSnapshot], scan: Scan,
+                    storage_options: Mapping[str, str] | None) -> pa.Table:
+    """Model locations of checkpoints whose files are gone from their checkpoint root.
+
+    Only ledgers kept under a checkpoint root (``<root>/_ledger``) say where their model files
+    are; a run whose directory is missing altogether (a ledger copied elsewhere, simulated
+    checkpoints) is not judged. One listing per run directory.
+    """
+    from lakeckpt_tables.io import Storage
+    from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR
+
+    roots = [sn.where.removeprefix("delta:").rstrip("/").removesuffix(f"/{DEFAULT_LEDGER_DIR}")
+             for sn in snapshots if sn.where.startswith("delta:")
+             and sn.where.rstrip("/").endswith(f"/{DEFAULT_LEDGER_DIR}")]
+    found: dict[str, list[str]] = {"run_id": [], "model_location": []}
+    if len(roots) != 1 or len(snapshots) != 1:
+        return pa.table(found, schema=MISSING_MODELS_SCHEMA)
+    store = Storage(roots[0], storage_options)
+    records = scan(pc.field(s.RECORD) == s.RECORD_CHECKPOINT, [s.RUN_ID, s.MODEL_LOCATION])
+    by_run: dict[str, list[str]] = {}
+    for run, location in zip(records[s.RUN_ID].to_pylist(),
+                             records[s.MODEL_LOCATION].to_pylist(), strict=True):
+        if location:
+            by_run.setdefault(run, []).append(location)
+    for run, locations in sorted(by_run.items()):
+        top = {loc.split("/", 1)[0] for loc in locations}
+        for directory in sorted(top):
+            try:
+                names = store.list(directory)
+            except (StorageError, OSError):
+                continue  # the root cannot be listed now: not judged (the views still work)
+            if not names:
+                continue  # the run's directory is not here: not judged
+            present = {f"{directory}/{n}" for n in names}
+            for loc in locations:
+                if loc.split("/", 1)[0] == directory and loc.rstrip("/") not in present:
+                    found["run_id"].append(run)
+                    found["model_location"].append(loc)
+    return pa.table(found, schema=MISSING_MODELS_SCHEMA)

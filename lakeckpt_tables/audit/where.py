@@ -1,6 +1,7 @@
 """Which checkpoints trained on the rows a predicate selects: the deletion-request audit.
 
-For every checkpoint of every run that read the given table, the exact rows it trained on are
+For every checkpoint of every run that read the given table (by default: each run's own
+table, as its ledger records it), the exact rows it trained on are
 replayed from the plan (:mod:`lakeckpt_tables.audit.replay`); the predicate is evaluated by
 DuckDB on the row groups those rows come from, read as the reader read them (deletes applied).
 A checkpoint's model has seen a row if it or any checkpoint of its lineage trained on it.
@@ -8,6 +9,7 @@ A checkpoint's model has seen a row if it or any checkpoint of its lineage train
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,8 +17,14 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from lakeckpt_tables.audit._target import read_ledger
 from lakeckpt_tables.audit.replay import checkpoint_rows, lineage
+from lakeckpt_tables.audit.sources import (
+    delta_options,
+    ledger_uri,
+    open_source,
+    recorded_catalogs,
+)
+from lakeckpt_tables.audit.target import read_ledger
 from lakeckpt_tables.errors import AuditError, SourceNotFoundError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
 
@@ -31,17 +39,23 @@ MATCHES_SCHEMA = pa.schema([
 _ROW = "__lakeckpt_row"
 
 
-def trained_on(target: Any, predicate: str, table: str, *, catalog: Any = None,
-               storage_options: dict[str, str] | None = None) -> pa.Table:
-    """Checkpoints that trained on rows of ``table`` matching ``predicate``, with counts.
+def trained_on(target: Any, predicate: str, table: str | None = None, *, catalog: Any = None,
+               storage_options: Mapping[str, str] | None = None,
+               source_catalog: Any = None) -> pa.Table:
+    """Checkpoints that trained on rows matching ``predicate``, with counts.
 
     Args:
         target: a checkpoint root, a ledger spec or a ledger object.
         predicate: a SQL boolean expression over the table's columns (DuckDB dialect), e.g.
             ``"user_id = 42"``.
-        table: the source table: a Delta URI, or ``"iceberg:<namespace.table>"``.
-        catalog: pyiceberg catalog of an Iceberg ledger or table.
-        storage_options: deltalake storage options.
+        table: only checkpoints that read this table: a Delta URI, or
+            ``"iceberg:<namespace.table>"``. None: every checkpoint, each over the source
+            table its run read (as the ledger records it).
+        catalog: pyiceberg catalog of an Iceberg ledger.
+        storage_options: storage options of the ledger and Delta sources (as
+            ``CheckpointManager`` takes them).
+        source_catalog: the catalog of Iceberg sources (see
+            :func:`~lakeckpt_tables.audit.sources.open_source`).
 
     Returns:
         One row per checkpoint that trained on at least one matching row, in
@@ -49,23 +63,38 @@ def trained_on(target: Any, predicate: str, table: str, *, catalog: Any = None,
 
     Raises:
         LedgerError: no ledger there.
-        SourceNotFoundError: the table cannot be opened.
+        SourceNotFoundError: a table cannot be opened.
         AuditError: the predicate is not valid SQL over the table's columns.
     """
-    snapshot = read_ledger(target, catalog=catalog, storage_options=storage_options)
-    source = _open_table(table, snapshot.catalog if catalog is None else catalog,
-                         storage_options)
-    table_id = source.snapshot(None).identity.table_id
+    snapshot = read_ledger(target, catalog=catalog,
+                           storage_options=delta_options(ledger_uri(target), storage_options))
+    sources: dict[str, Any] = {}  # table id -> source
+    if table is not None:
+        given = _open_table(table, source_catalog if source_catalog is not None
+                            else snapshot.catalog if catalog is None else catalog,
+                            storage_options)
+        sources[given.snapshot(None).identity.table_id] = given
+    recorded = recorded_catalogs(snapshot.scan)
     records = checkpoints_from_arrow(snapshot.rows)
     by_id = {(r.run_id, r.checkpoint_id): r for r in records}
     datasets: dict[Any, Any] = {}
     matches: dict[tuple[str, int, int], np.ndarray[Any, Any]] = {}
     out: dict[str, list[Any]] = {n: [] for n in MATCHES_SCHEMA.names}
     for record in records:
-        if record.source is None or record.source.table_id != table_id:
+        if record.source is None:
             continue
+        identity = record.source
+        if identity.table_id not in sources:
+            if table is not None:
+                continue  # another table than the one asked about
+            sources[identity.table_id] = open_source(
+                identity.format, identity.location, catalog=snapshot.catalog,
+                table_id=identity.table_id, storage_options=storage_options,
+                source_catalog=source_catalog,
+                recorded_catalog=recorded.get(identity.location, recorded.get(identity.table_id)))
         parent = by_id.get((record.run_id, record.parent_id or ""))
-        replayed = checkpoint_rows(record, parent, snapshot, source=source,
+        replayed = checkpoint_rows(record, parent, snapshot,
+                                   source=sources[identity.table_id],
                                    storage_options=storage_options, datasets=datasets)
         count = 0
         for _, _, _, _, units, unit_index, row in replayed.parts:
@@ -112,9 +141,10 @@ class RunExposure:
 
 
 def exposure(target: Any, matches: pa.Table, *, catalog: Any = None,
-             storage_options: dict[str, str] | None = None) -> list[RunExposure]:
+             storage_options: Mapping[str, str] | None = None) -> list[RunExposure]:
     """Summarise :func:`trained_on`'s result per run (first and last step, exposed models)."""
-    snapshot = read_ledger(target, catalog=catalog, storage_options=storage_options)
+    snapshot = read_ledger(target, catalog=catalog,
+                           storage_options=delta_options(ledger_uri(target), storage_options))
     records = checkpoints_from_arrow(snapshot.rows)
     rows = matches.to_pylist()
     out = []
@@ -134,16 +164,18 @@ def _sees(records: list[CheckpointRecord], record: CheckpointRecord, hit: set[st
     return any(r.checkpoint_id in hit for r in lineage(records, record))
 
 
-def _open_table(table: str, catalog: Any, storage_options: dict[str, str] | None) -> Any:
+def _open_table(table: str, catalog: Any, storage_options: Mapping[str, str] | None) -> Any:
     kind, _, rest = table.partition(":")
     if kind == "iceberg" and rest:
+        from lakeckpt_tables.audit.registry import load_catalog
         from lakeckpt_tables.sources.iceberg import IcebergSource
 
-        return IcebergSource(rest, catalog=catalog)
+        return IcebergSource(rest, catalog=load_catalog(catalog))
     from lakeckpt_tables.sources.delta import DeltaSource
 
     uri = rest if kind == "delta" and rest else table
-    return DeltaSource(uri, storage_options=storage_options)
+    return DeltaSource(uri, storage_options=dict(storage_options)
+                       if storage_options is not None else None)
 
 
 def _matching_rows(dataset: Any, unit: Any, predicate: str) -> np.ndarray[Any, Any]:

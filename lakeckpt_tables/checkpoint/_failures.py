@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 from torch.distributed.checkpoint.api import CheckpointException
 
+from lakeckpt_tables.errors import StorageError
+
 __all__ = ["WRITE_FAILURES", "describe_failure", "is_write_failure"]
 
 WRITE_FAILURES: tuple[type[BaseException], ...] = (Exception, CheckpointException)
@@ -48,7 +50,11 @@ def is_write_failure(exc: BaseException) -> bool:
 
 
 def describe_failure(exc: BaseException) -> str:
-    """One line: the root cause in words when known (ENOSPC...), then the exception."""
+    """One line: the root cause in words when known (the store's own error, which names the
+    URI and the kind of failure; ENOSPC...), then the exception."""
+    for cause in _causes(exc):
+        if isinstance(cause, StorageError):
+            return str(cause)
     for cause in _causes(exc):
         if isinstance(cause, OSError) and cause.errno in _ERRNO_WORDS:
             where = f" writing {cause.filename}" if cause.filename else ""

@@ -7,17 +7,29 @@ training collectives.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from lakeckpt_tables.errors import CheckpointError
+from lakeckpt_tables.errors import CheckpointError, LakeckptError
 
-__all__ = ["World"]
+__all__ = ["World", "one_process"]
 
 T = TypeVar("T")
+
+
+@contextmanager
+def one_process() -> Iterator[None]:
+    """DCP warns at every save and load without a process group that it assumes one process:
+    a world of one is what the manager means there, so exactly that warning is silenced (the
+    background writer of ``async_save`` still shows it: docs/limits.md)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, message=(
+            "torch.distributed is disabled, unavailable or uninitialized"))
+        yield
 
 
 class World:
@@ -57,6 +69,24 @@ class World:
         with self._named("broadcast"):
             dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
+
+    def decide(self, decide: Callable[[], T]) -> T:
+        """Rank 0 runs ``decide``; every rank gets its value, or raises the library error it
+        raised (errors cross ranks as values, so all ranks fail alike).
+
+        Raises:
+            LakeckptError: what ``decide`` raised on rank 0.
+        """
+        outcome: Any = None
+        if self.rank == 0:
+            try:
+                outcome = decide()
+            except LakeckptError as exc:
+                outcome = exc
+        outcome = self.broadcast(outcome)
+        if isinstance(outcome, LakeckptError):
+            raise outcome
+        return outcome  # type: ignore[no-any-return]
 
     def barrier(self) -> None:
         """Wait for every rank.

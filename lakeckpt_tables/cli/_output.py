@@ -27,12 +27,19 @@ def add_output(parser: argparse.ArgumentParser) -> None:
                         help="table (default), json or csv")
 
 
-def add_target(parser: argparse.ArgumentParser) -> None:
+def add_target(parser: argparse.ArgumentParser, *, sources: bool = False) -> None:
+    """The target (a ledger), its catalog and storage options; with ``sources``, also where
+    the runs' Iceberg source tables live (commands that open them)."""
+    from lakeckpt_tables.cli._options import add_source_catalog, add_storage_options
+
     parser.add_argument("target", help="checkpoint root (its _ledger), 'delta:<uri>' or "
                         "'iceberg:<namespace.table>'")
-    parser.add_argument("--catalog", default=None, metavar="NAME",
-                        help="pyiceberg catalog of an Iceberg ledger or table (default: the "
-                        "lakeckpt catalog)")
+    parser.add_argument("--catalog", default=None, metavar="NAME|URI",
+                        help="pyiceberg catalog of an Iceberg ledger (default: the lakeckpt "
+                        "catalog)")
+    add_storage_options(parser)
+    if sources:
+        add_source_catalog(parser)
 
 
 def emit(rows: Sequence[dict[str, Any]] | pa.Table, fmt: str, *, title: str | None = None,
@@ -51,7 +58,7 @@ def emit(rows: Sequence[dict[str, Any]] | pa.Table, fmt: str, *, title: str | No
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(columns)
         for r in rows:
-            writer.writerow([_text(r.get(c)) for c in columns])
+            writer.writerow([_text(r.get(c), plain=True) for c in columns])
     else:
         _rich_table(rows, columns, title, empty)
 
@@ -78,15 +85,17 @@ def _is_renderable(value: Any) -> bool:
     return hasattr(value, "__rich_console__") or hasattr(value, "__rich__")
 
 
-def _text(value: Any) -> str:
+def _text(value: Any, *, plain: bool = False) -> str:
+    """``value`` as a cell: never in scientific notation; for people (not ``plain``), rounded,
+    with thousands separated."""
     if value is None:
         return ""
     if isinstance(value, datetime):
         return value.isoformat(sep=" ", timespec="seconds")
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return _plain_float(value) if plain else _human_float(value)
     if isinstance(value, list | tuple):
-        return ",".join(_text(v) for v in value)
+        return ",".join(_text(v, plain=plain) for v in value)
     if isinstance(value, dict):
         return json.dumps(value, default=_json_default)
     return str(value)
@@ -98,3 +107,20 @@ def _json_default(value: Any) -> Any:
     if _is_renderable(value):
         return None
     return str(value)
+
+
+def _human_float(value: float) -> str:
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 0.01 or value == 0:
+        return f"{value:.2f}".rstrip("0").rstrip(".")
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def _plain_float(value: float) -> str:
+    text = repr(value)
+    if "e" in text and value == value and abs(value) != float("inf"):
+        text = f"{value:.20f}".rstrip("0").rstrip(".")
+    return text

@@ -10,7 +10,7 @@ __all__ = ["register", "run"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    add_target(parser)
+    add_target(parser, sources=True)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--checkpoint", metavar="ID",
                       help="the exact (file, row group, row) this checkpoint trained on since "
@@ -18,9 +18,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--file", metavar="PATH", help="which checkpoints of which runs read "
                       "this data file")
     what.add_argument("--where", metavar="PRED", help="which checkpoints of which runs "
-                      "trained on rows matching this SQL predicate (needs --table)")
+                      "trained on rows matching this SQL predicate, evaluated over each run's "
+                      "own source table")
     parser.add_argument("--table", metavar="URI",
-                        help="with --where: the source table (Delta URI or "
+                        help="with --where: only runs that read this table (Delta URI or "
                         "iceberg:<namespace.table>)")
     parser.add_argument("--cumulative", action="store_true",
                         help="with --checkpoint: also the rows of its ancestors")
@@ -32,17 +33,16 @@ def run(args: argparse.Namespace) -> int:
         return _checkpoint(args)
     if args.file is not None:
         return _file(args)
-    if args.table is None:
-        raise SystemExit("lakeckpt audit: --where needs --table URI (the table to evaluate "
-                         "the predicate on)")
     return _where(args)
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.replay import rows
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
     table = rows(args.target, checkpoint=args.checkpoint, cumulative=args.cumulative,
-                 catalog=args.catalog)
+                 catalog=args.catalog, storage_options=storage_options(args),
+                 source_catalog=source_catalog(args))
     if args.output != "table":
         emit(table, args.output)
         return 0
@@ -60,8 +60,10 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 def _file(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.views import connect
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
-    con = connect(args.target, catalog=args.catalog)
+    con = connect(args.target, catalog=args.catalog, storage_options=storage_options(args),
+                  source_catalog=source_catalog(args))
     result = con.sql(
         "SELECT run_id, step, checkpoint_id, status, list(DISTINCT row_group ORDER BY row_group)"
         " AS row_groups, CAST(sum(rows) AS BIGINT) AS rows FROM consumption "
@@ -74,9 +76,12 @@ def _file(args: argparse.Namespace) -> int:
 
 def _where(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.where import exposure, trained_on
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
-    matches = trained_on(args.target, args.where, args.table, catalog=args.catalog)
-    runs = exposure(args.target, matches, catalog=args.catalog)
+    options = storage_options(args)
+    matches = trained_on(args.target, args.where, args.table, catalog=args.catalog,
+                         storage_options=options, source_catalog=source_catalog(args))
+    runs = exposure(args.target, matches, catalog=args.catalog, storage_options=options)
     if args.output == "json":
         emit([r.to_json() for r in runs], "json")
         return 0

@@ -6,13 +6,14 @@ Tags given after the commit (``lakeckpt tag``) are honoured too: they live in th
 ``tag`` events, which the ``checkpoints`` view folds in. A Delta ledger's orphan files (written
 by a commit that crashed before landing, provably named by no log entry, older than the grace
 period) are removed too, and nothing else of the ledger (``DeltaLedger.remove_orphans``).
+Removing a committed checkpoint's model files records a ``removed`` event, so ``lakeckpt
+checkpoints`` shows it ``removed`` (not restorable).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
+from typing import Any
 
 from lakeckpt_tables.cli._output import add_output, emit
 
@@ -20,12 +21,15 @@ __all__ = ["register", "run"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    from lakeckpt_tables.cli._options import add_storage_options
+
     parser.add_argument("target", metavar="ROOT", help="checkpoint root (model files live here)")
     parser.add_argument("--ledger", default=None,
                         help="the runs' ledger when not <ROOT>/_ledger (delta:<uri> or "
                         "iceberg:<namespace.table>)")
-    parser.add_argument("--catalog", default=None, metavar="NAME",
+    parser.add_argument("--catalog", default=None, metavar="NAME|URI",
                         help="pyiceberg catalog of an Iceberg ledger")
+    add_storage_options(parser)
     parser.add_argument("--keep-last", type=int, default=3,
                         help="untagged checkpoints kept per run (default 3)")
     parser.add_argument("--orphans-older-than-hours", type=int, default=None, metavar="H",
@@ -37,28 +41,41 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.views import connect
+    from lakeckpt_tables.cli._ledger import existing_ledger
+    from lakeckpt_tables.cli._options import storage_options
+    from lakeckpt_tables.io import Storage
+    from lakeckpt_tables.ledger import LedgerEvent
 
-    con = connect(args.ledger or args.target, catalog=args.catalog)
-    records = con.sql("SELECT run_id, model_location, len(tags) > 0 AS tagged FROM checkpoints "
-                      "ORDER BY run_id, step").fetchall()
+    options = storage_options(args)
+    store = Storage(args.target, options)
+    con = connect(args.ledger or args.target, catalog=args.catalog, storage_options=options)
+    records = con.sql("SELECT run_id, model_location, len(tags) > 0 AS tagged, checkpoint_id, "
+                      "step, status = 'committed' AND removed_at IS NULL AS listed "
+                      "FROM checkpoints ORDER BY run_id, step").fetchall()
+    ledger = existing_ledger(args.ledger or args.target, args.catalog, options)
     removed = []
     for run_id in sorted({r[0] for r in records}):
-        for location in _removable(args.target, [r for r in records if r[0] == run_id],
-                                   run_id, args.keep_last):
+        mine = [r for r in records if r[0] == run_id]
+        events = []
+        for location in _removable(store, [r[:3] for r in mine], run_id, args.keep_last):
             if not args.dry_run:
-                shutil.rmtree(os.path.join(args.target, location), ignore_errors=True)
+                store.delete(location)
             removed.append({"run_id": run_id, "location": location})
-    removed += _ledger_orphans(args)
+            # a committed checkpoint's files: the ledger says so (`checkpoints` shows it removed)
+            events += [LedgerEvent("removed", {"checkpoint_id": r[3], "step": r[4],
+                                               "location": location, "reason": "gc"})
+                       for r in mine if r[1] == location and r[5]]
+        if events and not args.dry_run:
+            ledger.record_events(run_id, events)
+    removed += _ledger_orphans(args, ledger)
     emit(removed, args.output, columns=("run_id", "location"),
          title="would remove" if args.dry_run else "removed", empty="nothing to remove")
     return 0
 
 
-def _ledger_orphans(args: argparse.Namespace) -> list[dict[str, str]]:
-    from lakeckpt_tables.cli._ledger import existing_ledger
+def _ledger_orphans(args: argparse.Namespace, ledger: Any) -> list[dict[str, str]]:
     from lakeckpt_tables.ledger.delta import ORPHAN_GRACE_HOURS, DeltaLedger
 
-    ledger = existing_ledger(args.ledger or args.target, args.catalog)
     if not isinstance(ledger, DeltaLedger):
         return []
     hours = ORPHAN_GRACE_HOURS if args.orphans_older_than_hours is None \
@@ -67,11 +84,9 @@ def _ledger_orphans(args: argparse.Namespace) -> list[dict[str, str]]:
             for path in ledger.remove_orphans(older_than_hours=hours, dry_run=args.dry_run)]
 
 
-def _removable(root: str, records: list[tuple[str, str, bool]], run_id: str,
+def _removable(store: Any, records: list[tuple[str, str, bool]], run_id: str,
                keep_last: int) -> list[str]:
     untagged = [location for _, location, tagged in records if not tagged]
     old = set(untagged[: max(len(untagged) - keep_last, 0)])
     keep = {location for _, location, _ in records} - old
-    run_dir = os.path.join(root, run_id)
-    names = sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []
-    return [f"{run_id}/{n}" for n in names if f"{run_id}/{n}" not in keep]
+    return [f"{run_id}/{n}" for n in store.list(run_id) if f"{run_id}/{n}" not in keep]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from lakeckpt_tables.cli._output import add_output, add_target, emit
 
 if TYPE_CHECKING:
-    from lakeckpt_tables.audit._target import LedgerSnapshot
+    from lakeckpt_tables.audit.target import LedgerSnapshot
 
 __all__ = ["register", "run"]
 
@@ -27,14 +27,19 @@ def _count(snapshot: LedgerSnapshot) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lakeckpt_tables.audit._target import read_ledger
+    from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+    from lakeckpt_tables.audit.target import read_ledger
     from lakeckpt_tables.cli._ledger import existing_ledger
+    from lakeckpt_tables.cli._options import storage_options
 
-    ledger = existing_ledger(args.target, args.catalog)
-    before = _count(read_ledger(args.target, catalog=getattr(ledger, "_catalog", None)))
+    options = storage_options(args)
+    ledger = existing_ledger(args.target, args.catalog, options)
+    catalog = getattr(ledger, "_catalog", None)
+    delta = delta_options(ledger_uri(args.target), options)
+    before = _count(read_ledger(args.target, catalog=catalog, storage_options=delta))
     started = time.perf_counter()
     ledger.compact()
-    after = _count(read_ledger(args.target, catalog=getattr(ledger, "_catalog", None)))
+    after = _count(read_ledger(args.target, catalog=catalog, storage_options=delta))
     emit([{"ledger": ledger.describe(), "rows_before": before, "rows_after": after,
            "seconds": round(time.perf_counter() - started, 3)}], args.output,
          title="compacted")

@@ -1,4 +1,8 @@
-"""``lakeckpt progress TARGET``: rows consumed per run and pass, with rate and ETA."""
+"""``lakeckpt progress TARGET``: rows consumed per run and pass, with rate and ETA.
+
+A pass's ``state`` is ``done``, or its run's: ``running``, ``stale`` (the run stopped saving
+without finishing: killed, hung) or ``finished``; only a running pass has an ETA.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,24 @@ import time
 
 from lakeckpt_tables.cli._output import add_output, add_target, emit
 
-__all__ = ["register", "run"]
+__all__ = ["STALE_HELP", "add_stale_after", "register", "run"]
 
-COLUMNS = ("run_id", "segment", "epoch", "done", "rows_consumed", "rows_in_pass", "percent",
-           "rows_per_s", "eta_s", "last_step", "last_at")
+COLUMNS = ("run_id", "segment", "epoch", "state", "done", "rows_consumed", "rows_in_pass",
+           "percent", "rows_per_s", "eta_s", "last_step", "last_at")
+
+STALE_HELP = ("when a run that stopped saving is shown 'stale': a multiple of its median save "
+              "interval (e.g. 5x) or a duration (e.g. 600, 90s, 10m, 2h); default: 3 times the "
+              "interval and at least 1 minute")
+
+
+def add_stale_after(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stale-after", default=None, metavar="Nx|SECONDS", help=STALE_HELP)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    add_target(parser)
+    add_target(parser, sources=True)
     parser.add_argument("--run", default=None, help="only this run id")
+    add_stale_after(parser)
     parser.add_argument("--watch", nargs="?", type=float, const=5.0, default=None,
                         metavar="SECONDS", help="show again every SECONDS (default 5) until "
                         "interrupted")
@@ -37,8 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> None:
     from lakeckpt_tables.audit.views import connect
+    from lakeckpt_tables.cli._options import source_catalog, storage_options
 
-    con = connect(args.target, catalog=args.catalog)
+    con = connect(args.target, catalog=args.catalog, storage_options=storage_options(args),
+                  source_catalog=source_catalog(args), stale_after=args.stale_after)
     params = {} if args.run is None else {"run": args.run}
     where = "" if args.run is None else "WHERE run_id = $run"
     table = con.sql(f"SELECT * FROM progress {where} ORDER BY run_id, segment, epoch",

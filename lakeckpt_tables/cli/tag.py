@@ -20,11 +20,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.views import connect
     from lakeckpt_tables.cli._ledger import existing_ledger
+    from lakeckpt_tables.cli._options import storage_options
     from lakeckpt_tables.ledger import LedgerEvent
     from lakeckpt_tables.ledger.base import EVENT_TAG
 
-    ledger = existing_ledger(args.target, args.catalog)
-    con = connect(ledger)
+    options = storage_options(args)
+    ledger = existing_ledger(args.target, args.catalog, options)
+    con = connect(ledger, storage_options=options)
     found = con.sql("SELECT run_id, checkpoint_id, step FROM checkpoints "
                     "WHERE starts_with(checkpoint_id, $id)",
                     params={"id": args.checkpoint}).fetchall()

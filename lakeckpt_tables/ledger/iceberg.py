@@ -43,6 +43,7 @@ from lakeckpt_tables.errors import CommitConflictError, LedgerCorruptError, Ledg
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.records import CheckpointRecord
+from lakeckpt_tables.ledger.spec import LedgerSpec
 
 __all__ = ["IcebergLedger"]
 
@@ -132,6 +133,11 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         """Where the ledger lives, for error messages."""
         return f"iceberg:{self._identifier} (catalog {self._catalog.name})"
 
+    @property
+    def spec(self) -> LedgerSpec:
+        """Where the ledger lives, as a value."""
+        return LedgerSpec("iceberg", self._identifier, self._catalog.name)
+
     def compact(self) -> None:
         """Rewrite all data files into one, then expire the snapshots before the rewrite.
 
@@ -147,7 +153,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
                 changed, and compacting again later will do.
         """
         with self._lock:
-            self._table.refresh()
+            self._refresh()
             current = self._table.current_snapshot()
             if current is None:
                 return
@@ -178,9 +184,10 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         where = functools.reduce(And, conditions) if conditions else AlwaysTrue()
         try:
             rows = self._table.scan(row_filter=where).to_arrow()
-        except (OSError, pa.ArrowException) as e:
+            # a null where the schema allows none is damage too (a flipped bit)
+            return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+        except (OSError, pa.ArrowException, ValueError) as e:
             raise self._damaged(e) from e
-        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
 
     def _unreadable(self) -> list[tuple[str, Exception]]:
         """The live data files that cannot be read whole (missing, truncated, damaged)."""
@@ -189,8 +196,9 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             path = task.file.file_path
             try:
                 with self._table.io.new_input(path).open() as stream:
-                    pq.read_table(pa.BufferReader(stream.read()))
-            except (OSError, pa.ArrowException) as e:
+                    rows = pq.read_table(pa.BufferReader(stream.read()))
+                rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+            except (OSError, pa.ArrowException, ValueError, KeyError) as e:
                 out.append((path, e))
         return out
 
@@ -206,7 +214,12 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             )
         return LedgerCorruptError(f"ledger {self.describe()} could not be read: {cause}")
 
-    def repair(self) -> list[str]:
+    def repair_missing(self) -> list[str]:
+        """:meth:`repair` for data files that no longer exist only; a damaged file that exists
+        is kept for inspection."""
+        return self.repair(missing_only=True)
+
+    def repair(self, *, missing_only: bool = False) -> list[str]:
         """Drop the data files that cannot be read from the table (the way out of a
         :class:`LedgerCorruptError`): their records are lost, the rest stay.
 
@@ -217,9 +230,10 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             CommitConflictError: a concurrent commit landed meanwhile; repair again.
         """
         with self._lock:
-            self._table.refresh()
+            self._refresh()
             current = self._table.current_snapshot()
-            bad = {path for path, _ in self._unreadable()}
+            bad = {path for path, e in self._unreadable()
+                   if not missing_only or isinstance(e, FileNotFoundError)}
             if current is None or not bad:
                 return []
             files = [task.file for task in self._table.scan().plan_files()

@@ -33,7 +33,8 @@ from lakeckpt_tables.errors import (
 from lakeckpt_tables.plan.shuffle import BALANCED, LEGACY, SHUFFLERS
 from lakeckpt_tables.reader.columns import resolve_columns
 from lakeckpt_tables.reader.convert import check_convertible
-from lakeckpt_tables.reader.options import ReaderOptions
+from lakeckpt_tables.reader.options import Packing, ReaderOptions
+from lakeckpt_tables.reader.packed import TokenPlanner
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
 from lakeckpt_tables.reader.rounds import FollowPolicy, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
@@ -64,6 +65,9 @@ class ReaderConfig:
     columns: tuple[str, ...]
     follow: FollowPolicy | None
     shuffler: str = BALANCED
+    stream_sizes: dict[int, list[int]] = dataclasses.field(default_factory=dict, repr=False)
+    """Packing: each pinned version's row groups' stream sizes, counted once per process
+    (NOTE [ token plan ] in ``reader/token_plan.py``)."""
     identity: dict[str, Any] = dataclasses.field(init=False)
     """What defines the rows: a state loads only into a reader with the same."""
     policy: dict[str, Any] = dataclasses.field(init=False)
@@ -86,7 +90,9 @@ class ReaderConfig:
         follow = options.follow_policy()
         if follow is not None and follow.until_version is not None:
             _check_end_exists(source, follow.until_version)
-        return cls(source, options, snapshot, resolve_columns(snapshot, options.columns),
+        packing = options.packing()
+        columns = options.columns if packing is None else (packing.column,)
+        return cls(source, options, snapshot, resolve_columns(snapshot, columns),
                    follow)._checked()
 
     def _checked(self) -> ReaderConfig:
@@ -95,7 +101,17 @@ class ReaderConfig:
         check_convertible(self.snapshot.describe(), self.snapshot.schema, list(self.columns),
                           output=o.output, nulls=o.nulls, decimals=o.decimals)
         check_nulls(self.snapshot, list(self.columns), o.nulls if o.output == "torch" else "fill")
+        if self.packing is not None:
+            from lakeckpt_tables.reader.packing import check_token_column
+
+            check_token_column(self.snapshot.describe(), self.snapshot.schema,
+                               self.packing.column)
         return self
+
+    @property
+    def packing(self) -> Packing | None:
+        """How this reader packs tokens into sequences; None when it does not."""
+        return self.options.packing()
 
     # ------------------------------------------------------------------ what a state says
 
@@ -120,6 +136,8 @@ class ReaderConfig:
             config["schema_id"] = self.snapshot.schema_id
         if self.follow is not None:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows}
+        if self.packing is not None:
+            config["pack"] = self.packing.to_json()
         return config
 
     def _policy(self) -> dict[str, Any]:
@@ -157,8 +175,12 @@ class ReaderConfig:
         return other.snapshot is self.snapshot and other.follow == self.follow
 
     def planner(self, rounds: RoundSequence) -> RoundPlanner:
-        """The plans of ``rounds`` (this configuration's) and what a state means to them."""
+        """The plans of ``rounds`` (this configuration's) and what a state means to them (a
+        packing reader's: ``reader/packed.py``)."""
         o = self.options
+        if self.packing is not None:
+            return TokenPlanner(self.packing, o, self.snapshot,  # type: ignore[return-value]
+                                self.stream_sizes, rounds)
         return RoundPlanner(rounds, o.shuffle, o.seed, o.shuffle_window, o.drop_last, o.epochs,
                             follows=self.follow is not None, refreshes=o.refresh is not None,
                             rank=o.rank, where=self.snapshot.describe(), shuffler=self.shuffler)

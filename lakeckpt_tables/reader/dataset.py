@@ -1,4 +1,16 @@
-"""``LakeDataset``: a torch IterableDataset over a Delta or Iceberg table, resumable."""
+"""``LakeDataset``: a torch IterableDataset over a Delta or Iceberg table, resumable.
+
+Iterate it under ``StatefulDataLoader(dataset, batch_size=None, num_workers=N)``: the
+dataset makes the batches (a loader that batches them again is refused on its first batch);
+a state the loader captures covers the batches it has *yielded*, not those prefetched.
+``loader.load_state_dict(saved)`` resumes mid-pass at the same world size and workers;
+``dataset.load_state_dict(saved)`` (a loader's state, a dataset's, or merged states) also at
+another world size, worker count or batch size, and a finished pass as finished, for the
+passes of workers started afterwards (iterate once per loaded state, or use
+``persistent_workers=True``). The dataset holds one frozen
+:class:`~lakeckpt_tables.reader.config.ReaderConfig`: a loaded state swaps in the one it
+resolves to, once it is known to fit.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +19,7 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from lakeckpt_tables.errors import StateMismatchError
+from lakeckpt_tables.errors import PackingError, StateMismatchError
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, Piece
 from lakeckpt_tables.reader.config import ReaderConfig
 from lakeckpt_tables.reader.convert import Batch, CutConverter
@@ -15,6 +27,7 @@ from lakeckpt_tables.reader.distributed import rank_and_world
 from lakeckpt_tables.reader.loaders import parse_state, refuse_finished_pass
 from lakeckpt_tables.reader.loop import SliceReader, start_cursor
 from lakeckpt_tables.reader.options import ReaderOptions
+from lakeckpt_tables.reader.packed import sequences
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
 from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH
 from lakeckpt_tables.reader.rounds import (
@@ -64,29 +77,21 @@ class LakeDataset(IterableDataset[Batch]):
     more than one rank every rank yields the same number of batches per epoch or segment (see
     ``lakeckpt_tables.plan``). Batches are dicts: numeric columns as tensors (zero-copy where
     Arrow allows), fixed-length list columns as 2-D tensors, variable-length ones as
-    :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists.
-
-    Iterate it under ``StatefulDataLoader(dataset, batch_size=None, num_workers=N)``: the
-    dataset makes the batches (a loader that batches them again is refused on its first batch);
-    a state the loader captures covers the batches it has *yielded*, not those prefetched.
-    ``loader.load_state_dict(saved)`` resumes mid-pass at the same world size and workers;
-    ``dataset.load_state_dict(saved)`` (a loader's state, a dataset's, or merged states) also at
-    another world size, worker count or batch size, and a finished pass as finished, for the
-    passes of workers started afterwards (iterate once per loaded state, or use
-    ``persistent_workers=True``). The dataset holds one frozen
-    :class:`~lakeckpt_tables.reader.config.ReaderConfig`: a loaded state swaps in the one it
-    resolves to, once it is known to fit.
+    :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists. How to iterate and resume
+    it: the module's docstring.
 
     Args:
         source: a :class:`~lakeckpt_tables.DeltaSource` or :class:`~lakeckpt_tables.IcebergSource`.
         columns, batch_size, shuffle, seed, version, epochs, rank, world_size, drop_last,
             shuffle_window, transform, follow, poll_interval, max_idle, until_version,
             on_change, min_segment_rows, refresh, output, nulls, decimals, filter, unit_rows,
-            read_ahead: the fields of :class:`~lakeckpt_tables.reader.options.ReaderOptions`,
-            each documented there.
+            read_ahead, pack_tokens, seq_len, eos_id: the fields of
+            :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented there
+            (``pack_tokens``: fixed-length token sequences, ``reader/packed.py``).
 
     Raises:
         TypeError, ValueError: an option or a source of the wrong kind, named.
+        PackingError: packing options that cannot give fixed-length token sequences.
         SourceNotFoundError, UnsupportedTableError, EmptySourceError, UnknownColumnError,
         PinnedFileMissingError, RowCountMismatchError, SourceChangedError: see
         :mod:`lakeckpt_tables.errors`.
@@ -120,6 +125,9 @@ class LakeDataset(IterableDataset[Batch]):
         filter: Any = None,
         unit_rows: int = DEFAULT_UNIT_ROWS,
         read_ahead: int = DEFAULT_DEPTH,
+        pack_tokens: str | None = None,
+        seq_len: int | None = None,
+        eos_id: int | None = None,
     ) -> None:
         super().__init__()
         rank, world_size = rank_and_world(rank, world_size)
@@ -131,7 +139,7 @@ class LakeDataset(IterableDataset[Batch]):
             poll_interval=poll_interval, max_idle=max_idle, until_version=until_version,
             on_change=on_change, min_segment_rows=min_segment_rows, refresh=refresh,
             output=output, nulls=nulls, decimals=decimals, filter=filter, unit_rows=unit_rows,
-            read_ahead=read_ahead)
+            read_ahead=read_ahead, pack_tokens=pack_tokens, seq_len=seq_len, eos_id=eos_id)
         self._use(ReaderConfig.resolve(source, options))
         self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None
@@ -281,19 +289,31 @@ class LakeDataset(IterableDataset[Batch]):
                             own=self._resume_own, epoch=self._epoch)
 
     def __iter__(self) -> Iterator[Batch]:
+        if self._config.packing is not None:  # token sequences (reader/packed.py)
+            yield from sequences(self.planner, self._reader.cache.get,  # type: ignore[arg-type]
+                                 self.transform, self._begin())
+            return
         transform, converted = self.transform, CutConverter(self.output, self.nulls)
         for cut in self._tables(cuts=True):
             batch = converted(*cut)
             yield transform(batch) if transform is not None else batch
 
+    def _begin(self) -> Cursor:
+        """Start a pass: the cursor, and a later pass in this process starts afresh
+        (persistent workers: in this worker)."""
+        cursor = self._cursor = self._start_cursor()
+        if get_worker_info() is None or self._resume_own:
+            self._resume = None
+        return cursor
+
     def _tables(self, read_ahead: int | None = None, *, cuts: bool = False) -> Iterator[Any]:
         """The batches as Arrow tables, the cursor at each one's end (``reader/handoff.py``
         converts them in the main process); ``read_ahead`` overrides the option; ``cuts``:
         as :data:`~lakeckpt_tables.reader.loop.Cut` instead."""
-        cursor = self._cursor = self._start_cursor()
-        if get_worker_info() is None or self._resume_own:
-            # a later pass in this process starts afresh (persistent workers: in this worker)
-            self._resume = None
+        if self._config.packing is not None:
+            raise PackingError("a packing LakeDataset yields token sequences, not Arrow "
+                               "tables: iterate it, or a StatefulDataLoader over it")
+        cursor = self._begin()
         depth = self.read_ahead if read_ahead is None else read_ahead
         read = self._reader.cuts if cuts else self._reader.tables
         return read(cursor, self.planner, self._rounds, read_ahead=depth,

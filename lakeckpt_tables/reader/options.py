@@ -20,12 +20,24 @@ from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW
 from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH
 from lakeckpt_tables.reader.rounds import DEFAULT_UNIT_ROWS, FollowPolicy
 
-__all__ = ["ReaderOptions"]
+__all__ = ["Packing", "ReaderOptions"]
 
 OUTPUTS = ("torch", "arrow")
 NULL_POLICIES = ("refuse", "fill", "mask")
 DECIMAL_POLICIES = ("refuse", "float64")
 ON_CHANGE = ("fail", "skip")
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How a packing reader packs (NOTE [ packing ] in ``reader/packing.py``)."""
+
+    column: str
+    seq_len: int
+    eos_id: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"column": self.column, "seq_len": self.seq_len, "eos_id": self.eos_id}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +109,14 @@ class ReaderOptions:
     unit_rows: int = DEFAULT_UNIT_ROWS
     """Rows of a plan unit at most: row groups are planned as row ranges of this size, so
     shuffle mixes and work divides at any row-group size."""
+    pack_tokens: str | None = None
+    """Pack this token column (a list of integers per row, one document per row) into
+    sequences of ``seq_len`` tokens (``reader/packed.py``); ``batch_size`` then counts
+    sequences."""
+    seq_len: int | None = None
+    """Packing: tokens per sequence (>= 2)."""
+    eos_id: int | None = None
+    """Packing: the token appended after every document."""
     read_ahead: int = DEFAULT_DEPTH
     """Windows decoded ahead on background threads while the loop trains (NOTE [ read-ahead ]
     in ``reader/readahead.py``); 0 reads in the iterating thread. Changes no row and no
@@ -104,6 +124,7 @@ class ReaderOptions:
 
     def __post_init__(self) -> None:
         self._check_each()
+        self._check_packing()
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
         if self.filter is not None and (self.follow or self.refresh is not None):
@@ -155,6 +176,38 @@ class ReaderOptions:
         if self.filter is not None and not isinstance(self.filter, pc.Expression):
             raise TypeError("filter must be a pyarrow.compute expression, e.g. "
                             f"pc.field('x') > 1, got {self.filter!r}")
+
+    def _check_packing(self) -> None:
+        from lakeckpt_tables.errors import PackingError
+        from lakeckpt_tables.reader.packing import check_packing
+
+        if self.pack_tokens is None:
+            if self.seq_len is not None or self.eos_id is not None:
+                raise PackingError("seq_len and eos_id are packing options: pass "
+                                   "pack_tokens=COLUMN (the token column) with them")
+            return
+        if not isinstance(self.pack_tokens, str):
+            raise PackingError(f"pack_tokens={self.pack_tokens!r}: name the token column")
+        if self.seq_len is None or self.eos_id is None:
+            raise PackingError("pack_tokens needs seq_len= (tokens per sequence) and eos_id= "
+                               "(the end-of-document token)")
+        check_packing(self.seq_len, self.eos_id)
+        unsupported = [name for name, bad in (
+            ("follow", self.follow), ("refresh", self.refresh is not None),
+            ("output", self.output != "torch"),
+            ("columns", self.columns is not None and list(self.columns) != [self.pack_tokens]))
+            if bad]
+        if unsupported:
+            raise PackingError(f"pack_tokens={self.pack_tokens!r} reads a pinned snapshot's "
+                               f"token column into torch sequences; drop {unsupported} (not "
+                               "supported with packing)")
+
+    def packing(self) -> Packing | None:
+        """What packing does; None without ``pack_tokens``."""
+        if self.pack_tokens is None:
+            return None
+        assert self.seq_len is not None and self.eos_id is not None
+        return Packing(self.pack_tokens, self.seq_len, self.eos_id)
 
     def follow_policy(self) -> FollowPolicy | None:
         """How the reader follows its table; None without ``follow=True``."""

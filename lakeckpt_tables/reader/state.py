@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import Piece
-from lakeckpt_tables.reader.rounds import Round
+from lakeckpt_tables.plan.rounds import Round
 from lakeckpt_tables.types import TableIdentity
 
 __all__ = [

@@ -64,6 +64,30 @@ class TimedManager(CheckpointManager):
                 return out
 
             self.ledger.commit = timed_commit  # type: ignore[method-assign]
+        self._time("retire", self, "_committer", "committed")  # retention, after the commit
+        self._time("capture", self, "_preparer", "capture_reader")  # reader state + consumption
+
+    def capture(self, dataloader: Any) -> Any:
+        """Capture the reader state and consumption as a save does (nothing is written)."""
+        return self._preparer.capture_reader(dataloader, self._baseline)
+
+    def _time(self, name: str, owner: Any, part: str, method: str) -> None:
+        """Time calls of ``owner.<part>.<method>`` under ``name`` (rank 0's parts may be None)."""
+        target = getattr(owner, part)
+        if target is None:
+            return
+        real = getattr(target, method)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            out = real(*args, **kwargs)
+            spent = clock() - t0
+            self.timings[name].append(spent)
+            if name == "retire":
+                self._retire_s = spent
+            return out
+
+        setattr(target, method, timed)
 
     def _commit(self, attempt: Any) -> CheckpointRecord:
         if self._barrier:
@@ -92,20 +116,6 @@ class TimedManager(CheckpointManager):
             del world.gather, world.broadcast  # back to the class's methods
         self.timings["commit"].append(clock() - t0 - self._retire_s)
         return out
-
-    def _retire_old(self) -> None:
-        t0 = clock()
-        super()._retire_old()
-        self._retire_s = clock() - t0
-        self.timings["retire"].append(self._retire_s)
-
-    def _capture_reader(self, dataloader: Any) -> Any:  # its tuple grows with the library
-        t0 = clock()
-        out = super()._capture_reader(dataloader)
-        self.timings["capture"].append(clock() - t0)
-        return out
-
-
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
                 features: int, distributed: bool) -> None:

@@ -89,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         path = Path(args.baseline)
     baseline = _load(path)
+    if new.get("bench") != baseline.get("bench"):
+        raise SystemExit(f"lakeckpt bench compare: {args.report} is a report of bench "
+                         f"{new.get('bench')!r}, {path} of bench {baseline.get('bench')!r}; "
+                         "compare reports of one benchmark")
     changes = compare(new, baseline)
     fell = [c for c in changes if c.fell(args.tolerance)]
     print(f"{args.report} against {path}")

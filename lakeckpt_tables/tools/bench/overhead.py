@@ -224,7 +224,7 @@ def _measure_overhead(table: str, root: str | Path, steps: int, every: int, roun
         capture: list[float] = []
         for _ in range(capture_repeats):
             t0 = clock()
-            sync._capture_reader(loader)
+            sync.capture(loader)
             capture.append(clock() - t0)
         last = sync.checkpoints()[-1]
     params = sum(p.numel() for p in model.parameters())

@@ -10,10 +10,13 @@ one run, by:
   rows read are the same; read-ahead at its default);
 - ``chunked``: :class:`~lakeckpt_tables.ChunkedLoader` over the same dataset, at each worker
   count above 0;
-- ``hf``: Hugging Face ``datasets`` streaming the same Parquet files under the same loader
-  (installed through the ``bench`` extra; reported as skipped when absent).
+- ``hf``: Hugging Face ``datasets`` streaming the same Parquet files under the same loader,
+  batched in Arrow (``with_format("arrow").batch(batch_size)``: the fastest of its documented
+  ways that resumes; row by row with a collate function was 10-70x slower here). Installed
+  through the ``bench`` extra; reported as skipped when absent.
 
-Every figure is wall-clock time of whole passes (the main process's CPU time beside it); a
+Every figure is wall-clock time of whole passes (the main process's CPU time beside it: with
+several torch threads it includes their spinning, so read it as an upper bound); a
 ratio is the median over rounds of the ratio within each round (NOTE [ fair rounds ]). Resume:
 time to the first batch after resuming at 0, 50 and 90% of a pass, for the library (a seek), a
 naive skip-ahead resume (read and drop the rows already delivered) and ``hf``.
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import itertools
 import json
 import statistics
 import time
@@ -37,8 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+import pyarrow as pa
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.tools.bench._common import (
@@ -51,7 +52,7 @@ from lakeckpt_tables.tools.bench._common import (
     warm_up,
 )
 from lakeckpt_tables.tools.bench.data import warm_page_cache
-from lakeckpt_tables.tools.bench.raw import Batch, raw_batches, units_of
+from lakeckpt_tables.tools.bench.raw import Batch, raw_batches, table_batches, units_of
 from lakeckpt_tables.tools.bench.shapes import (
     DEFAULT_FILES,
     DEFAULT_ROW_GROUPS,
@@ -112,20 +113,11 @@ def hf_available() -> bool:
     return importlib.util.find_spec("datasets") is not None
 
 
-def _hf_collate(rows: list[dict[str, Any]]) -> Batch:
-    """A batch of HF rows as the same tensors the others produce (lists: values + offsets)."""
-    out: Batch = {}
-    for name, first in rows[0].items():
-        if isinstance(first, list):
-            lengths = np.fromiter((len(r[name]) for r in rows), np.int64, len(rows))
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            values = np.fromiter(itertools.chain.from_iterable(r[name] for r in rows),
-                                 np.int32, int(offsets[-1]))
-            out[f"{name}_values"] = torch.from_numpy(values)
-            out[f"{name}_offsets"] = torch.from_numpy(offsets)
-        else:
-            out[name] = torch.from_numpy(np.array([r[name] for r in rows]))
-    return out
+def _hf_batch(table: pa.Table) -> Batch:
+    """One HF batch (Arrow format: a one-row table of list columns) as the same tensors the
+    other loops produce (list columns as values + offsets)."""
+    flat = pa.table({c: table.column(c).combine_chunks().flatten() for c in table.column_names})
+    return next(table_batches(flat, flat.column_names, flat.num_rows))
 
 
 def _loader(dataset: Any, workers: int, **kwargs: Any) -> Any:
@@ -161,8 +153,8 @@ def _hf_loader(table: ShapeTable, batch: int, workers: int) -> Any:
     from datasets import load_dataset
 
     data = load_dataset("parquet", data_files=list(table.files), streaming=True,
-                        split="train")
-    return _loader(data, workers, batch_size=batch, collate_fn=_hf_collate)
+                        split="train").with_format("arrow").batch(batch)
+    return _loader(data, workers, batch_size=None, collate_fn=_hf_batch)
 
 
 # ------------------------------------------------------------------------------ timing
@@ -192,8 +184,8 @@ class ShapeResult:
         """``a`` over ``b`` in rows/s: the median of the rounds' paired ratios."""
         if a not in self.passes or b not in self.passes:
             return None
-        key = (lambda p: p.cpu_s) if cpu else (lambda p: p.wall_s)
-        return _median([key(pb) / max(key(pa_), 1e-9)
+        time_of = "cpu_s" if cpu else "wall_s"
+        return _median([getattr(pb, time_of) / max(getattr(pa_, time_of), 1e-9)
                         for pa_, pb in zip(self.passes[a], self.passes[b], strict=True)])
 
     def ratio_names(self, workers: Sequence[int]) -> dict[str, tuple[str, str]]:
@@ -268,7 +260,7 @@ def _makers(table: ShapeTable, batch: int, workers: Sequence[int],
 def measure_shape(table: ShapeTable, *, batch_size: int, rounds: int, workers: Sequence[int],
                   hf: bool, resume: bool, progress: Progress) -> ShapeResult:
     """Every loop on ``table`` in rotating rounds (NOTE [ fair rounds ]), then resume."""
-    warm_page_cache(table.files)
+    warm_page_cache(list(table.files))
     makers = _makers(table, batch_size, workers, hf)
     result = ShapeResult(table, {name: [] for name in makers})
     names = list(makers)

@@ -54,6 +54,7 @@ from lakeckpt_tables.tools.bench._common import (
     figure_lines,
     interleaved_pass,
     interleaved_rounds,
+    machine_note,
     passed,
     scratch,
 )
@@ -356,6 +357,7 @@ class ReadBenchReport:
             "table": asdict(self.table),
             "bench": "read",
             "shape": self.table.describe(),
+            "machine": machine_note(),
             "throughput": {**asdict(t), "ratio": t.ratio, "shuffled_ratio": t.shuffled_ratio,
                            "cpu_ratio": t.cpu_ratio},
             "resume": [{**asdict(r), "ratio": r.ratio, "first_batch_ratio": r.first_batch_ratio}

@@ -1,0 +1,184 @@
+"""Phase 2 of a checkpoint (rank 0): commit if every rank prepared, else abort.
+
+See NOTE [ two-phase commit ] in :mod:`lakeckpt_tables.checkpoint.manager`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from lakeckpt_tables import errors
+from lakeckpt_tables.checkpoint._failures import describe_failure, is_write_failure
+from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
+from lakeckpt_tables.checkpoint.retention import Retention, removed_events
+from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError
+from lakeckpt_tables.hooks import reached as crash_point  # test seam: no hook in production
+from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
+from lakeckpt_tables.ledger import CheckpointRecord, ConsumptionRecord, Ledger, LedgerEvent
+from lakeckpt_tables.reader import encode_state, merge_states
+
+__all__ = ["Attempt", "Committer", "Prepared", "failed"]
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN_OUTCOME_TRIES = 3
+
+
+@dataclass
+class Prepared:
+    """One rank's outcome of phase 1."""
+
+    ok: bool
+    error: str = ""
+    write: bool = False  # the failure is the storage's (disk full...)
+    manifest: dict[str, Any] = field(default_factory=dict)
+    reader: dict[str, Any] | None = None
+    consumed: list[ConsumptionRecord] = field(default_factory=list)
+    events: list[LedgerEvent] = field(default_factory=list)
+
+
+@dataclass
+class Attempt:
+    """One save in flight."""
+
+    step: int
+    checkpoint_id: str
+    location: str
+    tags: tuple[str, ...]
+    prepared: Prepared
+    future: Future[Any] | None = None
+
+
+def failed(exc: BaseException) -> Prepared:
+    """A rank's failed phase 1, the cause said in words."""
+    return Prepared(False, error=describe_failure(exc), write=is_write_failure(exc))
+
+
+class Committer:
+    """Rank 0's commit decision for one run."""
+
+    def __init__(self, ledger: Ledger, storage: CheckpointStorage, retention: Retention, *,
+                 run_id: str, owner: str, config_hash: str) -> None:
+        self.ledger = ledger
+        self.storage = storage
+        self.retention = retention
+        self.run_id = run_id
+        self.owner = owner
+        self.config_hash = config_hash
+        self._started = time.monotonic()
+        self._pushed_out: list[CheckpointRecord] = []  # by the commit in flight
+
+    def decide(self, attempt: Attempt, reports: list[Prepared], head: CheckpointRecord | None,
+               world_size: int) -> CheckpointRecord | errors.LakeckptError:
+        """Commit if every rank prepared (the commit point), else abort; errors are returned
+        as values, to be raised on every rank."""
+        failures = [(r, p) for r, p in enumerate(reports) if not p.ok]
+        if failures:
+            self.storage.delete(attempt.location)
+            detail = "; ".join(f"rank {r}: {p.error}" for r, p in failures)
+            kind = CheckpointWriteError if any(p.write for _, p in failures) else CheckpointError
+            return kind(f"checkpoint of run {self.run_id} at step {attempt.step} under "
+                        f"{self.storage.root} was not saved, nothing was committed: {detail}")
+        try:
+            record, consumption = self._records(attempt, reports, head, world_size)
+            if head is not None and head.step == attempt.step:
+                return self._same_step(attempt, record, head)
+            pushed_out = self.retention.pushed_out(record)
+            crash_point("commit:before", 0)
+            # rank 0's reader sees the same follow segments as every rank (they are derived
+            # from the commit log alone), so its events speak for all
+            events = reports[0].events + removed_events(pushed_out, "retention")
+            committed = self._ledger_commit(record, consumption, events)
+            self._pushed_out = pushed_out
+            crash_point("commit:after", 0)
+            return committed
+        except errors.CommitStateUnknownError as exc:
+            # a landed commit may name the files: they stay, gc decides later from the ledger
+            return exc
+        except errors.LakeckptError as exc:  # certainly not landed: nothing names the files
+            self.storage.delete(attempt.location)
+            return exc
+        except Exception as exc:
+            log.exception("ledger commit of run %s step %d failed", self.run_id, attempt.step)
+            return CheckpointError(f"ledger commit of run {self.run_id} step {attempt.step} "
+                                   f"failed: {describe_failure(exc)}")
+
+    def committed(self, record: CheckpointRecord) -> None:
+        """After every rank heard of the commit: retention and compaction."""
+        pushed_out, self._pushed_out = self._pushed_out, []
+        self.retention.committed(record, pushed_out)
+
+    def _same_step(self, attempt: Attempt, record: CheckpointRecord,
+                   head: CheckpointRecord) -> CheckpointRecord | errors.LakeckptError:
+        """A second save at the step this job committed (or restored) last.
+
+        The common "final save after the loop" at a step the loop already saved: the same
+        content (model files byte for byte, reader state) is that checkpoint, returned as
+        committed; other content at a committed step is a conflict.
+        """
+        self.storage.delete(attempt.location)
+        if (head.reader_state == record.reader_state
+                and _data_files(head.manifest) == _data_files(record.manifest)):
+            log.info("run %s: step %d is already committed with the same content as "
+                     "checkpoint %s", self.run_id, head.step, head.checkpoint_id)
+            return head
+        return errors.CommitConflictError(
+            f"run {self.run_id} step {attempt.step} is already committed as checkpoint "
+            f"{head.checkpoint_id} with other content (the model, optimizer or reader state "
+            "changed since); save it under a later step")
+
+    def _ledger_commit(self, record: CheckpointRecord, consumption: list[ConsumptionRecord],
+                       events: list[LedgerEvent]) -> CheckpointRecord:
+        """Commit, asking again after an unknown outcome: the ledger's settle step reads the
+        log (the run's app transaction, the snapshot summaries) and returns the stored record
+        if the first try landed."""
+        unknown: errors.CommitStateUnknownError | None = None
+        for attempt in range(_UNKNOWN_OUTCOME_TRIES):
+            try:
+                return self.ledger.commit(record, consumption, events, owner=self.owner)
+            except errors.CommitStateUnknownError as exc:
+                if attempt + 1 == _UNKNOWN_OUTCOME_TRIES:
+                    raise
+                unknown = exc
+                log.warning("run %s step %d: %s; asking the ledger again", self.run_id,
+                            record.step, exc)
+                time.sleep(0.2 * 2 ** attempt)
+            except errors.LakeckptError as exc:
+                if unknown is None:
+                    raise
+                # the first try may have landed and named the files: they must stay
+                raise errors.CommitStateUnknownError(
+                    f"{unknown}; asking again failed too ({exc})") from exc
+        raise AssertionError("unreachable")
+
+    def _records(self, attempt: Attempt, reports: list[Prepared], head: CheckpointRecord | None,
+                 world_size: int) -> tuple[CheckpointRecord, list[ConsumptionRecord]]:
+        manifest: dict[str, Any] = {}
+        for report in reports:
+            manifest.update(report.manifest)
+        readers = [r.reader for r in reports if r.reader is not None]
+        reader = merge_states(readers) if readers else None
+        if reader is not None and reader.plan is not None and not reader.complete:
+            raise CheckpointError(f"run {self.run_id} step {attempt.step}: the ranks' reader "
+                                  "states do not cover every rank and worker")
+        consumption = [c for report in reports for c in report.consumed]
+        record = CheckpointRecord(
+            run_id=self.run_id, checkpoint_id=attempt.checkpoint_id, step=attempt.step,
+            parent_id=head.checkpoint_id if head is not None else None,
+            model_location=attempt.location, manifest=manifest,
+            reader_state=encode_state(reader) if reader is not None else "",
+            source=None if reader is None else reader.table,
+            source_version=None if reader is None else reader.version,
+            world_size=world_size, tags=attempt.tags, config_hash=self.config_hash,
+            wall_time_s=time.monotonic() - self._started)
+        return record, consumption
+
+
+def _data_files(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest without DCP's ``.metadata``, which holds a fresh save id every time."""
+    return {name: digest for name, digest in manifest.items() if name != DCP_METADATA}

@@ -1,0 +1,286 @@
+"""restore() when things are missing or wrong: never stuck, and a failed restore changes nothing.
+
+Real Delta tables and ledgers on local disk; the restore after damage runs in a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from deltalake import WriterProperties, write_deltalake
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lakeckpt_tables import DeltaSource, LakeDataset
+from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.errors import CheckpointRestoreError, RunFencedError, RunInUseError
+from lakeckpt_tables.ledger import DeltaLedger
+
+ROWS = 48
+BATCH = 4
+SAVE_EVERY = 3
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("src") / "t"
+    props = WriterProperties(max_row_group_size=8)
+    for start in range(0, ROWS, 24):
+        ids = np.arange(start, start + 24, dtype=np.int64)
+        write_deltalake(str(path), pa.table({"id": ids}), mode="append", writer_properties=props)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _no_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAKECKPT_REGISTRY", "off")
+
+
+def train(table: str, root: str, *, stop: int | None = None) -> dict[str, object]:
+    """Restore run "r", train to ``stop`` (or the end) saving every few steps and at the end;
+    the restored step and the ids each step trained on."""
+    dataset = LakeDataset(DeltaSource(table), batch_size=BATCH, seed=7, shuffle_window=2)
+    loader = StatefulDataLoader(dataset, batch_size=None)
+    model = torch.nn.Linear(1, 1)
+    manager = CheckpointManager(root, "r")
+    restored = manager.restore(model=model, dataloader=loader) or 0
+    step, ids = restored, []
+    for batch in loader:
+        step += 1
+        ids.append([int(i) for i in batch["id"]])
+        if step % SAVE_EVERY == 0:
+            manager.save(step, model=model, dataloader=loader)
+        if step == stop:
+            break
+    manager.save(step, model=model, dataloader=loader)
+    return {"restored": restored, "ids": ids}
+
+
+FRESH_PROCESS = """
+import json, sys
+sys.path.insert(0, sys.argv[3])
+from test_checkpoint_restore import train
+print(json.dumps(train(sys.argv[1], sys.argv[2])))
+"""
+
+
+def _events(root: Path, name: str) -> list[dict[str, object]]:
+    rows = DeltaLedger(str(root / "_ledger")).to_arrow().sort_by("committed_at").to_pylist()
+    return [json.loads(r["detail"]) for r in rows if r["event"] == name]
+
+
+def _lose(root: Path, what: str, location: str, ledger_file: Path) -> None:
+    directory = root / location
+    if what == "directory":
+        for f in directory.iterdir():
+            f.unlink()
+        directory.rmdir()
+    elif what == "shard":
+        next(directory.glob("*.distcp")).unlink()
+    elif what == "manifest":
+        (directory / ".metadata").unlink()
+    else:
+        ledger_file.unlink()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("what", ["directory", "shard", "manifest", "ledger file"])
+def test_a_run_whose_newest_checkpoint_lost_files_goes_on_from_the_previous_exactly_once(
+        table: Path, tmp_path: Path, what: str) -> None:
+    dataset = LakeDataset(DeltaSource(str(table)), batch_size=BATCH, seed=7, shuffle_window=2)
+    uninterrupted = [[int(i) for i in b["id"]] for b in StatefulDataLoader(dataset,
+                                                                           batch_size=None)]
+    first = train(str(table), str(tmp_path), stop=2 * SAVE_EVERY)
+    ledger = DeltaLedger(str(tmp_path / "_ledger"))
+    newest = ledger.checkpoints("r")[-1]
+    assert newest.step == 2 * SAVE_EVERY
+    ledger_file = max((tmp_path / "_ledger").glob("*.parquet"), key=lambda p: p.stat().st_mtime)
+    _lose(tmp_path, what, newest.model_location, ledger_file)
+
+    env = {**os.environ, "LAKECKPT_REGISTRY": "off", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(table), str(tmp_path),
+                           str(Path(__file__).parent)], env=env, capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rest = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rest["restored"] == SAVE_EVERY
+    assert first["ids"][:SAVE_EVERY] + rest["ids"] == uninterrupted  # exactly once, in order
+    steps = [r.step for r in DeltaLedger(str(tmp_path / "_ledger")).checkpoints("r")]
+    assert steps == list(range(SAVE_EVERY, len(uninterrupted) + 1, SAVE_EVERY))  # 6 again
+    if what == "ledger file":
+        (repaired,) = _events(tmp_path, "ledger_repaired")
+        assert repaired["files"] == [ledger_file.name] and repaired["missing"] is True
+    else:
+        (retired,) = _events(tmp_path, "retired")
+        assert (retired["checkpoint_id"], retired["step"]) == (newest.checkpoint_id,
+                                                               newest.step)
+        named = {"directory": "directory", "shard": ".distcp", "manifest": ".metadata"}[what]
+        assert any(named in m for m in retired["missing"])  # type: ignore[union-attr]
+        assert "missing" in str(retired["reason"])
+    # and a later restart restores the end of the run
+    assert CheckpointManager(tmp_path, "r").restore(model=torch.nn.Linear(1, 1)) == len(
+        uninterrupted)
+
+
+def _ledger_rows(root: Path) -> int:
+    return DeltaLedger(str(root / "_ledger")).to_arrow().num_rows
+
+
+def test_a_model_or_optimizer_that_does_not_fit_is_named_and_changes_nothing(
+        tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    owner = CheckpointManager(tmp_path, "r")
+    owner.save(1, model=model)
+    rows = _ledger_rows(tmp_path)
+
+    wider = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    with pytest.raises(CheckpointRestoreError,
+                       match=r"1 of another shape: model\.0\.weight: checkpoint \(3, 2\), "
+                             r"here \(3, 4\).*Nothing was loaded"):
+        CheckpointManager(tmp_path, "r").restore(model=wider)
+    deeper = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1),
+                                 torch.nn.Linear(1, 1))
+    with pytest.raises(CheckpointRestoreError,
+                       match=r"2 missing from the checkpoint: model\.2\.bias, model\.2\.weight"):
+        CheckpointManager(tmp_path, "r").restore(model=deeper)
+    shallow = torch.nn.Sequential(torch.nn.Linear(2, 3))
+    with pytest.raises(CheckpointRestoreError,
+                       match=r"2 in the checkpoint but not here: model\.1\.bias, model\.1\.weight"):
+        CheckpointManager(tmp_path, "r").restore(model=shallow)
+    with pytest.raises(CheckpointRestoreError, match=r"missing from the checkpoint: "
+                       r"optimizer\.param_groups\.0\.dampening"):
+        CheckpointManager(tmp_path, "r").restore(model=model, optimizer=optimizer)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+    with pytest.raises(CheckpointRestoreError, match=r"8 missing from the checkpoint: "
+                       r"lr_scheduler\._get_lr_called_within_step, "):
+        CheckpointManager(tmp_path, "r").restore(model=model, lr_scheduler=scheduler)
+    # nothing was recorded and nobody took the run: its owner saves on
+    assert _ledger_rows(tmp_path) == rows
+    assert owner.save(2, model=model).step == 2
+    assert CheckpointManager(tmp_path, "r").restore(model=model) == 2
+
+
+def test_a_new_run_id_beside_other_runs_says_which_exist_and_require_refuses_to_start_fresh(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    CheckpointManager(tmp_path, "experiment-1").save(1, model=torch.nn.Linear(1, 1))
+    with caplog.at_level(logging.WARNING, logger="lakeckpt_tables"):
+        assert CheckpointManager(tmp_path, "experimnet-1").restore() is None
+    assert "Other runs there: ['experiment-1']" in caplog.text
+    rows = _ledger_rows(tmp_path)
+    with pytest.raises(CheckpointRestoreError, match=r"run 'typo' has no checkpoint .*"
+                       r"require=True\) does not start fresh. Runs there: \['experiment-1'\]"):
+        CheckpointManager(tmp_path, "typo").restore(require=True)
+    assert _ledger_rows(tmp_path) == rows
+    assert CheckpointManager(tmp_path, "experiment-1").restore(require=True) == 1
+
+
+def test_refuse_keeps_a_live_owner_and_names_it_fence_takes_the_run_over(
+        tmp_path: Path) -> None:
+    model = torch.nn.Linear(1, 1)
+    first = CheckpointManager(tmp_path, "r")
+    first.save(1, model=model)
+    rows = _ledger_rows(tmp_path)
+    with pytest.raises(RunInUseError, match=rf"owned by live job {first.owner} \(last commit "
+                       r"step 1, last sign of life \d+ s ago.*takeover='fence'"):
+        CheckpointManager(tmp_path, "r", takeover="refuse").restore(model=model)
+    assert _ledger_rows(tmp_path) == rows
+    assert first.save(2, model=model).step == 2  # the owner was not fenced
+    # an owner silent for longer than live_for is dead: refuse takes its run over
+    assert CheckpointManager(tmp_path, "r", takeover="refuse", live_for=0).restore(
+        model=model) == 2
+    with pytest.raises(RunFencedError):
+        first.save(3, model=model)
+    # a job that claimed a fresh run is live while it beats
+    fresh = CheckpointManager(tmp_path, "new")
+    assert fresh.restore(model=model) is None
+    fresh.heartbeat(1)
+    with pytest.raises(RunInUseError, match=rf"job {fresh.owner} \(no checkpoint yet"):
+        CheckpointManager(tmp_path, "new", takeover="refuse").restore(model=model)
+
+
+def test_restore_records_the_step_the_previous_job_reached_and_how_many_steps_were_lost(
+        tmp_path: Path) -> None:
+    model = torch.nn.Linear(1, 1)
+    manager = CheckpointManager(tmp_path, "r")
+    manager.save(5, model=model)
+    ten = manager.save(10, model=model)
+    manager.heartbeat(17)  # trained on to step 17, then killed
+    assert CheckpointManager(tmp_path, "r").restore(model=model) == 10
+    (tmp_path / "r" / "step-000000019-0badc0de").mkdir()  # a save attempt a crash cut short
+    assert CheckpointManager(tmp_path, "r").restore(model=model) == 10
+    assert [(e["checkpoint_id"], e["newest_step"], e["reached_step"], e["steps_lost"])
+            for e in _events(tmp_path, "restore")] == [(ten.checkpoint_id, 10, 17, 7),
+                                                        (ten.checkpoint_id, 10, 19, 9)]
+
+
+def test_an_error_after_an_unknown_commit_outcome_keeps_the_files_a_landed_commit_may_name(
+        tmp_path: Path) -> None:
+    from lakeckpt_tables.errors import CommitStateUnknownError, LedgerError
+
+    manager = CheckpointManager(tmp_path, "r")
+    manager.save(1, model=torch.nn.Linear(1, 1))
+    assert manager.ledger is not None
+    answers = iter([CommitStateUnknownError("injected: the response was lost"),
+                    LedgerError("injected: the ledger cannot be read right now")])
+
+    def commit(*args: object, **kwargs: object) -> None:
+        raise next(answers)
+
+    manager.ledger.commit = commit  # type: ignore[method-assign]
+    with pytest.raises(CommitStateUnknownError, match=r"asking again failed too .*cannot be read"):
+        manager.save(2, model=torch.nn.Linear(1, 1))
+    assert len(list((tmp_path / "r").glob("step-000000002-*"))) == 1  # the files stay
+
+
+def test_the_first_checkpoint_names_the_table_read_and_an_iceberg_tables_catalog(
+        tmp_path: Path) -> None:
+    from conftest import sql_catalog, write_iceberg
+
+    from lakeckpt_tables import IcebergSource
+
+    catalog = sql_catalog(tmp_path / "cat")
+    table = write_iceberg(catalog, "ns.rows", [(0, 40)])
+    dataset = LakeDataset(IcebergSource("ns.rows", catalog=catalog), batch_size=8)
+    loader = StatefulDataLoader(dataset, batch_size=None)
+    batches = iter(loader)
+    manager = CheckpointManager(tmp_path / "root", "r")
+    for step in (1, 2):
+        next(batches)
+        manager.save(step, dataloader=loader)
+    (source,) = _events(tmp_path / "root", "source")  # once, with the first checkpoint
+    assert source == {"format": "iceberg", "location": table.location().removeprefix("file://"),
+                      "table_id": str(table.metadata.table_uuid), "catalog": "lakeckpt_test",
+                      "identifier": "ns.rows"}
+
+
+def test_an_iceberg_ledger_that_lost_the_file_of_its_newest_commit_falls_back(
+        tmp_path: Path) -> None:
+    from conftest import sql_catalog
+
+    from lakeckpt_tables.ledger import IcebergLedger
+
+    catalog = sql_catalog(tmp_path / "cat")
+    model = torch.nn.Linear(1, 1)
+    manager = CheckpointManager(tmp_path / "root", "r",
+                                ledger=IcebergLedger("lakeckpt.ledger", catalog=catalog))
+    manager.save(1, model=model)
+    manager.save(2, model=model)
+    lost = max((tmp_path / "cat" / "warehouse").rglob("*.parquet"),
+               key=lambda p: p.stat().st_mtime_ns)
+    lost.unlink()
+    ledger = IcebergLedger("lakeckpt.ledger", catalog=catalog)
+    assert CheckpointManager(tmp_path / "root", "r", ledger=ledger).restore(model=model) == 1
+    events = ledger.to_arrow().filter(pa.compute.field("event") == "ledger_repaired")
+    (detail,) = [json.loads(d) for d in events["detail"].to_pylist()]
+    assert detail["missing"] is True and detail["files"][0].endswith(lost.name)

@@ -307,14 +307,12 @@ class LakeDataset(IterableDataset[Batch]):
         return cursor
 
     def _tables(self, read_ahead: int | None = None, *, cuts: bool = False) -> Iterator[Any]:
-        """The batches as Arrow tables, the cursor at each one's end (``reader/handoff.py``
-        converts them in the main process); ``read_ahead`` overrides the option; ``cuts``:
-        as :data:`~lakeckpt_tables.reader.loop.Cut` instead."""
+        """The batches as Arrow tables (``cuts``: as ``loop.Cut``), the cursor at each one's end
+        (``reader/handoff.py`` converts them); ``read_ahead`` overrides the option."""
         if self._config.packing is not None:
             raise PackingError("a packing LakeDataset yields token sequences, not Arrow "
                                "tables: iterate it, or a StatefulDataLoader over it")
         cursor = self._begin()
         depth = self.read_ahead if read_ahead is None else read_ahead
-        read = self._reader.cuts if cuts else self._reader.tables
-        return read(cursor, self.planner, self._rounds, read_ahead=depth,
-                    unit_rows=self.unit_rows)
+        return (self._reader.cuts if cuts else self._reader.tables)(
+            cursor, self.planner, self._rounds, read_ahead=depth, unit_rows=self.unit_rows)

@@ -131,7 +131,8 @@ EXPECTED = {
     "README.md": ["delta: step 80", "iceberg: step 80", "finished", "quickstart-delta"],
     "s3-end-to-end.md": ["delta: starting at step 8", "delta: finished at step 16",
                          "iceberg: finished at step 16"],
-    "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "restored step 50"],
+    "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "restored step 50", "does not fit",
+                                  "is removed", "restore(require=True)"],
     "audit-and-progress.md": ["6400", "violations=[]"],
 }
 

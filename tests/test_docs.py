@@ -133,7 +133,7 @@ EXPECTED = {
                          "iceberg: finished at step 16"],
     "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "restored step 50", "does not fit",
                                   "is removed", "restore(require=True)"],
-    "audit-and-progress.md": ["6400", "violations=[]"],
+    "audit-and-progress.md": ["6400", "violations=[]", "(25, 'removed')", "exit 2"],
 }
 
 

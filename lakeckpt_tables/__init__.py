@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lakeckpt_tables.errors import LakeckptError
+    from lakeckpt_tables.mixture import Mixture
     from lakeckpt_tables.reader import LakeDataset, Ragged, merge_states
     from lakeckpt_tables.reader.handoff import ChunkedLoader
     from lakeckpt_tables.sources import DeltaSource, IcebergSource, default_catalog
@@ -21,6 +22,7 @@ __all__ = [
     "IcebergSource",
     "LakeDataset",
     "LakeckptError",
+    "Mixture",
     "Ragged",
     "default_catalog",
     "merge_states",
@@ -36,6 +38,7 @@ _HOMES = {
     "merge_states": "lakeckpt_tables.reader",
     "ChunkedLoader": "lakeckpt_tables.reader.handoff",
     "LakeckptError": "lakeckpt_tables.errors",
+    "Mixture": "lakeckpt_tables.mixture",
 }
 
 

@@ -15,11 +15,15 @@ __all__ = [
     "CommitStateUnknownError",
     "DataFileError",
     "EmptySourceError",
+    "EosInDocumentWarning",
     "FilterError",
     "LakeckptError",
     "LedgerCorruptError",
     "LedgerError",
+    "MixtureError",
+    "MixtureStateError",
     "NullValuesError",
+    "PackingError",
     "PinnedFileMissingError",
     "ProcessGroupError",
     "ResumePathError",
@@ -158,6 +162,26 @@ class ResumePathError(StateMismatchError):
 
 class ProcessGroupError(LakeckptError):
     """The environment says several ranks but no torch.distributed process group is set up."""
+
+
+class PackingError(LakeckptError):
+    """Packing cannot give fixed-length token sequences as asked: ``seq_len`` below 2, a packing
+    column that is not a list of integers, null token lists, a bad ``last`` policy."""
+
+
+class EosInDocumentWarning(UserWarning):
+    """``eos_id`` occurs inside documents, so document ends are ambiguous (warned once per
+    process; every occurrence is counted)."""
+
+
+class MixtureError(LakeckptError):
+    """A mixture is not well defined: weights not positive, or naming other sources than the
+    mixture has, or an unknown ``on_exhausted`` policy."""
+
+
+class MixtureStateError(StateMismatchError):
+    """A mixture state does not fit this mixture: it names a source the mixture lacks, lacks
+    one it has, or a source's table identity changed."""
 
 
 class SourceArgumentError(LakeckptError, ValueError):

@@ -22,7 +22,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
 from lakeckpt_tables.ledger import CheckpointRecord, LedgerEvent
-from lakeckpt_tables.reader.state import ReaderState, encode_state, merge_states, states_from_loader
+from lakeckpt_tables.reader.loaders import states_from_loader
+from lakeckpt_tables.reader.state import ReaderState, encode_state, merge_states
 
 ROWS = 400
 """Rows of the audit test table: ids 0..399, user = id % 50."""

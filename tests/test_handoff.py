@@ -221,7 +221,7 @@ def test_a_worker_reads_on_its_own_thread_without_read_ahead_threads(
     log = tmp_path / "threads.txt"
     loader = _chunked(delta_table)
     dataset = loader.dataset
-    read = dataset._read_unit
+    read = dataset._reader._read_unit
 
     def logged(unit: Any) -> pa.Table:
         import threading
@@ -230,7 +230,7 @@ def test_a_worker_reads_on_its_own_thread_without_read_ahead_threads(
             f.write(f"{os.getpid()} {threading.current_thread().name}\n")
         return read(unit)
 
-    dataset._prefetch._read = logged  # the cache's reads go through it
+    dataset._reader.prefetch._read = logged  # the cache's reads go through it
     assert _ids(loader) == reference
     lines = log.read_text().split()
     assert lines and set(lines[1::2]) == {"MainThread"}  # the worker's own thread
@@ -308,7 +308,7 @@ def test_a_worker_hands_over_shared_memory_tensors_and_batches_are_views_of_them
 
 
 def test_packed_list_batches_cut_back_to_themselves() -> None:
-    from lakeckpt_tables.reader.handoff import _pack
+    from lakeckpt_tables.reader.arena import pack
 
     parts = [
         {"t": Ragged(torch.tensor([5, 6, 7], dtype=torch.int32), torch.tensor([0, 0, 1, 3])),
@@ -319,7 +319,7 @@ def test_packed_list_batches_cut_back_to_themselves() -> None:
         {"t": Ragged(torch.tensor([12], dtype=torch.int32), torch.tensor([0, 1, 1])),
          "s": ["h", "i"], "v": torch.full((2, 2), 3.0)},
     ]
-    packed = _pack(parts)
+    packed = pack(parts)
     lo = 0
     for j, part in enumerate(parts):
         hi = lo + len(part["s"])
@@ -406,15 +406,15 @@ def test_a_workers_first_chunks_grow_from_one_batch_to_chunk_rows(delta_table: T
 
 
 def test_populating_a_fresh_chunk_storage_keeps_it_zero_and_a_refused_call_is_harmless() -> None:
-    from lakeckpt_tables.reader.handoff import _populate
+    from lakeckpt_tables.reader.arena import populate
 
     storage = torch.UntypedStorage._new_shared(1 << 20)  # type: ignore[no-untyped-call]
-    _populate(storage.data_ptr(), 1 << 20)
+    populate(storage.data_ptr(), 1 << 20)
     data = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (1 << 20,), (1,))
     assert not data.any()
     data[-1] = 7  # still writable, and the write lands
     assert int(data.sum()) == 7
-    _populate(storage.data_ptr() + 1, 100)  # not page-aligned: the kernel refuses, no error
+    populate(storage.data_ptr() + 1, 100)  # not page-aligned: the kernel refuses, no error
 
 
 def test_a_worker_error_stops_every_worker_before_it_reaches_the_loop(tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def test_an_unshuffled_window_is_read_in_small_pieces_so_the_first_batch_waits_f
     dataset = delta_table.dataset(batch_size=4, shuffle=False, unit_rows=5, read_ahead=0)
     batches = iter(dataset)
     first = next(batches)["id"].tolist()
-    assert len(dataset._cache._tables) <= 2  # not the window's 23 row groups
+    assert len(dataset._reader.cache._tables) <= 2  # not the window's 23 row groups
     rest = [i for b in batches for i in b["id"].tolist()]
     # the same rows in the same order as one read of the whole window (units of 4096 rows)
     whole = delta_table.dataset(batch_size=4, shuffle=False, read_ahead=0)

@@ -1,6 +1,6 @@
 """Resume is a seek, not a replay: a resumed reader opens only the row groups still needed.
 
-Proved on the real read path: a LakeDataset subclass records every unit ``_read_unit`` reads,
+Proved on the real read path: a LakeDataset subclass records every unit its row reader decodes,
 and data files fully consumed before the resume point are deleted before resuming.
 """
 
@@ -24,15 +24,23 @@ from lakeckpt_tables.types import Unit
 
 
 class CountingDataset(LakeDataset):
-    """Records the canonical index of every unit (row group) it reads."""
+    """Records the canonical index of every unit (row group) it decodes."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.reads: list[int] = []
+    reads: list[int]
 
-    def _read_row_group(self, unit: Unit) -> pa.Table:
-        self.reads.append(self.snapshot.units.index(unit))
-        return super()._read_row_group(unit)
+    def _use(self, config: Any, rounds: Any = None) -> None:
+        reader = getattr(self, "_reader", None)
+        super()._use(config, rounds)
+        self.__dict__.setdefault("reads", [])
+        if self._reader is not reader:  # a new snapshot's reader: count its decodes
+            row_reader = self._reader.row_reader
+            read = row_reader.read
+
+            def counted(unit: Unit, columns: Any) -> pa.Table:
+                self.reads.append(self.snapshot.units.index(unit))
+                return read(unit, columns)
+
+            row_reader.read = counted  # type: ignore[method-assign]
 
 
 def counting(table: Table, **kwargs: Any) -> CountingDataset:

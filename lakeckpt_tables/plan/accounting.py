@@ -22,7 +22,8 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from lakeckpt_tables.plan import EpochPlan, Piece, cut_spans
+from lakeckpt_tables.plan.epoch import EpochPlan
+from lakeckpt_tables.plan.pieces import Piece, cut_spans
 from lakeckpt_tables.plan.rounds import Round, RoundUnits
 
 __all__ = [

@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy
+from lakeckpt_tables.plan.epoch import EpochPlan
+from lakeckpt_tables.plan.pieces import Piece
+from lakeckpt_tables.plan.policy import PlanPolicy
 from lakeckpt_tables.types import Unit
 
 __all__ = ["DEFAULT_UNIT_ROWS", "Carry", "Origin", "Round", "RoundUnits", "Tails"]

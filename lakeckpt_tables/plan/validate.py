@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lakeckpt_tables.plan import EpochPlan, Piece
+from lakeckpt_tables.plan.epoch import EpochPlan
+from lakeckpt_tables.plan.pieces import Piece
 
 __all__ = ["layout_problem", "position_problem"]
 

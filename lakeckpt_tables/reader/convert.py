@@ -13,7 +13,7 @@ import torch
 
 from lakeckpt_tables.errors import UnsupportedTableError
 
-__all__ = ["DECIMAL_POLICIES", "OUTPUTS", "Ragged", "check_convertible", "convert",
+__all__ = ["DECIMAL_POLICIES", "OUTPUTS", "Batch", "Ragged", "check_convertible", "convert",
            "to_device", "to_tensors"]
 
 OUTPUTS = ("torch", "arrow")
@@ -23,6 +23,18 @@ PLAIN_NUMERIC = frozenset(t.id for t in (
     pa.uint64(), pa.float16(), pa.float32(), pa.float64()))
 """Arrow types whose arrays without nulls are numpy arrays, zero-copy (one set lookup
 instead of a dozen type predicates per column on the hot path)."""
+
+
+class Batch(dict[str, Any]):
+    """One batch: column name to tensor, :class:`Ragged` or list. A plain ``dict`` in every
+    way; its own type lets a DataLoader that would batch it again refuse by name (NOTE
+    [ batches batched again ] in ``reader/loaders.py``)."""
+
+    __slots__ = ()
+
+    def __copy__(self) -> Batch:
+        # a loader with batch_size=None copies every batch (default_convert): keep dict's speed
+        return Batch(self)
 
 
 class Ragged(NamedTuple):
@@ -60,7 +72,10 @@ def to_device(batch: Any, device: torch.device | str, *, non_blocking: bool = Tr
     if isinstance(batch, (torch.Tensor, Ragged)):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, dict):
-        return {k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
+        out = Batch() if isinstance(batch, Batch) else {}  # the reader's batches stay Batch
+        for k, v in batch.items():
+            out[k] = to_device(v, device, non_blocking=non_blocking)
+        return out
     if isinstance(batch, list):
         return [to_device(v, device, non_blocking=non_blocking) for v in batch]
     if isinstance(batch, tuple):
@@ -127,10 +142,10 @@ def convert(table: pa.Table, output: str = "torch", nulls: str = "refuse") -> An
     return _with_policy(table, nulls == "mask")
 
 
-def _with_policy(table: pa.Table, mask: bool) -> dict[str, Any]:
+def _with_policy(table: pa.Table, mask: bool) -> Batch:
     from lakeckpt_tables.sources.nulls import MASK_SUFFIX, needs_policy
 
-    out: dict[str, Any] = {}
+    out = Batch()
     for name, column in zip(table.schema.names, table.columns, strict=True):
         kind = column.type
         if not needs_policy(kind):
@@ -161,13 +176,15 @@ def _zero(kind: pa.DataType) -> pa.Scalar:
     return pa.scalar(0, pa.int64()).cast(kind)
 
 
-def to_tensors(table: pa.Table) -> dict[str, Any]:
+def to_tensors(table: pa.Table) -> Batch:
     """One batch as a dict: tensors, 2-D tensors for fixed-length lists, :class:`Ragged` for
     variable-length lists, lists of ``str``/``bytes`` for strings and binaries."""
     # schema.names, not column_names: the latter costs ~2 us per call, a fifth of a batch's
-    # conversion on the hot path.
-    return {name: _column(name, column)
-            for name, column in zip(table.schema.names, table.columns, strict=True)}
+    # conversion on the hot path. A loop of assignments costs what a dict comprehension does.
+    out = Batch()
+    for name, column in zip(table.schema.names, table.columns, strict=True):
+        out[name] = _column(name, column)
+    return out
 
 
 def _column(name: str, column: pa.ChunkedArray) -> Any:

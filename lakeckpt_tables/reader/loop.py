@@ -1,29 +1,146 @@
-"""The reading loop: one slice's batches of one round, read from the table (thin I/O).
+"""The reading loop: one slice's batches, round after round, read from the table (thin I/O).
 
 The plan says which rows, in which order (``lakeckpt_tables.plan``); this module only reads
-them, window by window, through a row group cache, and cuts them into the plan's batches.
-Nothing here decides a row or a position.
+them, window by window, through a row group cache, and cuts them into the plan's batches
+(:func:`batches`), moving the slice's cursor after each (:class:`SliceReader`, from where
+:func:`start_cursor` puts it). Nothing here decides a row or a position.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from lakeckpt_tables.io.prefetch import DEFAULT_PREFETCH, Prefetch
 from lakeckpt_tables.plan import EpochPlan, Piece, cut_spans
 from lakeckpt_tables.plan.rounds import RoundUnits
 from lakeckpt_tables.plan.shuffle import WindowOrder
+from lakeckpt_tables.reader._cache import RowGroupCache
+from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
 from lakeckpt_tables.reader.readahead import ReadAhead, read_pieces
+from lakeckpt_tables.reader.rounds import RoundSequence, Tails
+from lakeckpt_tables.reader.state import PlanShape, ReaderState
+from lakeckpt_tables.sources.base import Snapshot
 from lakeckpt_tables.types import Unit
 
-__all__ = ["ORDER_BLOCK", "batches", "concat"]
+__all__ = ["ORDER_BLOCK", "SliceReader", "batches", "concat", "start_cursor"]
+
+log = logging.getLogger(__name__)
 
 ORDER_BLOCK = 1 << 16
 """Positions of a shuffled window's permutation computed at once: per-call overhead spread
 over many rows, the work still in cache (256 KiB of ``uint32``)."""
+
+
+def start_cursor(planner: RoundPlanner, resume: ReaderState | None, shape: PlanShape,
+                 worker: int, *, own: bool, epoch: int | None = None) -> Cursor:
+    """Where DataLoader worker ``worker`` (0 in the main process) of a reader of ``shape``
+    starts: afresh (at the epoch ``set_epoch`` pinned last with ``refresh="epoch"``), or
+    where ``resume`` says (re-planned for another shape); ``own``: the state was handed to
+    this worker by torchdata.
+
+    Raises:
+        ValueError: follow segments too small to give every worker a row, or no epoch
+            pinned with ``refresh="epoch"``.
+        StateMismatchError: ``resume`` cannot be continued at ``shape``.
+    """
+    if planner.refreshes and epoch is None:
+        raise ValueError("refresh='epoch': call dataset.set_epoch(epoch) in the main "
+                         "process before iterating each epoch")
+    epoch = epoch or 0
+    follow = planner.rounds.follow
+    if follow is not None and follow.min_segment_rows < shape[0] * shape[1]:
+        raise ValueError(
+            f"min_segment_rows={follow.min_segment_rows} is below ranks x workers = "
+            f"{shape[0] * shape[1]}: a segment could not give every worker a row. "
+            "Raise min_segment_rows.")
+    g = planner.rank * shape[1] + worker
+    if planner.refreshes and resume is not None and all(
+            s is None or s[0] < epoch for s in resume.slices):
+        resume = None  # the loaded state's epochs are over; this one starts afresh
+    if resume is None or resume.plan is None:
+        return Cursor(g, shape, {}, epoch, 0, {})
+    if resume.plan == shape:
+        g = planner.resumed_slice(resume, shape, worker, own=own)
+        index, position = resume.slices[g] or (0, 0)
+        return Cursor(g, shape, dict(resume.layouts), index, position,
+                      planner.own_round(resume.rounds, index))
+    reshaped = planner.reshape(resume, shape)
+    first = min(index for index, _ in reshaped.positions())  # every slice starts there
+    return Cursor(g, shape, dict(reshaped.layouts), first, 0,
+                  planner.own_round(reshaped.rounds, first))
+
+
+def _warn_tail(planner: RoundPlanner, plan: EpochPlan, slice_index: int) -> None:
+    """An epoch's tail, or the tail of the follow segment a pass ends with, is not
+    delivered (a follow segment's tail is carried into the next one, if any)."""
+    tail = sum(p.size for p in plan.tail())
+    if tail and slice_index == 0:
+        log.warning("%s segment %d epoch %d: %d row(s) cannot be split in lockstep over "
+                    "%d slices with batch size %d; they are not delivered%s "
+                    "(CheckpointManager records them in the ledger as an 'undelivered' "
+                    "event)", planner.where, plan.segment, plan.epoch, tail,
+                    plan.policy.slices, plan.policy.batch_size,
+                    "" if not planner.follows else " as the pass ends here; following "
+                    "on past this version (a later until_version) delivers them first")
+
+
+class SliceReader:
+    """Reads a slice's batches from a snapshot's row groups: one per pinned snapshot, with
+    the row group cache (``reader/_cache.py``) and the object-store prefetch
+    (``lakeckpt_tables.io.prefetch``; none with ``read_ahead=0``) its reads share."""
+
+    def __init__(self, snapshot: Snapshot, columns: Sequence[str], read_ahead: int) -> None:
+        self.columns = columns
+        self.row_reader = snapshot.row_reader()
+        self.cache = RowGroupCache(self._read_row_group)
+        storage = self.row_reader.storage
+        remote = storage is not None and not storage.is_local
+        self.prefetch = Prefetch(self._read_unit,
+                                 depth=DEFAULT_PREFETCH if remote and read_ahead else 0,
+                                 key=_unit_key)
+
+    def tables(self, cursor: Cursor, planner: RoundPlanner, rounds: RoundSequence, *,
+               read_ahead: int, unit_rows: int) -> Iterator[pa.Table]:
+        """The slice's batches from ``cursor`` on, round after round, as Arrow tables; the
+        cursor stands at each one's end when it is yielded."""
+        g = cursor.slice_index
+        policy = planner.policy(cursor.shape)
+        tails = Tails(policy, cursor.layouts)
+        index, plan = cursor.epoch, None
+        while (rnd := rounds.get(index, cursor.rounds, wait=True, tails=tails)) is not None:
+            plan = planner.plan(policy, rnd, cursor.layouts.get(index))
+            if not planner.follows:
+                _warn_tail(planner, plan, g)
+            start = cursor.position if index == cursor.epoch else 0
+            own = planner.own_round({index: rnd}, index)
+            if index != cursor.epoch and plan.batch_count(g) == 0:
+                # a round this slice has nothing of (all of it a tail, carried or not) is
+                # passed, and the state says so: the ledger then names its tail
+                cursor.epoch, cursor.position, cursor.rounds = index, 0, own
+            for table, position in batches(plan, rounds.units(rnd), g, start,
+                                           row_group=self.cache.get,
+                                           expect=self.prefetch.expect, read_ahead=read_ahead,
+                                           unit_rows=unit_rows):
+                cursor.epoch, cursor.position, cursor.rounds = index, position, own
+                yield table
+            index += 1
+        if planner.follows and plan is not None:
+            _warn_tail(planner, plan, g)
+
+    def _read_row_group(self, unit: Unit) -> pa.Table:
+        return self.prefetch.get(unit)
+
+    def _read_unit(self, unit: Unit) -> pa.Table:
+        return self.row_reader.read(unit, self.columns)
+
+
+def _unit_key(unit: Unit) -> tuple[str, int]:
+    return unit.path, unit.row_group
 
 
 def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,

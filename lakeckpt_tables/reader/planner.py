@@ -20,11 +20,24 @@ from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import EpochPlan, Piece, PlanPolicy, replan_rounds
 from lakeckpt_tables.plan.shuffle import BALANCED
 from lakeckpt_tables.plan.validate import layout_problem, position_problem
-from lakeckpt_tables.reader._torchdata import next_worker_in_turn
+from lakeckpt_tables.reader.loaders import next_worker_in_turn
 from lakeckpt_tables.reader.rounds import Round, RoundSequence, RoundUnits, Tails
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
 
-__all__ = ["RoundPlanner"]
+__all__ = ["Cursor", "RoundPlanner"]
+
+
+@dataclass
+class Cursor:
+    """Where one process's slice stands: the live part of the reader state (the reading loop
+    moves it after every batch)."""
+
+    slice_index: int
+    shape: PlanShape
+    layouts: dict[int, tuple[Piece, ...]]
+    epoch: int  # the round: an epoch, or a follow segment (lakeckpt_tables.reader.rounds)
+    position: int
+    rounds: dict[int, Round]
 
 
 @dataclass(frozen=True)
@@ -171,16 +184,15 @@ class RoundPlanner:
                 f"{self.where}: reader state cannot be a position of its plan "
                 f"{state.plan} (world_size, workers, batch_size): " + "; ".join(problems))
 
-    def pass_finished(self, slice_index: int, shape: PlanShape,
-                      layouts: Mapping[int, tuple[Piece, ...]], index: int, position: int,
-                      rounds: Mapping[int, Round]) -> bool:
-        """Whether a slice standing at (round ``index``, ``position``) has delivered its whole
-        pass: nothing is left in its round, and no epoch or segment follows it."""
-        rnd = self.rounds.get(index, rounds, wait=False, tails=Tails(self.policy(shape), layouts))
+    def pass_finished(self, cursor: Cursor) -> bool:
+        """Whether a slice standing at ``cursor`` has delivered its whole pass: nothing is left
+        in its round, and no epoch or segment follows it."""
+        index, policy, layouts = cursor.epoch, self.policy(cursor.shape), cursor.layouts
+        rnd = self.rounds.get(index, cursor.rounds, wait=False, tails=Tails(policy, layouts))
         if rnd is None:
             return True
-        plan = self.plan(self.policy(shape), rnd, layouts.get(index))
-        if position < plan.delivered_rows(slice_index):
+        plan = self.plan(policy, rnd, layouts.get(index))
+        if cursor.position < plan.delivered_rows(cursor.slice_index):
             return False  # mid-round
         if self.pinned and index < self.epochs - 1:
             return False  # epochs remain in this pass
@@ -194,7 +206,7 @@ class RoundPlanner:
         A worker handed its own state by torchdata's ``load_state_dict`` (``own``) keeps the
         slice it holds. A state loaded into the dataset carries no round-robin position, so
         worker 0 takes the slice the old loader would have polled next, worker 1 the one after,
-        and so on (NOTE [ worker rotation ] in ``reader/_torchdata.py``).
+        and so on (NOTE [ worker rotation ] in ``reader/loaders.py``).
         """
         workers = shape[1]
         mine = range(self.rank * workers, (self.rank + 1) * workers)

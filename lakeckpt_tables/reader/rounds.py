@@ -4,10 +4,17 @@ A *round* is one planned pass over a set of units; a slice's position is (round,
 pinned snapshot, round ``e`` is epoch ``e`` of it. In follow mode, round 0 is the pinned
 snapshot and round ``k`` is segment ``k``: the rows appended by the commits after segment
 ``k - 1``'s last version. With ``refresh="epoch"``, round ``e`` is epoch ``e`` of the version
-pinned for it by ``LakeDataset.set_epoch`` (NOTE [ re-pinned epochs ] there).
+pinned for it by ``LakeDataset.set_epoch`` (NOTE [ re-pinned epochs ]).
 
 Pure values (Round, RoundUnits, Tails) are in ``lakeckpt_tables.plan.rounds``, with
 NOTE [ segment tails are carried ].
+
+NOTE [ re-pinned epochs ]
+Ranks and workers must read one version per epoch, but "the latest version" depends on when
+one looks. So the main process decides: in ``LakeDataset.set_epoch`` rank 0 resolves the latest
+version and broadcasts it over torch.distributed; every rank pins that snapshot
+(:meth:`RoundSequence.pin`), and the DataLoader workers started for the epoch inherit it. An
+epoch named by a loaded reader state keeps the version it had.
 
 NOTE [ segment boundaries ]
 Every DataLoader worker of every rank forms segments on its own (workers cannot run
@@ -37,6 +44,8 @@ from lakeckpt_tables.plan.rounds import (
     RoundUnits,
     Tails,
 )
+from lakeckpt_tables.reader.columns import resolve_columns
+from lakeckpt_tables.reader.distributed import broadcast_from_rank0
 from lakeckpt_tables.sources.base import Snapshot, units_from_files
 from lakeckpt_tables.sources.commits import Commit
 from lakeckpt_tables.types import Unit
@@ -51,7 +60,14 @@ OnChange = Literal["fail", "skip"]
 
 @dataclass(frozen=True, kw_only=True)
 class FollowPolicy:
-    """How a reader follows its table (see NOTE [ segment boundaries ]).
+    """How a reader follows its table (see NOTE [ re-pinned epochs ]
+Ranks and workers must read one version per epoch, but "the latest version" depends on when
+one looks. So the main process decides: in ``LakeDataset.set_epoch`` rank 0 resolves the latest
+version and broadcasts it over torch.distributed; every rank pins that snapshot
+(:meth:`RoundSequence.pin`), and the DataLoader workers started for the epoch inherit it. An
+epoch named by a loaded reader state keeps the version it had.
+
+NOTE [ segment boundaries ]).
 
     Attributes:
         min_segment_rows: appended rows a segment waits for before it is formed.
@@ -114,6 +130,19 @@ class RoundSequence:
         self._versions[snapshot.version] = RoundUnits.of(snapshot.units, self.unit_rows,
                                                          origin=(None, snapshot.version))
         return rnd
+
+    def pin_epoch(self, index: int, known: Round | None, *, rank: int) -> None:
+        """refresh="epoch": round ``index`` reads the version ``known`` names (a loaded
+        state's), else the latest, which rank 0 resolves for every rank (NOTE [ re-pinned
+        epochs ]; collective). Call it in the main process: workers inherit the pin."""
+        if known is not None:
+            version = known.to
+        else:
+            version = broadcast_from_rank0(self.source.snapshot(None).version if rank == 0
+                                           else None)
+        snapshot = self.source.snapshot(version)
+        resolve_columns(snapshot, self.columns)
+        self.pin(index, snapshot)
 
     def needs_descriptor(self, rnd: Round) -> bool:
         """Whether a reader state must name ``rnd`` (it cannot be derived from the config)."""
@@ -210,7 +239,14 @@ class RoundSequence:
             time.sleep(self.follow.poll_interval)
 
     def _form(self, prev: Round, wait: bool) -> Round | None:
-        """Segment after ``prev``, by NOTE [ segment boundaries ]; None if not formed yet."""
+        """Segment after ``prev``, by NOTE [ re-pinned epochs ]
+Ranks and workers must read one version per epoch, but "the latest version" depends on when
+one looks. So the main process decides: in ``LakeDataset.set_epoch`` rank 0 resolves the latest
+version and broadcasts it over torch.distributed; every rank pins that snapshot
+(:meth:`RoundSequence.pin`), and the DataLoader workers started for the epoch inherit it. An
+epoch named by a loaded reader state keeps the version it had.
+
+NOTE [ segment boundaries ]; None if not formed yet."""
         assert self.follow is not None
         version, rows = prev.to, 0
         units: list[Unit] = []

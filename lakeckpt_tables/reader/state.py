@@ -41,8 +41,7 @@ from typing import Any, Literal
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import Piece
-from lakeckpt_tables.reader._torchdata import states_from_loader
-from lakeckpt_tables.reader.rounds import Round
+from lakeckpt_tables.plan.rounds import Round
 from lakeckpt_tables.types import TableIdentity
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "decode_state",
     "encode_state",
     "merge_states",
-    "states_from_loader",
 ]
 
 STATE_FORMAT = "lakeckpt.reader/2"
@@ -89,6 +87,11 @@ class ReaderState:
     @property
     def complete(self) -> bool:
         return self.plan is not None and all(s is not None for s in self.slices)
+
+    @property
+    def earliest_round(self) -> int:
+        """The earliest round a slice stands in (0 when none has a position)."""
+        return min((s[0] for s in self.slices if s is not None), default=0)
 
     def positions(self) -> list[SlicePos]:
         """Every slice's position; only for a complete state."""

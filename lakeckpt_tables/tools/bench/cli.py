@@ -142,6 +142,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     _register_peers(sub)
     _register_workers(sub)
+    _register_mixture(sub)
     compare.register(sub)
     from lakeckpt_tables.tools.bench import planning
 
@@ -194,6 +195,35 @@ def _register_peers(sub: Any) -> None:
     peers.add_argument("--json", action="store_true", help="print the report as JSON")
     peers.add_argument("--json-out", metavar="FILE", default=None,
                        help="also write the report as JSON to FILE")
+
+
+def _register_mixture(sub: Any) -> None:
+    from lakeckpt_tables.tools.bench.mixture import DEFAULT_DOCS, QUICK_DOCS
+
+    mixture = sub.add_parser("mixture", help="packed sequences and mixtures: tokens/s",
+                             description="Tokens per second, wall clock: a packing reader "
+                             "against the unpacked read of the same token column, and a "
+                             "mixture of two sources against one.")
+    size = mixture.add_mutually_exclusive_group()
+    size.add_argument("--docs", type=_positive, default=DEFAULT_DOCS,
+                      help=f"documents of the token table (default {DEFAULT_DOCS:,})")
+    size.add_argument("--quick", action="store_const", dest="docs", const=QUICK_DOCS,
+                      help=f"a fast smoke run on {QUICK_DOCS:,} documents")
+    mixture.add_argument("--dir", metavar="PATH", default=None,
+                         help="keep the table under PATH and reuse it (default: temporary)")
+    mixture.add_argument("--rounds", type=_positive, default=5,
+                         help="least interleaved rounds (default 5)")
+    mixture.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
+                         help="keep adding rounds (up to 50) until S seconds are spent")
+    mixture.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _mixture(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.tools.bench.mixture import format_report, run_mixture_bench
+
+    report = run_mixture_bench(docs=args.docs, root=args.dir, rounds=args.rounds,
+                               min_seconds=args.min_seconds, progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _register_workers(sub: Any) -> None:
@@ -256,6 +286,8 @@ def run(args: argparse.Namespace) -> int:
         return _peers(args)
     if args.bench == "workers":
         return _workers(args)
+    if args.bench == "mixture":
+        return _mixture(args)
     if args.bench == "compare":
         return compare.run(args)
     if args.bench == "planning":

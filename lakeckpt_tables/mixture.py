@@ -1,0 +1,475 @@
+"""``Mixture``: several datasets mixed by weight, the schedule a pure function of (seed, draw).
+
+NOTE [ mixture schedule ]
+A *draw* is one batch of the mixture. Which source supplies draw ``i`` is a pure function of
+the seed and ``i``, so every rank and DataLoader worker computes it alone, a resume continues it
+and an elastic re-plan keeps it; nothing about the schedule is stored but the draw index.
+
+Per batch, not per sequence: each source is an ordinary reader yielding whole batches with its
+own exactly-once position (a seek), its own columns and its own ledger records. Mixing inside a
+batch would split sources' batches and carry the leftovers in the state (token data, not a
+position), and a batch's tensors could not be stacked when sources have different columns.
+Over many steps a per-batch mixture trains on the same proportions; within one step a batch
+comes from one source (with many ranks, every rank's batch of a step comes from the same one).
+
+The schedule is a Kronecker (golden-ratio) sequence: ``u_i = (x0 + i * A) mod 2^64`` with ``A``
+the 64-bit golden ratio and ``x0`` mixed from the seed, and draw ``i`` goes to the source whose
+cumulative-weight interval holds ``u_i``. It is low-discrepancy: over ANY window of consecutive
+draws each source's count is within a few draws of ``weight x window`` (iid sampling would be
+off by ~sqrt(window) and could go far off in some window). It is integer arithmetic only, so
+the same on every machine, and O(1) per draw: no index is precomputed (Megatron's blend index
+for 93M rows takes ~90 minutes to build). Sources are ordered by name, so the order of the dict
+does not matter.
+
+DataLoader workers: worker ``w`` of ``W`` takes draws ``w, w + W, w + 2W, ...``. torchdata's
+loader polls workers round-robin, so the loader yields draws in order and the global schedule
+holds; and each worker's own draws (the sequence with step ``W * A``) are low-discrepancy too,
+so every worker reads its slice of every source at the weights' pace and the workers' slices
+of a source run out together.
+
+Exhaustion: ``on_exhausted="stop"`` ends the mixture (in that worker) at the first draw whose
+source has no batch left; the other sources' rows not read are not delivered in this pass (a
+resume from a finished mixture stays finished). ``"cycle"`` starts that source's next pass
+(``iter(source)`` again: a :class:`~lakeckpt_tables.LakeDataset` built with ``epochs=k`` reads k
+epochs per pass) and counts the passes in the state.
+
+NOTE [ mixture resume ]
+A worker's draws and its slices of the sources stay paired: the worker that takes old worker
+``o``'s position resumes exactly ``o``'s slice of every source. Loaded into the mixture (the
+dataset path), the worker holding the smallest next draw goes first (new worker 0), as the old
+loader would have polled it next, so the loader yields the draws in the uninterrupted order.
+Loaded by torchdata's loader, each worker gets its own state back. A source whose slice has
+delivered its whole pass is exhausted at the mixture's next draw of it, as without a resume
+(the mixture's own end is what NOTE [ torchdata's end-of-pass trap ] is about). At another
+world size the sources' merged states are re-planned by the sources (elastic) and every rank
+goes on from the same draw; the number of DataLoader workers per rank must stay.
+
+State (JSON-clean, ``format`` = :data:`MIXTURE_FORMAT`): the configuration (seed, weights,
+policy), per worker its next draw, the passes of each source and whether it ended, each
+source's table identity, and each source's own state. Every row of every source is delivered
+exactly once per pass of that source, by that source's own accounting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from lakeckpt_tables.errors import MixtureError, MixtureStateError, StateMismatchError
+
+__all__ = ["MIXTURE_FORMAT", "SOURCE_KEY", "Mixture", "schedule"]
+
+MIXTURE_FORMAT = "lakeckpt.mixture/1"
+SOURCE_KEY = "source"
+"""The key naming the source of each batch."""
+
+OnExhausted = Literal["stop", "cycle"]
+_POLICIES = ("stop", "cycle")
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio, odd
+_BLOCK = 4096  # draws computed at once
+
+KEY_FORMAT, KEY_CONFIG, KEY_WORKERS = "format", "config", "workers"
+KEY_POSITIONS, KEY_TABLES, KEY_SOURCES = "positions", "tables", "sources"
+_KEYS = (KEY_FORMAT, KEY_CONFIG, KEY_WORKERS, KEY_POSITIONS, KEY_TABLES, KEY_SOURCES)
+
+
+def _mix(seed: int) -> np.uint64:
+    """splitmix64 of the seed: a start point of the sequence per seed."""
+    z = (seed * 0x9E3779B97F4A7C15 + 0x9E3779B97F4A7C15) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return np.uint64(z ^ (z >> 31))
+
+
+def _thresholds(weights: list[float]) -> np.ndarray[Any, Any]:
+    """Upper ends of each source's interval of [0, 2^64), but the last (the rest)."""
+    cum = np.cumsum(np.asarray(weights, dtype=np.float64))
+    cum /= cum[-1]
+    return np.array([min(int(c * 2.0**64), 2**64 - 1) for c in cum[:-1]], dtype=np.uint64)
+
+
+def schedule(seed: int, weights: list[float], draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The source (index into ``weights``) of each draw (NOTE [ mixture schedule ]).
+
+    Args:
+        seed: the mixture's seed.
+        weights: positive weights, in the order of the sources (by name).
+        draws: draw indices (non-negative integers).
+    """
+    i = np.asarray(draws, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        u = _mix(seed) + i * _GOLDEN  # wraps modulo 2^64
+    return np.searchsorted(_thresholds(weights), u, side="right")
+
+
+@dataclass
+class _Position:
+    """Where one worker's mixture stands."""
+
+    draw: int  # the next draw this worker takes
+    passes: dict[str, int] = field(default_factory=dict)  # passes started after the first
+    ended: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"draw": self.draw, "passes": dict(self.passes), "ended": self.ended}
+
+    @classmethod
+    def from_json(cls, value: Any, names: list[str]) -> _Position:
+        if not isinstance(value, Mapping) or set(value) != {"draw", "passes", "ended"}:
+            raise ValueError(f"a mixture position has keys draw, passes, ended; got {value!r}")
+        draw, passes, ended = value["draw"], value["passes"], value["ended"]
+        if not _natural(draw) or not isinstance(ended, bool) or not isinstance(passes, Mapping):
+            raise ValueError(f"bad mixture position {value!r}")
+        if set(passes) - set(names) or not all(_natural(p) for p in passes.values()):
+            raise ValueError(f"a mixture position's passes name sources {names}; got {value!r}")
+        return cls(draw, dict(passes), ended)
+
+
+def _natural(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class Mixture(IterableDataset[dict[str, Any]]):
+    """Batches of several datasets, mixed by weight (NOTE [ mixture schedule ]).
+
+    Each batch is a source's batch (a dict) with its source's name under ``"source"``.
+
+    Args:
+        sources: name -> dataset (a :class:`~lakeckpt_tables.LakeDataset`, or any
+            ``IterableDataset`` with ``state_dict()``/``load_state_dict()``).
+        weights: name -> positive weight (normalized; the names must be those of ``sources``).
+        seed: the schedule's seed.
+        on_exhausted: ``"stop"`` ends the mixture when a source runs out; ``"cycle"`` starts
+            that source's next pass.
+
+    Raises:
+        MixtureError: weights not positive, or not naming exactly the sources; an unknown
+            ``on_exhausted``.
+    """
+
+    def __init__(self, sources: Mapping[str, Any], *, weights: Mapping[str, float],
+                 seed: int = 0, on_exhausted: OnExhausted = "stop") -> None:
+        super().__init__()
+        if not sources:
+            raise MixtureError("a Mixture needs at least one source")
+        if set(weights) != set(sources):
+            raise MixtureError(
+                f"weights name {sorted(weights)} but the sources are {sorted(sources)}; give "
+                "one weight per source")
+        bad = {k: w for k, w in weights.items()
+               if isinstance(w, bool) or not isinstance(w, int | float)
+               or not math.isfinite(w) or w <= 0}
+        if bad:
+            raise MixtureError(f"weights must be positive finite numbers; got {bad}")
+        if on_exhausted not in _POLICIES:
+            raise MixtureError(f"on_exhausted={on_exhausted!r}: pass 'stop' (end the mixture "
+                               "when a source runs out) or 'cycle' (start its next pass)")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise MixtureError(f"seed={seed!r}: pass an int")
+        self.names = sorted(sources)
+        self.sources = {n: sources[n] for n in self.names}
+        self.weights = {n: float(weights[n]) for n in self.names}
+        self.seed, self.on_exhausted = seed, on_exhausted
+        self._thresholds = _thresholds([self.weights[n] for n in self.names])
+        self._resume: _Resume | None = None
+        self._live: tuple[int, int, _Position] | None = None  # workers, worker, position
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """What defines the schedule: a state loads only into a mixture with the same."""
+        total = sum(self.weights.values())
+        return {"seed": self.seed, "on_exhausted": self.on_exhausted,
+                "weights": {n: w / total for n, w in self.weights.items()}}
+
+    def source_of(self, draws: np.ndarray[Any, Any]) -> list[str]:
+        """The source names of ``draws`` (NOTE [ mixture schedule ])."""
+        return [self.names[i] for i in self._schedule(np.asarray(draws))]
+
+    def _schedule(self, draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        with np.errstate(over="ignore"):
+            u = _mix(self.seed) + np.asarray(draws, dtype=np.uint64) * _GOLDEN
+        return np.searchsorted(self._thresholds, u, side="right")
+
+    # -------------------------------------------------------------------------- reading
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        position = self._start(workers, worker)
+        self._live = (workers, worker, position)
+        iterators: dict[str, Iterator[Any]] = {}
+        first, block = 0, np.empty(0, dtype=np.int64)
+        while not position.ended:
+            j = (position.draw - first) // workers  # this worker takes every workers-th draw
+            if not 0 <= j < len(block):
+                first, j = position.draw, 0
+                block = self._schedule(first + workers * np.arange(_BLOCK, dtype=np.uint64))
+            name = self.names[int(block[j])]
+            batch = self._next(name, iterators, position)
+            if batch is None:
+                position.ended = True
+                return
+            position.draw += workers
+            yield _tagged(batch, name)
+
+    def _next(self, name: str, iterators: dict[str, Iterator[Any]],
+              position: _Position) -> Any | None:
+        """The next batch of source ``name``; None when the mixture ends."""
+        it = iterators.get(name)
+        if it is None:
+            it = iterators[name] = iter(self.sources[name])
+        try:
+            return next(it)
+        except StopIteration:
+            pass
+        if self.on_exhausted == "stop":
+            return None
+        position.passes[name] = position.passes.get(name, 0) + 1
+        it = iterators[name] = iter(self.sources[name])
+        try:
+            return next(it)
+        except StopIteration:
+            # a pass with nothing in it: cycling would spin for ever
+            raise MixtureError(f"source {name!r} delivers no batch in a whole pass (in this "
+                               "DataLoader worker): it has too few rows for its ranks x "
+                               "workers, or its reader ends at once; use on_exhausted='stop' "
+                               "or give it rows") from None
+
+    def _start(self, workers: int, worker: int) -> _Position:
+        """This worker's position, its sources resumed to match (NOTE [ mixture resume ])."""
+        resume, self._resume = self._resume, None  # a later pass starts afresh
+        if resume is None or resume.workers is None:  # nothing loaded, or nothing drawn yet
+            return _Position(worker)
+        if resume.workers != workers:
+            raise MixtureStateError(
+                f"the mixture state was saved by {resume.workers} DataLoader worker(s) per "
+                f"rank and is resumed with {workers}; resume a Mixture with the number of "
+                "workers it was saved with")
+        held = [i for i, p in enumerate(resume.positions) if p is not None]
+        if len(held) == 1 and get_worker_info() is not None:
+            old = held[0]  # handed its own state by torchdata's loader
+        elif len(held) == workers:
+            live = [i for i in held if not resume.positions[i].ended] or held  # type: ignore[union-attr]
+            first = min(live, key=lambda i: resume.positions[i].draw)  # type: ignore[union-attr]
+            old = (first + worker) % workers
+        else:
+            raise MixtureStateError(
+                f"the mixture state holds positions of DataLoader workers {held} of "
+                f"{workers}; load the whole loader state (all workers)")
+        for name, source in self.sources.items():
+            _resume_source(name, source, resume.sources[name], workers, old)
+        position = resume.positions[old]
+        assert position is not None
+        return _Position(position.draw, dict(position.passes), position.ended)
+
+    # ----------------------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The mixture's position (torchdata ``Stateful``), JSON-clean: per worker its next
+        draw, passes and end, and each source's own state. In a DataLoader worker it holds
+        that worker's position only (the loader keeps one per worker)."""
+        if self._live is not None:
+            workers, worker, position = self._live
+            positions: list[Any] = [None] * workers
+            positions[worker] = position.to_json()
+        elif self._resume is not None and self._resume.workers is not None:
+            workers = self._resume.workers
+            positions = [None if p is None else p.to_json() for p in self._resume.positions]
+        else:
+            workers, positions = None, []
+        return {KEY_FORMAT: MIXTURE_FORMAT, KEY_CONFIG: self.config, KEY_WORKERS: workers,
+                KEY_POSITIONS: positions,
+                KEY_TABLES: {n: _identity(s) for n, s in self.sources.items()},
+                KEY_SOURCES: {n: s.state_dict() for n, s in self.sources.items()}}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume from a mixture state, or a ``StatefulDataLoader`` state over a Mixture.
+
+        Raises:
+            MixtureStateError: the state names a source this mixture lacks, lacks one it has,
+                or a source's table identity changed.
+            StateMismatchError: another schedule (seed, weights, policy), another format, or
+                a damaged state; a source's own state refused by that source.
+        """
+        from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
+
+        states: list[Mapping[str, Any]]
+        if is_loader_state(state_dict) and state_dict.get(KEY_FORMAT) != MIXTURE_FORMAT:
+            states = list(states_from_loader(state_dict))
+        else:
+            states = [state_dict]
+        for state in states:
+            self._check(state)
+        workers, positions = self._merge_positions(states)
+        sources = {n: [s[KEY_SOURCES][n] for s in states] for n in self.names}
+        if get_worker_info() is None:
+            # checked (and a version adopted) here; each worker resumes its own part as it
+            # starts (NOTE [ mixture resume ])
+            for name, source in self.sources.items():
+                source.load_state_dict(_merged(name, sources[name]))
+        self._resume = _Resume(workers, positions, sources)
+        self._live = None
+
+    def source_states(self, state_dict: Mapping[str, Any] | list[Mapping[str, Any]]
+                      ) -> dict[str, Any]:
+        """Each source's whole state in a mixture state, a loader state over the mixture, or a
+        list of either (every rank's): its workers' and ranks' states merged. This is what
+        per-source accounting reads (the consumption of source ``key`` is that of its reader
+        state, the records named by ``key``).
+
+        Raises:
+            MixtureStateError, StateMismatchError: as :meth:`load_state_dict`.
+        """
+        from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
+
+        given = state_dict if isinstance(state_dict, list) else [state_dict]
+        states: list[Mapping[str, Any]] = []
+        for one in given:
+            if is_loader_state(one) and one.get(KEY_FORMAT) != MIXTURE_FORMAT:
+                states.extend(states_from_loader(one))
+            else:
+                states.append(one)
+        for state in states:
+            self._check(state)
+        return {n: _merged(n, [s[KEY_SOURCES][n] for s in states]) for n in self.names}
+
+    def _check(self, state: Any) -> None:
+        if not isinstance(state, Mapping) or state.get(KEY_FORMAT) != MIXTURE_FORMAT:
+            found = state.get(KEY_FORMAT) if isinstance(state, Mapping) else type(state).__name__
+            raise StateMismatchError(f"not a mixture state (format {found!r}, this Mixture "
+                                     f"reads {MIXTURE_FORMAT!r})")
+        if set(state) != set(_KEYS):
+            raise StateMismatchError(f"mixture state is corrupt: keys {sorted(state)}, "
+                                     f"expected {sorted(_KEYS)}")
+        names = set(self.names)
+        for key in (KEY_SOURCES, KEY_TABLES):
+            if not isinstance(state[key], Mapping):
+                raise StateMismatchError(f"mixture state is corrupt: {key} is not a dict")
+            unknown = sorted(set(state[key]) - names)
+            if unknown:
+                raise MixtureStateError(
+                    f"the mixture state names source(s) {unknown} that this Mixture lacks (its "
+                    f"sources: {self.names}); build the Mixture with the sources of the run")
+            missing = sorted(names - set(state[key]))
+            if missing:
+                raise MixtureStateError(
+                    f"the mixture state lacks source(s) {missing} (it has "
+                    f"{sorted(state[key])}); a source cannot join a run mid-way: start a new "
+                    "run, or build the Mixture with the run's sources")
+        for name in self.names:
+            saved, ours = state[KEY_TABLES][name], _identity(self.sources[name])
+            if saved is not None and ours is not None and not _same_json(saved, ours):
+                raise MixtureStateError(
+                    f"source {name!r} is another table than the state's: the state read "
+                    f"{saved}, this Mixture's {name!r} reads {ours}; build it over the run's "
+                    "table")
+        if not _same_json(state[KEY_CONFIG], self.config):
+            raise StateMismatchError(f"mixture state has schedule {state[KEY_CONFIG]}, this "
+                                     f"Mixture {self.config}; build it with the run's seed, "
+                                     "weights and on_exhausted")
+
+    def _merge_positions(self, states: list[Mapping[str, Any]]
+                         ) -> tuple[int | None, list[_Position | None]]:
+        workers = None
+        positions: list[_Position | None] = []
+        for state in states:
+            w = state[KEY_WORKERS]
+            if w is None:
+                continue
+            try:
+                parsed = [None if p is None else _Position.from_json(p, self.names)
+                          for p in state[KEY_POSITIONS]]
+            except ValueError as exc:
+                raise StateMismatchError(f"mixture state is corrupt: {exc}") from exc
+            if not _natural(w) or w == 0 or len(parsed) != w:
+                raise StateMismatchError(f"mixture state is corrupt: {w!r} workers, "
+                                         f"{len(parsed)} positions")
+            if workers is None:
+                workers, positions = w, [None] * w
+            elif w != workers:
+                raise StateMismatchError(f"mixture states of {workers} and {w} workers cannot "
+                                         "be merged")
+            for i, p in enumerate(parsed):
+                if p is not None:
+                    if positions[i] is not None and positions[i] != p:
+                        raise StateMismatchError(f"two mixture states disagree on worker {i}")
+                    positions[i] = p
+        return workers, positions
+
+
+@dataclass
+class _Resume:
+    """A loaded mixture state: per worker its position, per source the states saved."""
+
+    workers: int | None
+    positions: list[_Position | None]
+    sources: dict[str, list[Any]]
+
+
+def _is_reader_state(state: Any) -> bool:
+    from lakeckpt_tables.reader.state import STATE_FORMAT
+
+    return isinstance(state, Mapping) and state.get("format") == STATE_FORMAT
+
+
+def _merged(name: str, states: list[Any]) -> Any:
+    """One source's states of several workers (and ranks) as one (reader states merge;
+    anything else must come from one worker)."""
+    if len(states) == 1:
+        return states[0]
+    from lakeckpt_tables.reader.state import merge_states
+
+    if all(_is_reader_state(s) for s in states):
+        return merge_states(states).to_dict()
+    raise MixtureStateError(f"source {name!r}'s states of {len(states)} DataLoader workers "
+                            "cannot be merged (not LakeDataset states); resume through the "
+                            "loader (loader.load_state_dict)")
+
+
+def _resume_source(name: str, source: Any, states: list[Any], workers: int, old: int) -> None:
+    """Resume ``source`` in the worker that takes old worker ``old``'s position: with the
+    saved plan, exactly that worker's slice of the source (the draws and the slice stay
+    paired); after an elastic change, the whole merged state (the source re-plans it)."""
+    from lakeckpt_tables.errors import ResumePathError
+
+    state = _merged(name, states)
+    if _is_reader_state(state) and state.get("plan") is not None:
+        plan = state["plan"]
+        shape = (getattr(source, "world_size", None), workers, getattr(source, "batch_size", None))
+        if (plan["world_size"], plan["workers"], plan["batch_size"]) == shape:
+            g = source.rank * workers + old
+            state = {**state, "slices": [p if i == g else None
+                                         for i, p in enumerate(state["slices"])]}
+    try:
+        source.load_state_dict(state)
+    except ResumePathError:
+        # NOTE [ torchdata's end-of-pass trap ] is about the mixture's pass, which the mixture
+        # position tracks; a source's slice that delivered its whole pass is exhausted: the
+        # mixture's next draw of it stops or cycles, as it would have without the resume
+        if get_worker_info() is None:
+            raise
+
+
+def _identity(source: Any) -> dict[str, str] | None:
+    snapshot = getattr(source, "snapshot", None)
+    identity = getattr(snapshot, "identity", None)
+    return None if identity is None else identity.to_json()
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _tagged(batch: Any, name: str) -> dict[str, Any]:
+    """The batch with its source's name: a dict in place (its type kept: a reader's
+    ``Batch`` is what a loader that would batch it again recognizes), anything else wrapped."""
+    if isinstance(batch, dict):
+        batch[SOURCE_KEY] = name
+        return batch
+    return {"batch": batch, SOURCE_KEY: name}

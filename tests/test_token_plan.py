@@ -1,0 +1,202 @@
+"""The token plan (NOTE [ token plan ] in lakeckpt_tables/reader/token_plan.py): every slice gets
+the same number of sequences, the sequences of all slices are the stream of the permuted row
+groups (its tail reported), and a slice resumes from any position, also after an elastic
+re-plan, with no token lost or repeated."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lakeckpt_tables.errors import EosInDocumentWarning
+from lakeckpt_tables.reader.token_plan import (
+    TokenPlan,
+    _footer_tokens,
+    consumed_rows,
+    packed_batches,
+    stream_sizes,
+)
+from tests.conftest import Table
+
+EOS = -1
+L = 7
+
+
+def stream(table: Table, plan: TokenPlan) -> list[int]:
+    """The oracle: documents of the row groups in stream order, one at a time, eos after each."""
+    snap = table.make_source().snapshot()
+    reader = snap.row_reader()
+    out: list[int] = []
+    for u in plan.order:
+        for doc in reader.read(snap.units[u], ["tokens"]).column("tokens").to_pylist():
+            out += [*doc, EOS]
+    return out
+
+
+def plan_of(table: Table, slices: int, **kwargs) -> tuple[TokenPlan, list, object]:
+    snap = table.make_source().snapshot()
+    reader = snap.row_reader()
+    sizes = stream_sizes(reader, snap.units, "tokens")
+    plan = TokenPlan.of(sizes, slices=slices, seq_len=L, seed=5, epoch=0, shuffle=True,
+                        **kwargs)
+    return plan, snap.units, reader
+
+
+def run(plan: TokenPlan, units, reader, q: int, start: int = 0, batch_size: int = 4):
+    return list(packed_batches(plan, units, q, start, read=lambda u: reader.read(u, ["tokens"]),
+                               column="tokens", seq_len=L, eos_id=EOS, batch_size=batch_size))
+
+
+def tokens_of(batches) -> list[int]:
+    return [t for ids, _, _, _ in batches for t in ids.ravel().tolist()]
+
+
+def test_footer_counts_are_the_tokens_the_rows_hold(source):
+    snap = source.make_source().snapshot()
+    reader = snap.row_reader()
+    sizes = stream_sizes(reader, snap.units, "tokens")
+    for unit, size in zip(snap.units, sizes, strict=True):
+        docs = reader.read(unit, ["tokens"]).column("tokens").to_pylist()
+        assert size == sum(len(d) + 1 for d in docs)
+        assert _footer_tokens(reader, unit, "tokens") is not None  # no read needed
+
+
+@pytest.mark.parametrize("slices", [1, 3, 6])
+def test_every_slice_gets_equal_sequences_which_together_are_the_stream(source, slices):
+    plan, units, reader = plan_of(source, slices)
+    whole = stream(source, plan)
+    runs = [run(plan, units, reader, q) for q in range(slices)]
+    assert len({len(r) for r in runs}) == 1  # lockstep: equal batches...
+    assert len({tuple(len(ids) for ids, _, _, _ in r) for r in runs}) == 1  # ...of equal sizes
+    delivered = [t for r in runs for t in tokens_of(r)]
+    assert delivered == whole[:len(delivered)]
+    assert len(whole) - len(delivered) == plan.tail < slices * L
+    positions = [p for r in runs for ids, pos, _, _ in r for p in pos.ravel().tolist()]
+    expected: list[int] = []
+    for i in range(len(delivered)):
+        expected.append(0 if i == 0 or whole[i - 1] == EOS else expected[-1] + 1)
+    assert positions == expected
+
+
+def test_a_slice_resumes_from_any_position(source):
+    plan, units, reader = plan_of(source, 3)
+    for q in range(3):
+        whole = run(plan, units, reader, q)
+        for _, _, position, _ in whole:
+            rest = run(plan, units, reader, q, start=position)
+            head = tokens_of([b for b in whole if b[2] <= position])
+            assert head + tokens_of(rest) == tokens_of(whole)
+        # a position inside a batch (another batch size before the resume)
+        rest = run(plan, units, reader, q, start=3)
+        assert tokens_of(whole)[3 * L:] == tokens_of(rest)
+
+
+def test_elastic_three_to_two_slices_delivers_the_rest_once(source):
+    plan, units, reader = plan_of(source, 3)
+    positions = [2, 5, 0]
+    heads = [tokens_of(run(plan, units, reader, q))[:n * L] for q, n in enumerate(positions)]
+    left = plan.remaining(positions)
+    again = TokenPlan.of(plan.sizes, slices=2, seq_len=L, seed=5, epoch=0, shuffle=True,
+                         layout=left)
+    rests = [tokens_of(run(again, units, reader, q)) for q in range(2)]
+    whole = stream(source, plan)
+    delivered_intervals = [(q * plan.per_slice * L, q * plan.per_slice * L + n * L)
+                           for q, n in enumerate(positions)]
+    delivered_intervals += [iv for q in range(2) for iv in again.intervals(q)]
+    covered = sorted(iv for iv in delivered_intervals if iv[0] < iv[1])
+    for (_, a1), (b0, _) in itertools.pairwise(covered):
+        assert a1 <= b0  # no stream element twice
+    assert sum(b - a for a, b in covered) + again.tail + plan.tail == len(whole)
+    got = [t for h in heads for t in h] + [t for r in rests for t in r]
+    want = [t for a, b in delivered_intervals for t in whole[a:b]]
+    assert got == want
+
+
+def test_a_packed_batch_splits_a_document_with_its_positions(tmp_path):
+    from deltalake import write_deltalake
+
+    from lakeckpt_tables import DeltaSource
+
+    write_deltalake(str(tmp_path), pa.table({"tokens": pa.array(
+        [list(range(10)), [100, 101]], pa.list_(pa.int32()))}))
+    snap = DeltaSource(str(tmp_path)).snapshot()
+    reader = snap.row_reader()
+    plan = TokenPlan.of(stream_sizes(reader, snap.units, "tokens"), slices=1, seq_len=4,
+                        seed=0, epoch=0, shuffle=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EosInDocumentWarning)
+        (ids, pos, position, inside), = packed_batches(
+            plan, snap.units, 0, 0, read=lambda u: reader.read(u, ["tokens"]),
+            column="tokens", seq_len=4, eos_id=0, batch_size=8)
+    assert ids.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 100]]
+    assert pos.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 0]]
+    assert position == 3 and plan.tail == 2 and inside == 1  # token 0 is also the eos
+    assert np.asarray(ids).dtype == np.int64
+
+
+@pytest.mark.parametrize("chunk", [1, 20, 1 << 16])
+def test_packing_a_unit_in_several_calls_gives_the_same_batches(source, monkeypatch, chunk):
+    from lakeckpt_tables.reader import token_plan
+
+    plan, units, reader = plan_of(source, 2)
+    whole = [run(plan, units, reader, q, batch_size=5) for q in range(2)]
+    monkeypatch.setattr(token_plan, "CHUNK_TOKENS", chunk)  # a call packs max(5, chunk // L)
+    for q in range(2):
+        again = run(plan, units, reader, q, batch_size=5)
+        assert [(b[0].tolist(), b[1].tolist(), b[2]) for b in again] == [
+            (b[0].tolist(), b[1].tolist(), b[2]) for b in whole[q]]
+        assert all(len(b[0]) == 5 for b in again[:-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(doc_lengths=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=8), min_size=1,
+                            max_size=8),
+       slices=st.integers(1, 3), cuts=st.lists(st.integers(0, 40), max_size=4),
+       seed=st.integers(0, 3))
+def test_consumed_rows_count_each_row_whose_eos_was_delivered_once(doc_lengths, slices, cuts,
+                                                                   seed):
+    """Rows consumed over any checkpoints = the rows whose eos lies in delivered sequences."""
+    sizes = [sum(n + 1 for n in unit) for unit in doc_lengths]
+    plan = TokenPlan.of(sizes, slices=slices, seq_len=3, seed=seed, epoch=0, shuffle=True)
+    rows = [len(unit) for unit in doc_lengths]
+    asked: set[int] = set()
+
+    def lengths(u: int) -> np.ndarray:
+        asked.add(u)
+        return np.array(doc_lengths[u])
+
+    counted: list[tuple[int, int]] = []
+    for q in range(slices):
+        marks = sorted({0, plan.per_slice, *(min(c, plan.per_slice) for c in cuts)})
+        for before, after in itertools.pairwise(marks):
+            for u, first, end in consumed_rows(plan, q, before, after, rows, lengths):
+                counted += [(u, r) for r in range(first, end)]
+    assert len(counted) == len(set(counted))  # none twice
+    delivered_end = slices * plan.per_slice * 3  # the tail is not delivered
+    expected = []
+    offset = 0
+    for u in plan.order:
+        for r, n in enumerate(doc_lengths[u]):
+            offset += n + 1
+            if offset - 1 < delivered_end:  # its eos was delivered
+                expected.append((u, r))
+    assert sorted(counted) == sorted(expected)
+
+
+def test_consumed_rows_read_lengths_only_where_a_range_cuts_a_unit():
+    doc_lengths = [[2, 2], [5, 5, 5], [1, 1]]  # stream sizes 6, 18, 4: 28 = 9 sequences of 3
+    plan = TokenPlan.of([6, 18, 4], slices=1, seq_len=3, seed=0, epoch=0, shuffle=False)
+    asked: list[int] = []
+
+    def lengths(u: int) -> np.ndarray:
+        asked.append(u)
+        return np.array(doc_lengths[u])
+
+    got = consumed_rows(plan, 0, 0, plan.per_slice, [2, 3, 2], lengths)
+    assert got == [(0, 0, 2), (1, 0, 3), (2, 0, 1)] and asked == [2]  # 27 of 28 delivered

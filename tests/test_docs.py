@@ -134,6 +134,7 @@ EXPECTED = {
     "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "restored step 50", "does not fit",
                                   "is removed", "restore(require=True)"],
     "audit-and-progress.md": ["6400", "violations=[]", "(25, 'removed')", "exit 2"],
+    "pretraining.md": ["torch.Size([4, 16])", "'code'", "resumed exactly: True"],
 }
 
 

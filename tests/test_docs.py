@@ -218,3 +218,11 @@ def test_the_block_convention_is_read_as_documented(tmp_path: Path) -> None:
     assert got == [("python", "run", ""), ("bash", "illustration", "a fragment"),
                    ("python", "file", "t.py"), ("text", "illustration", ""),
                    ("bash", "file", "a.env")]
+
+
+def test_every_error_class_is_named_in_public_names() -> None:
+    errors = (ROOT / "lakeckpt_tables" / "errors.py").read_text()
+    names = re.findall(r"^class (\w+)\(", errors, re.M)
+    page = (ROOT / "docs" / "public-names.md").read_text()
+    assert names and not [n for n in names if f"`{n}`" not in page], \
+        [n for n in names if f"`{n}`" not in page]

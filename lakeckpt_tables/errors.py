@@ -7,6 +7,7 @@ what to do. Messages name the table, version, file or run involved.
 from __future__ import annotations
 
 __all__ = [
+    "STORE_KINDS",
     "AuditError",
     "CheckpointError",
     "CheckpointIntegrityError",
@@ -14,6 +15,7 @@ __all__ = [
     "CommitConflictError",
     "CommitStateUnknownError",
     "DataFileError",
+    "DataFileStoreError",
     "EmptySourceError",
     "EosInDocumentWarning",
     "FilterError",
@@ -35,7 +37,9 @@ __all__ = [
     "SourceNotFoundError",
     "StateMismatchError",
     "StorageError",
+    "StorageOptionsError",
     "StorageRootNotSharedError",
+    "StoreUnavailableError",
     "TableMetadataError",
     "UnknownColumnError",
     "UnsupportedTableError",
@@ -100,7 +104,20 @@ class CheckpointIntegrityError(CheckpointError):
 
 
 class StorageError(LakeckptError):
-    """An object store or file system could not be reached or refused a request."""
+    """An object store or file system could not be reached or refused a request.
+
+    Attributes:
+        uri: the root or file involved ("" when unknown).
+        kind: what went wrong, one of :data:`STORE_KINDS` ("failed" when unclassified).
+    """
+
+    def __init__(self, message: str, *, uri: str = "", kind: str = "failed") -> None:
+        super().__init__(message)
+        self.uri = uri
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[object, ...]:  # keeps uri and kind across processes
+        return (_rebuild_store_error, (type(self), str(self), self.uri, self.kind))
 
 
 class StorageRootNotSharedError(CheckpointError):
@@ -198,3 +215,34 @@ class CheckpointRestoreError(CheckpointError):
 class RunInUseError(CheckpointError):
     """Another live job owns the run and the manager was asked to refuse, not fence it
     (``takeover="refuse"``); the message names the owner and how to take over deliberately."""
+
+
+STORE_KINDS = ("bucket missing", "access denied", "unreachable", "unavailable", "not found",
+               "failed")
+"""The kinds of :class:`StorageError`: what a platform engineer acts on."""
+
+
+class StoreUnavailableError(StorageError):
+    """The store kept failing (throttled, 5xx, dropped or stalled connections) for the whole
+    retry budget; nothing was committed. Retry once the store is back."""
+
+
+class StorageOptionsError(StorageError):
+    """Storage options cannot be parsed (the message names the problem, never a value)."""
+
+
+class DataFileStoreError(DataFileError, StorageError):
+    """The store failed while a data file of the pinned snapshot was read: both a
+    :class:`DataFileError` (names table, version and file) and a :class:`StorageError`
+    (carries the URI and the kind)."""
+
+    @classmethod
+    def wrap(cls, where: str, path: str, error: StorageError) -> DataFileStoreError:
+        """``error`` of the store, said of data file ``path`` of ``where`` (table, version)."""
+        return cls(f"{where}: data file {path} cannot be read: {error}",
+                   uri=error.uri or path, kind=error.kind)
+
+
+def _rebuild_store_error(cls: type[StorageError], message: str, uri: str,
+                         kind: str) -> StorageError:
+    return cls(message, uri=uri, kind=kind)

@@ -305,7 +305,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
         else:
             states = [state_dict]
         for state in states:
-            self._check(state)
+            _check_state(self, state)
         workers, positions = self._merge_positions(states)
         sources = {n: [s[KEY_SOURCES][n] for s in states] for n in self.names}
         if get_worker_info() is None:
@@ -336,43 +336,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
             else:
                 states.append(one)
         for state in states:
-            self._check(state)
+            _check_state(self, state)
         return {n: _merged(n, [s[KEY_SOURCES][n] for s in states]) for n in self.names}
-
-    def _check(self, state: Any) -> None:
-        if not isinstance(state, Mapping) or state.get(KEY_FORMAT) != MIXTURE_FORMAT:
-            found = state.get(KEY_FORMAT) if isinstance(state, Mapping) else type(state).__name__
-            raise StateMismatchError(f"not a mixture state (format {found!r}, this Mixture "
-                                     f"reads {MIXTURE_FORMAT!r})")
-        if set(state) != set(_KEYS):
-            raise StateMismatchError(f"mixture state is corrupt: keys {sorted(state)}, "
-                                     f"expected {sorted(_KEYS)}")
-        names = set(self.names)
-        for key in (KEY_SOURCES, KEY_TABLES):
-            if not isinstance(state[key], Mapping):
-                raise StateMismatchError(f"mixture state is corrupt: {key} is not a dict")
-            unknown = sorted(set(state[key]) - names)
-            if unknown:
-                raise MixtureStateError(
-                    f"the mixture state names source(s) {unknown} that this Mixture lacks (its "
-                    f"sources: {self.names}); build the Mixture with the sources of the run")
-            missing = sorted(names - set(state[key]))
-            if missing:
-                raise MixtureStateError(
-                    f"the mixture state lacks source(s) {missing} (it has "
-                    f"{sorted(state[key])}); a source cannot join a run mid-way: start a new "
-                    "run, or build the Mixture with the run's sources")
-        for name in self.names:
-            saved, ours = state[KEY_TABLES][name], _identity(self.sources[name])
-            if saved is not None and ours is not None and not _same_json(saved, ours):
-                raise MixtureStateError(
-                    f"source {name!r} is another table than the state's: the state read "
-                    f"{saved}, this Mixture's {name!r} reads {ours}; build it over the run's "
-                    "table")
-        if not _same_json(state[KEY_CONFIG], self.config):
-            raise StateMismatchError(f"mixture state has schedule {state[KEY_CONFIG]}, this "
-                                     f"Mixture {self.config}; build it with the run's seed, "
-                                     "weights and on_exhausted")
 
     def _merge_positions(self, states: list[Mapping[str, Any]]
                          ) -> tuple[int | None, list[_Position | None]]:
@@ -401,6 +366,43 @@ class Mixture(IterableDataset[dict[str, Any]]):
                         raise StateMismatchError(f"two mixture states disagree on worker {i}")
                     positions[i] = p
         return workers, positions
+
+
+def _check_state(mixture: Mixture, state: Any) -> None:
+    """Refuse a state this mixture cannot continue, saying what differs."""
+    if not isinstance(state, Mapping) or state.get(KEY_FORMAT) != MIXTURE_FORMAT:
+        found = state.get(KEY_FORMAT) if isinstance(state, Mapping) else type(state).__name__
+        raise StateMismatchError(f"not a mixture state (format {found!r}, this Mixture "
+                                 f"reads {MIXTURE_FORMAT!r})")
+    if set(state) != set(_KEYS):
+        raise StateMismatchError(f"mixture state is corrupt: keys {sorted(state)}, "
+                                 f"expected {sorted(_KEYS)}")
+    names = set(mixture.names)
+    for key in (KEY_SOURCES, KEY_TABLES):
+        if not isinstance(state[key], Mapping):
+            raise StateMismatchError(f"mixture state is corrupt: {key} is not a dict")
+        unknown = sorted(set(state[key]) - names)
+        if unknown:
+            raise MixtureStateError(
+                f"the mixture state names source(s) {unknown} that this Mixture lacks (its "
+                f"sources: {mixture.names}); build the Mixture with the sources of the run")
+        missing = sorted(names - set(state[key]))
+        if missing:
+            raise MixtureStateError(
+                f"the mixture state lacks source(s) {missing} (it has "
+                f"{sorted(state[key])}); a source cannot join a run mid-way: start a new "
+                "run, or build the Mixture with the run's sources")
+    for name in mixture.names:
+        saved, ours = state[KEY_TABLES][name], _identity(mixture.sources[name])
+        if saved is not None and ours is not None and not _same_json(saved, ours):
+            raise MixtureStateError(
+                f"source {name!r} is another table than the state's: the state read "
+                f"{saved}, this Mixture's {name!r} reads {ours}; build it over the run's "
+                "table")
+    if not _same_json(state[KEY_CONFIG], mixture.config):
+        raise StateMismatchError(f"mixture state has schedule {state[KEY_CONFIG]}, this "
+                                 f"Mixture {mixture.config}; build it with the run's seed, "
+                                 "weights and on_exhausted")
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 from audit_helpers import SimulatedRun, write_table
 
 from lakeckpt_tables.audit import connect
-from lakeckpt_tables.audit._target import read_ledger
+from lakeckpt_tables.audit.target import read_ledger
 from lakeckpt_tables.cli import main
 from lakeckpt_tables.errors import LedgerCorruptError
 from lakeckpt_tables.ledger import DeltaLedger

@@ -13,8 +13,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.audit import connect
-from lakeckpt_tables.checkpoint import registration
-from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.checkpoint import CheckpointManager, registration
 from lakeckpt_tables.cli import main
 from lakeckpt_tables.ledger import DeltaLedger, LedgerEvent
 

@@ -11,7 +11,7 @@ from _s3server import S3Server
 
 from lakeckpt_tables import DeltaSource
 from lakeckpt_tables.cli import main
-from lakeckpt_tables.sources import _footers
+from lakeckpt_tables.sources import footers
 from lakeckpt_tables.tools.bench.planning import TARGET_S
 from lakeckpt_tables.tools.bench.storage import format_report, run_store_read_bench
 
@@ -65,7 +65,7 @@ def test_the_planning_bench_pins_a_table_of_many_files_locally_and_on_s3(
     assert local["footer_reads"] == remote["footer_reads"] == 60  # cold: every footer once
     assert out["target_s"] == TARGET_S and code == (0 if out["passed"] else 1)
     assert s3.secret not in json.dumps(out)
-    _footers.forget()
+    footers.forget()
     s3.reset()
     s3.faults(latency_ms=100)  # requests overlap for sure only when each one takes a while
     try:

@@ -124,14 +124,10 @@ def test_a_checkpoint_on_s3_saves_restores_and_retires_through_its_options_only(
     assert s3.secret not in caplog.text and s3.key not in caplog.text
 
 
-def test_a_ledger_file_larger_than_the_write_buffer_lands_on_s3(
-        s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    # delta-rs's file handler takes bytes: a ledger file written to it in one Arrow buffer
-    # failed every save on S3, and with a buffered stream every file above its buffer (a
-    # compaction of a long run). A 1 KiB buffer makes every ledger file such a file here.
-    from lakeckpt_tables.ledger import delta
-
-    monkeypatch.setattr(delta, "_WRITE_BUFFER_BYTES", 1024)
+def test_the_ledger_on_s3_goes_through_the_roots_store_only(
+        s3: S3Server, shadow_env: S3Server) -> None:
+    # one storage seam: the ledger's log (delta-rs) and its data files (pyarrow) are reached
+    # with the manager's options, never the environment's (which names the shadow server)
     root = f"s3://{s3.bucket('bigfile')}/ckpt"
     options = s3.options()
     manager = CheckpointManager(root, "run", storage_options=options)
@@ -142,6 +138,8 @@ def test_a_ledger_file_larger_than_the_write_buffer_lands_on_s3(
     assert [r.step for r in ledger.checkpoints("run")] == [1, 2]
     assert CheckpointManager(root, "run", storage_options=options).restore(
         model=torch.nn.Linear(2, 1)) == 2
+    assert shadow_env.requests() == []
+    assert any("/_ledger/lakeckpt-" in p for m, p, _ in s3.requests() if m == "PUT")
 
 
 def test_gc_on_s3_removes_only_what_no_checkpoint_names(s3: S3Server) -> None:
@@ -161,7 +159,7 @@ def test_a_checkpoint_root_on_a_server_that_is_down_saves_nothing_and_a_retry_co
         s3: S3Server, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     root = f"s3://{s3.bucket('down')}/ckpt"
-    options = s3.options(max_attempts="1")
+    options = s3.options(max_attempts="1", lakeckpt_retry_seconds="1")
     manager = CheckpointManager(root, "run", storage_options=options)
     model = torch.nn.Linear(2, 1)
     with s3.down(), pytest.raises((StorageError, CheckpointError)) as caught:
@@ -268,8 +266,10 @@ def test_per_node_roots_fail_by_name_before_anything_is_saved_and_restore_checks
     second = _torchrun(local_table, str(shared), tmp_path / "out2", options=None,
                        roots=(str(shared), str(copy)))
     assert second.returncode != 0
-    assert "StorageRootNotSharedError" in second.stderr
-    assert f"step {record.step}" in second.stderr and "rank 1" in second.stderr
+    # refused when the manager is created (the probe rank 0 wrote is not on node 1's copy),
+    # before restore and before any training step
+    assert "StorageRootNotSharedError" in second.stderr and "rank 1" in second.stderr
+    assert "do not share the checkpoint root" in second.stderr
     assert not (tmp_path / "out2").exists()  # no rank got past restore
 
 
@@ -345,3 +345,4 @@ def test_an_iceberg_ledger_on_s3_loses_nothing_to_lost_responses(
     assert again.save(3, model=model).step == 3
     assert [c.step for c in IcebergLedger("ml.ledger", catalog=catalog).checkpoints("run")] \
         == [1, 2, 3]
+

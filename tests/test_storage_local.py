@@ -11,10 +11,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lakeckpt_tables.errors import StorageError
-from lakeckpt_tables.io import Storage, iceberg_storage, s3_settings
+from lakeckpt_tables.errors import StorageError, StorageOptionsError, StoreUnavailableError
+from lakeckpt_tables.io import (
+    OPTIONS_ENV,
+    Storage,
+    iceberg_storage,
+    parse_storage_options,
+    s3_settings,
+    storage_from_cli,
+)
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
-from lakeckpt_tables.sources import _footers
+from lakeckpt_tables.io.failures import classify, store_error
+from lakeckpt_tables.sources import footers
 
 
 def test_local_operations(tmp_path: Path) -> None:
@@ -66,7 +74,8 @@ def test_delta_options_leave_nothing_to_the_environment() -> None:
     assert store.delta_options() == {
         "AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "https://s3.eu-west-1.amazonaws.com",
         "AWS_ENDPOINT_URL_S3": "https://s3.eu-west-1.amazonaws.com",
-        "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "conditional_put": "etag"}
+        "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "conditional_put": "etag",
+        "retry_timeout": "60s"}  # delta-rs retries for the library's budget, not its 180 s
     locked = Storage("s3://b/t", {"AWS_S3_LOCKING_PROVIDER": "dynamodb"}).delta_options()
     assert locked is not None and "conditional_put" not in locked
     assert locked["AWS_S3_LOCKING_PROVIDER"] == "dynamodb"
@@ -91,10 +100,12 @@ def test_an_unreachable_endpoint_is_a_named_error_without_secrets() -> None:
     store = Storage("s3://b/t", {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
                                  "AWS_SECRET_ACCESS_KEY": "very-secret-value",
                                  "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "max_attempts": "1",
-                                 "connect_timeout": "1"})
-    with pytest.raises(StorageError) as caught:
+                                 "connect_timeout": "1", "lakeckpt_retry_seconds": "0.5"})
+    with pytest.raises(StoreUnavailableError) as caught:
         store.read_bytes("f")
-    assert "s3://b/t/f" in str(caught.value)
+    assert caught.value.uri == "s3://b/t/f" and caught.value.kind == "unavailable"
+    assert "s3://b/t/f" in str(caught.value) and "(unreachable)" in str(caught.value)
+    assert "lakeckpt_retry_seconds" in str(caught.value)  # what to do
     assert "very-secret-value" not in str(caught.value)
     assert "AKIAEXAMPLE" not in str(caught.value)
 
@@ -150,7 +161,8 @@ def test_checkpoint_checksums_and_verification(tmp_path: Path) -> None:
 
 def test_removing_a_checkpoint_is_best_effort(caplog: pytest.LogCaptureFixture) -> None:
     store = CheckpointStorage("s3://b/t", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9",
-                                           "max_attempts": "1", "connect_timeout": "1"})
+                                           "max_attempts": "1", "connect_timeout": "1",
+                                           "lakeckpt_retry_seconds": "0"})
     with caplog.at_level(logging.WARNING):
         store.delete("run/step-1")
     assert "could not remove s3://b/t/run/step-1" in caplog.text
@@ -159,11 +171,11 @@ def test_removing_a_checkpoint_is_best_effort(caplog: pytest.LogCaptureFixture) 
 def test_footers_are_read_once_per_file_and_reused_by_remote_opens(tmp_path: Path) -> None:
     path = str(tmp_path / "f.parquet")
     pq.write_table(pa.table({"id": list(range(100))}), path, row_group_size=10)
-    before = _footers.footer_reads()
-    [footer] = _footers.read_footers([path], [None])
-    [again] = _footers.read_footers([path], [None])
+    before = footers.footer_reads()
+    [footer] = footers.read_footers([path], [None])
+    [again] = footers.read_footers([path], [None])
     assert footer is again and footer.row_group_rows == (10,) * 10
-    assert _footers.footer_reads() == before + 1
+    assert footers.footer_reads() == before + 1
 
 
 def test_gcs_and_azure_options_become_fsspec_keywords() -> None:
@@ -177,3 +189,46 @@ def test_gcs_and_azure_options_become_fsspec_keywords() -> None:
         "anon": "false"})
     assert azure.fsspec_options() == {"account_name": "acct", "account_key": "k",
                                       "anon": False}  # a bool: the string "false" is truthy
+
+
+def test_storage_options_from_the_command_line_json_file_or_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
+    assert parse_storage_options(None) is None
+    given = '{"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "max_attempts": 2, "x": true}'
+    assert parse_storage_options(given) == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+                                            "max_attempts": "2", "x": "true"}
+    path = tmp_path / "s3.json"
+    path.write_text('{"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "hunter2-secret"}')
+    store = storage_from_cli("s3://b/root", f"@{path}")
+    assert store.has_options and store.delta_options()["AWS_SECRET_ACCESS_KEY"] == \
+        "hunter2-secret"
+    monkeypatch.setenv(OPTIONS_ENV, f"@{path}")
+    assert parse_storage_options() == {"AWS_ACCESS_KEY_ID": "AK",
+                                       "AWS_SECRET_ACCESS_KEY": "hunter2-secret"}
+    for bad in ('{"AWS_SECRET_ACCESS_KEY": "hunter2-secret"', '["hunter2-secret"]',
+                '{"AWS_SECRET_ACCESS_KEY": {"v": "hunter2-secret"}}', f"@{tmp_path}/none.json"):
+        with pytest.raises(StorageOptionsError) as caught:
+            parse_storage_options(bad)
+        assert "hunter2" not in str(caught.value)  # never echoed: options hold credentials
+        assert "--storage-options" in str(caught.value)
+
+
+def test_store_failures_are_named_by_kind_in_plain_words() -> None:
+    delta_rs = ("Generic S3 error\n \x1b[31m↳\x1b[0m Error performing GET http://h/b?list in "
+                "2ms - Server returned non-2xx status code\n \x1b[31m↳\x1b[0m 404 Not Found\n "
+                "\x1b[31m↳\x1b[0m <?xml version=\"1.0\" encoding=\"utf-8\"?>\n<Error><Code>"
+                "NoSuchBucket</Code><Message>The specified bucket does not exist</Message>"
+                "<BucketName>b</BucketName></Error>")
+    error = store_error("s3://b/root", "read", OSError(delta_rs))
+    assert (error.kind, error.uri) == ("bucket missing", "s3://b/root")
+    assert "\x1b[" not in str(error) and "<" not in str(error)
+    assert "NoSuchBucket: The specified bucket does not exist" in str(error)
+    assert "create it, or fix the bucket name" in str(error)
+    for text, kind in (("AWS Error ACCESS_DENIED during GetObject", "access denied"),
+                       ("An error occurred (InvalidAccessKeyId)", "access denied"),
+                       ("tcp connect error -> Connection refused (os error 111)", "unreachable"),
+                       ("AWS Error UNKNOWN (HTTP status 503) during HeadObject", "unavailable"),
+                       ("curlCode: 28, Timeout was reached", "unavailable"),
+                       ("retry_timeout 180s - Connection refused", "unreachable")):
+        assert classify(OSError(text)) == kind, text

@@ -9,6 +9,7 @@ its request log must stay empty whenever options are given.
 from __future__ import annotations
 
 import pickle
+import re
 from typing import Any
 
 import _s3server
@@ -19,11 +20,11 @@ from _s3server import S3Server
 from conftest import ROW_GROUP_ROWS, file_ranges, loader_for, rows_table, write_delta
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
-from lakeckpt_tables.errors import StorageError
+from lakeckpt_tables.errors import DataFileError, StorageError, StoreUnavailableError
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.io.prefetch import DEFAULT_PREFETCH
 from lakeckpt_tables.reader.readahead import PLAIN_PIECE_UNITS
-from lakeckpt_tables.sources import _footers
+from lakeckpt_tables.sources import footers
 
 s3 = _s3server.s3  # the fixtures of the module
 shadow_s3 = _s3server.shadow_s3
@@ -97,13 +98,16 @@ def test_a_storage_crosses_processes_without_its_filesystem_or_secrets_in_view(
 
 def test_a_server_that_is_down_gives_a_named_error_without_secrets_and_a_retry_works(
         s3: S3Server) -> None:
-    store = Storage(f"s3://{s3.bucket()}/root", s3.options(max_attempts="1"))
+    store = Storage(f"s3://{s3.bucket()}/root", s3.options(max_attempts="1",
+                                                           lakeckpt_retry_seconds="0.5"))
     store.put("f", b"kept")
-    with s3.down(), pytest.raises(StorageError) as caught:
+    with s3.down(), pytest.raises(StoreUnavailableError) as caught:
         store.read_bytes("f")
     message = str(caught.value)
-    assert f"{store.uri}/f" in message
-    assert "503" in message or "Unavailable" in message
+    assert f"{store.uri}/f" in message and caught.value.uri == f"{store.uri}/f"
+    assert message.startswith("store unavailable") and caught.value.kind == "unavailable"
+    assert "HTTP status 503" in message  # the client's words follow
+    assert "<" not in message and "\x1b[" not in message
     assert s3.secret not in message and s3.key not in message
     with s3.down(), pytest.raises(StorageError):
         store.put("g", b"lost")
@@ -166,10 +170,10 @@ def test_a_delta_row_group_read_costs_at_most_two_requests_and_no_footer(
     # the footer (and its length and magic) ends the file: no read reaches its last byte
     assert all(int(r[2].rsplit("-", 1)[1]) < sizes[r[1]] - 1 for r in gets)
     # a second source in the same process reads no footer again
-    reads = _footers.footer_reads()
+    reads = footers.footer_reads()
     s3.reset()
     again = DeltaSource(delta_on_s3, storage_options=s3.options()).snapshot()
-    assert len(again.units) == len(units) and _footers.footer_reads() == reads
+    assert len(again.units) == len(units) and footers.footer_reads() == reads
     assert [r for r in s3.requests() if r[1].endswith(".parquet")] == []
     # a second reader of the same files in this process opens none of them again
     s3.reset()
@@ -209,7 +213,8 @@ def test_row_group_reads_on_s3_are_in_flight_together_and_still_read_once(
 
 def test_a_delta_table_on_a_server_that_is_down_fails_by_name_and_a_retry_reads_it(
         delta_on_s3: str, s3: S3Server, shadow_env: S3Server) -> None:
-    source = DeltaSource(delta_on_s3, storage_options=s3.options(max_attempts="1"))
+    source = DeltaSource(delta_on_s3, storage_options=s3.options(
+        max_attempts="1", lakeckpt_retry_seconds="0.5"))
     with s3.down(), pytest.raises(StorageError) as caught:
         LakeDataset(source, columns=["id"])
     assert delta_on_s3 in str(caught.value) and s3.secret not in str(caught.value)
@@ -222,16 +227,20 @@ def test_a_row_group_read_on_a_server_that_is_down_fails_by_name_and_resumes(
     # one unit per window and no read-ahead: the batches after the first need reads the
     # server, once down, cannot serve
     dataset = LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options(
-        max_attempts="1")), columns=["id"], batch_size=24, seed=1, shuffle_window=1,
-        read_ahead=0)
+        max_attempts="1", lakeckpt_retry_seconds="0.5")), columns=["id"], batch_size=24,
+        seed=1, shuffle_window=1, read_ahead=0)
     loader = loader_for(dataset, 0)
     batches = iter(loader)
     seen = next(batches)["id"].tolist()
     state = loader.state_dict()
-    with s3.down(), pytest.raises(StorageError) as caught:
+    with s3.down(), pytest.raises(DataFileError) as caught:  # as the README promises
         for batch in batches:
             seen.extend(batch["id"].tolist())
-    assert ".parquet" in str(caught.value) and s3.secret not in str(caught.value)
+    message = str(caught.value)
+    assert re.search(rf"delta table {delta_on_s3} .*at version \d+: data file \S+\.parquet",
+                     message)
+    assert isinstance(caught.value, StorageError) and caught.value.kind == "unavailable"
+    assert "store unavailable" in message and s3.secret not in message
     fresh = loader_for(LakeDataset(DeltaSource(delta_on_s3, storage_options=s3.options()),
                                    columns=["id"], batch_size=24, seed=1, shuffle_window=1), 0)
     fresh.load_state_dict(state)

@@ -24,9 +24,9 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.audit.replay import dataset_for, lineage
 from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
 from lakeckpt_tables.plan.accounting import slice_spans

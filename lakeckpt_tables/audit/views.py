@@ -2,7 +2,7 @@
 
 DuckDB cannot download its delta or iceberg extensions here, and reading a ledger's Parquet
 files by globbing would count twice the rows a compaction rewrote. So each ledger is read once,
-through its table format's reader, at one version (:mod:`lakeckpt_tables.audit._target`), and
+through its table format's reader, at one version (:mod:`lakeckpt_tables.audit.target`), and
 registered as the Arrow table ``ledger``; the views are plain SQL shipped in ``catalog/*.sql``
 and documented column by column in ``catalog/README.md``.
 """
@@ -21,13 +21,13 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakeckpt_tables.audit._target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.audit.sources import (
     delta_options,
     ledger_uri,
     open_source,
     recorded_catalogs,
 )
+from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import AuditError, LakeckptError, LedgerError, StorageError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.summary import SUMMARY_SCHEMA

@@ -17,7 +17,6 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from lakeckpt_tables.audit._target import read_ledger
 from lakeckpt_tables.audit.replay import checkpoint_rows, lineage
 from lakeckpt_tables.audit.sources import (
     delta_options,
@@ -25,6 +24,7 @@ from lakeckpt_tables.audit.sources import (
     open_source,
     recorded_catalogs,
 )
+from lakeckpt_tables.audit.target import read_ledger
 from lakeckpt_tables.errors import AuditError, SourceNotFoundError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
 

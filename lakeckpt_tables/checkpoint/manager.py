@@ -114,8 +114,7 @@ class CheckpointManager:
         self.async_save = async_save
         self.world = World()
         self._preparer = Preparer(self.storage, self.world, run_id, async_save=async_save)
-        self.ledger = open_ledger(ledger, root=self.root,
-                                  storage_options=self.storage.ledger_options()
+        self.ledger = open_ledger(ledger, storage=self.storage.store
                                   ) if self.world.rank == 0 else None
         self.config_hash = _config_hash(config or {})
         # This job's token as the run's one writer (NOTE [ one writer per run ] in
@@ -128,6 +127,9 @@ class CheckpointManager:
         self._baseline: ReaderState | None = None
         self._head: CheckpointRecord | None = None  # what this job committed or restored last
         self._pending: Attempt | None = None
+        # NOTE [ one root for all ranks ]: refused now, before any training step
+        self.storage.prove_shared(self.world, self.run_id)
+        self._root_shared = True
 
     # --------------------------------------------------------------------------- save
 

@@ -63,7 +63,7 @@ class Preparer:
             crash_point("prepare:before_write", rank)
             reader, consumed, events = self.capture_reader(dataloader, baseline)
             state = build_state(parts, rank, reader=json.dumps(reader), run_id=self.run_id)
-            writer = _Writer(self.storage.url(location), rank, **self.storage.fsspec_options())
+            writer = self.storage.writer(location, _Writer, rank)
             if self.async_save:
                 response = dcp_async_save(state, storage_writer=writer,
                                           process_group=self.world.group,

@@ -88,7 +88,7 @@ _EXPECTED = ("deltalake", "pyiceberg", "sqlalchemy", "duckdb", "pyarrow", "botoc
 def _named(exc: Exception, args: argparse.Namespace) -> str | None:
     """The one line an expected failure is told in; None for a bug (it keeps its traceback)."""
     if _ledger_scan_failed(exc):
-        from lakeckpt_tables.audit._target import damage_error
+        from lakeckpt_tables.audit.target import damage_error
 
         return str(damage_error(getattr(args, "target", None), exc))
     module = type(exc).__module__.lstrip("_").split(".")[0]
@@ -119,10 +119,17 @@ def _summary(text: str) -> str:
 def _hint(exc: Exception, args: argparse.Namespace) -> str:
     """How to pass storage options, when a store failed and none were given."""
     from lakeckpt_tables.cli._options import ENV_STORAGE_OPTIONS, remote, storage_options
-    from lakeckpt_tables.errors import AuditError, LedgerCorruptError, LedgerError, StorageError
+    from lakeckpt_tables.errors import (
+        AuditError,
+        LedgerCorruptError,
+        LedgerError,
+        StorageError,
+        StorageOptionsError,
+    )
 
     target = getattr(args, "target", None)
-    if isinstance(exc, AuditError | LedgerCorruptError) or not remote(target):
+    if isinstance(exc, AuditError | LedgerCorruptError | StorageOptionsError) or \
+            not remote(target):
         return ""
     if not isinstance(exc, StorageError | LedgerError | OSError) and \
             type(exc).__module__.split(".")[0] not in ("deltalake", "botocore", "s3fs"):

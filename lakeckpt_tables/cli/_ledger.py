@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lakeckpt_tables.audit._target import read_ledger
 from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+from lakeckpt_tables.audit.target import read_ledger
 
 __all__ = ["existing_ledger"]
 

@@ -11,18 +11,17 @@ about them say where they came from and what is wrong, never what they hold.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lakeckpt_tables.errors import AuditError
+from lakeckpt_tables.errors import StorageOptionsError
+from lakeckpt_tables.io import OPTIONS_ENV, parse_storage_options
 
 __all__ = ["ENV_STORAGE_OPTIONS", "add_source_catalog", "add_storage_options", "redact",
            "secrets_of", "source_catalog", "storage_options"]
 
-ENV_STORAGE_OPTIONS = "LAKECKPT_STORAGE_OPTIONS"
+ENV_STORAGE_OPTIONS = OPTIONS_ENV
 """The environment variable read when ``--storage-options`` is not given (same syntax)."""
 
 STORAGE_HELP = (
@@ -50,50 +49,10 @@ def storage_options(args: argparse.Namespace) -> dict[str, str] | None:
     """The options ``--storage-options`` or ``$LAKECKPT_STORAGE_OPTIONS`` give; None for none.
 
     Raises:
-        AuditError: not a JSON object of strings, or its file cannot be read (the message
-            names where the options came from, never their values).
+        StorageOptionsError: not a JSON object of scalars, or its file cannot be read (the
+            message names where the options came from, never their values).
     """
-    given = getattr(args, "storage_options", None)
-    if given is not None:
-        return parse(given, "--storage-options")
-    env = os.environ.get(ENV_STORAGE_OPTIONS)
-    if env is not None and env.strip():
-        return parse(env, f"${ENV_STORAGE_OPTIONS}")
-    return None
-
-
-def parse(text: str, origin: str) -> dict[str, str]:
-    """The options of ``text`` (JSON, or ``@path`` of a JSON file) given by ``origin``."""
-    where = origin
-    if text.startswith("@"):
-        path = os.path.expanduser(text[1:])
-        where = f"{origin} file {path}"
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise AuditError(f"{where} cannot be read ({e.strerror or type(e).__name__}): give "
-                             "@PATH of a JSON file, or the JSON object itself") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        # e.msg and the position only: the text may hold a secret
-        raise AuditError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column "
-                         f"{e.colno}): give an object such as "
-                         "'{\"AWS_ENDPOINT_URL\": \"...\"}' or @FILE.json") from None
-    if not isinstance(value, dict):
-        raise AuditError(f"{where} must be a JSON object of option names to values, not a "
-                         f"{type(value).__name__}")
-    out: dict[str, str] = {}
-    for key, item in value.items():
-        if isinstance(item, bool):
-            out[str(key)] = "true" if item else "false"
-        elif isinstance(item, str | int | float):
-            out[str(key)] = str(item)
-        else:
-            raise AuditError(f"{where}: option {key!r} must be a string, number or boolean, "
-                             f"not a {type(item).__name__}")
-    return out
+    return parse_storage_options(getattr(args, "storage_options", None))
 
 
 _URI_PASSWORD = re.compile(r"(://[^/\s:@]*:)[^@\s/]+@")
@@ -115,7 +74,7 @@ def secrets_of(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
     try:
         options = storage_options(args)
-    except AuditError:
+    except StorageOptionsError:
         options = None
     if options:
         out += _secret_values(options)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from lakeckpt_tables.cli._output import add_output, add_target, emit
 
 if TYPE_CHECKING:
-    from lakeckpt_tables.audit._target import LedgerSnapshot
+    from lakeckpt_tables.audit.target import LedgerSnapshot
 
 __all__ = ["register", "run"]
 
@@ -27,8 +27,8 @@ def _count(snapshot: LedgerSnapshot) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lakeckpt_tables.audit._target import read_ledger
     from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+    from lakeckpt_tables.audit.target import read_ledger
     from lakeckpt_tables.cli._ledger import existing_ledger
     from lakeckpt_tables.cli._options import storage_options
 

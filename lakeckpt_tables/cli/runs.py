@@ -62,8 +62,8 @@ def _ledger_states(runs: list[dict[str, Any]], catalog: Any,
     """(ledger, run) -> the ``runs`` view's row, for runs the registry calls running."""
     import sys
 
-    from lakeckpt_tables.audit._target import read_ledger
     from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+    from lakeckpt_tables.audit.target import read_ledger
     from lakeckpt_tables.audit.views import connect_snapshots
     from lakeckpt_tables.cli._options import redact, secrets_of, storage_options
 

@@ -7,6 +7,8 @@ other fsspec stores; :mod:`lakeckpt_tables.io.checkpoint_storage` builds checkpo
 
 from __future__ import annotations
 
-from lakeckpt_tables.io.storage import Storage, iceberg_storage, s3_settings
+from lakeckpt_tables.io.options import OPTIONS_ENV, parse_storage_options, s3_settings
+from lakeckpt_tables.io.storage import Storage, iceberg_storage, storage_from_cli
 
-__all__ = ["Storage", "iceberg_storage", "s3_settings"]
+__all__ = ["OPTIONS_ENV", "Storage", "iceberg_storage", "parse_storage_options", "s3_settings",
+           "storage_from_cli"]

@@ -5,23 +5,39 @@ it does with the root. Model files go through torch.distributed.checkpoint's fss
 reader (local paths, ``s3://`` through s3fs, ``gs://``, ``abfs://``... given the same storage
 options); checksums, listings and deletions through :class:`~lakeckpt_tables.io.Storage`.
 
+NOTE [ model files on object stores ]
+DCP's fsspec writer makes the checkpoint "directory" first, and s3fs's ``makedirs`` *creates
+the bucket* whenever its HEAD of the bucket fails: during a 503 storm a save tried
+CreateBucket ("location-constraint is not valid"). Object stores have no directories, so on
+them the writer's file system (:class:`_ObjectStoreFiles`) makes none, and nothing here ever
+creates a bucket. Each file is spooled (in memory up to 64 MB, then on local disk) and uploaded
+in one retried step, so a store that fails for a while is retried within the retry budget
+(NOTE [ retry budget ] in :mod:`lakeckpt_tables.io.failures`) and then named.
+
 NOTE [ one root for all ranks ]
 Ranks on different nodes must see the same root: a per-node local directory lets every rank's
 save "succeed" while no node holds a whole checkpoint. :meth:`CheckpointStorage.prove_shared`
-makes rank 0 write a nonce that every rank must read back before the first checkpoint can be
-committed; :meth:`CheckpointStorage.check_visible` makes every rank check, before any rank
+makes rank 0 write a nonce that every rank must read back when the manager is created, before
+any training step; :meth:`CheckpointStorage.check_visible` makes every rank check, before any rank
 loads, that it sees every file of the checkpoint it is about to restore.
 """
 
 from __future__ import annotations
 
 import builtins
+import io
 import logging
+import shutil
+import tempfile
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _DcpFileSystem
+
 from lakeckpt_tables.errors import StorageError, StorageRootNotSharedError
+from lakeckpt_tables.io.failures import retrying, store_error
 from lakeckpt_tables.io.storage import Storage
 
 __all__ = ["CheckpointStorage"]
@@ -54,8 +70,8 @@ class CheckpointStorage:
             None for the environment's configuration.
     """
 
-    def __init__(self, root: str, options: Mapping[str, str] | None = None) -> None:
-        self.store = Storage(root, options)
+    def __init__(self, root: str | Storage, options: Mapping[str, str] | None = None) -> None:
+        self.store = root if isinstance(root, Storage) else Storage(root, options)
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.store!r})"
@@ -78,11 +94,19 @@ class CheckpointStorage:
         """A torch.distributed.checkpoint storage reader of the checkpoint at ``location``."""
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        return FsspecReader(self.url(location), **self.fsspec_options())
+        return self._guarded(FsspecReader(self.url(location), **self.fsspec_options()))
 
-    def ledger_options(self) -> dict[str, str] | None:
-        """Storage options for a Delta ledger under this root (delta-rs keys, all explicit)."""
-        return self.store.delta_options()
+    def writer(self, location: str, factory: Callable[..., T], *args: Any) -> T:
+        """``factory(url, *args, **fsspec options)``, a DCP fsspec writer of the checkpoint at
+        ``location``, made safe on object stores (NOTE [ model files on object stores ])."""
+        return self._guarded(factory(self.url(location), *args, **self.fsspec_options()))
+
+    def _guarded(self, dcp: T) -> T:
+        if not self.store.is_local:
+            files = _ObjectStoreFiles(self.store)
+            files.fs = dcp.fs.fs  # type: ignore[attr-defined]
+            dcp.fs = files  # type: ignore[attr-defined]
+        return dcp
 
     # ----------------------------------------------------------- files, checksums, retention
 
@@ -97,7 +121,7 @@ class CheckpointStorage:
         """Remove a checkpoint's files, best effort: a failure is logged, and what is left
         is an orphan no ledger names, which a later :meth:`CheckpointManager.gc` removes."""
         try:
-            self.store.delete(location)
+            self.store.delete(location, retry=False)
         except StorageError as exc:
             log.warning("could not remove %s (gc removes it later): %s",
                         self.url(location), exc)
@@ -139,15 +163,15 @@ class CheckpointStorage:
         """
         nonce = world.broadcast(uuid.uuid4().hex)
         key = f"{_NONCE_DIR}/{run_id}-{nonce}"  # outside the run's directory, which gc sweeps
-        failed = ""
+        failed: StorageError | None = None
         if world.rank == 0:
             try:
                 self.store.put(key, nonce.encode())
             except StorageError as exc:
-                failed = str(exc)
+                failed = exc
         failed = world.broadcast(failed)  # a collective: also the barrier before reading
-        if failed:
-            raise StorageError(f"run {run_id}: nothing was saved: {failed}")
+        if failed is not None:
+            raise failed
         seen, problem = False, ""
         try:
             seen = self.store.read_bytes(key).decode() == nonce
@@ -189,3 +213,72 @@ class CheckpointStorage:
             raise StorageRootNotSharedError(
                 f"run {run_id}: checkpoint step {step} ({location}) cannot be restored: {detail}."
                 " Every rank must see the same checkpoint root; no rank loaded anything.")
+
+
+class _Spool(tempfile.SpooledTemporaryFile):  # type: ignore[type-arg]
+    """A file being written: in memory up to 64 MB, then on local disk. Without a file
+    descriptor to give, as an object store's stream (DCP then syncs as it does for those)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_size=64 << 20)
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("an object store file has no descriptor")
+
+    def close(self) -> None:
+        """Nothing: DCP's stream wrappers close the stream they were given, and the upload
+        reads it after that (:meth:`discard` frees it)."""
+
+    def discard(self) -> None:
+        super().close()
+
+
+class _ObjectStoreFiles(_DcpFileSystem):
+    """DCP's fsspec file system on an object store: no directories, retried uploads
+    (NOTE [ model files on object stores ])."""
+
+    def __init__(self, store: Storage) -> None:
+        super().__init__()
+        self._store = store
+
+    @property
+    def _files(self) -> Any:
+        assert self.fs is not None  # set by the DCP writer or reader it serves
+        return self.fs
+
+    def _retrying(self, action: str, path: Any, call: Callable[[], T]) -> T:
+        url = str(path)
+        try:
+            return retrying(call, budget=self._store.retry_seconds, uri=url, action=action,
+                            redact=self._store.redact)
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise store_error(url, action, exc, redact=self._store.redact) from exc
+
+    def mkdir(self, path: Any) -> None:
+        """Nothing: an object store has no directories (and never create a bucket)."""
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        if not any(ch in mode for ch in "wa+"):
+            with self._retrying("read", path, lambda: self._files.open(path, mode)) as stream:
+                yield stream
+            return
+        spool = _Spool()
+        try:
+            yield spool
+
+            def upload() -> None:
+                spool.seek(0)
+                with self._files.open(path, "wb") as out:
+                    shutil.copyfileobj(spool, out, 8 << 20)
+            self._retrying("write", path, upload)
+        finally:
+            spool.discard()
+
+    def exists(self, path: Any) -> bool:
+        return self._retrying("look up", path, lambda: bool(self._files.exists(path)))
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        self._retrying("write", new_path, lambda: self._files.rename(path, new_path))

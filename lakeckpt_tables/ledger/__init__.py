@@ -9,9 +9,11 @@ commit point of the checkpoint two-phase commit. Two backends implement the same
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger.base import Ledger
 from lakeckpt_tables.ledger.delta import DeltaLedger
 from lakeckpt_tables.ledger.records import (
@@ -45,16 +47,20 @@ DEFAULT_LEDGER_DIR = "_ledger"
 """Directory of the default Delta ledger, under the checkpoint root."""
 
 
-def open_ledger(spec: str | Ledger | None, *, root: str,
-                storage_options: dict[str, str] | None = None) -> Ledger:
+def open_ledger(spec: str | Ledger | None, *, root: str | None = None,
+                storage: Storage | None = None,
+                storage_options: Mapping[str, str] | None = None) -> Ledger:
     """Open (creating if needed) the ledger a run is configured with.
 
     Args:
-        spec: None for the default Delta ledger under ``root``; ``"delta:<uri>"``;
+        spec: None for the default Delta ledger under the root; ``"delta:<uri>"``;
             ``"iceberg:<namespace.table>"`` in the default catalog; or a ready ledger,
             returned as is.
-        root: the checkpoint root, where the default ledger lives.
-        storage_options: delta-rs storage options of Delta ledgers (the root's, by default).
+        root: the checkpoint root, where the default ledger lives (when ``storage`` is not
+            given).
+        storage: the checkpoint root's store: the default ledger lives under it, and a
+            ``delta:`` ledger in the same kind of store takes its storage options (one seam).
+        storage_options: the options of ``root`` when no ``storage`` is given.
 
     Returns:
         The ledger.
@@ -62,19 +68,25 @@ def open_ledger(spec: str | Ledger | None, *, root: str,
     Raises:
         LedgerError: the spec is not one of the forms above, or the table is not a ledger of
             this format version.
+        StorageError: the store failed (named with the URI and the kind).
     """
+    if storage is None:
+        if root is None:
+            raise ValueError("open_ledger needs the checkpoint root or its storage")
+        storage = Storage(root, storage_options)
     if spec is None:
-        return DeltaLedger(f"{root.rstrip('/')}/{DEFAULT_LEDGER_DIR}",
-                           storage_options=storage_options)
+        return DeltaLedger(storage.child(DEFAULT_LEDGER_DIR))
     if not isinstance(spec, str):
         return spec
     kind, _, target = spec.partition(":")
     if kind == "delta" and target:
-        return DeltaLedger(target, storage_options=storage_options)
+        return DeltaLedger(storage.elsewhere(target))
     if kind == "iceberg" and target:
         from lakeckpt_tables.ledger.iceberg import IcebergLedger
         from lakeckpt_tables.sources.iceberg import default_catalog
 
+        # its files go through the catalog's FileIO: the catalog reads the table's metadata
+        # itself, so the catalog's properties configure the store
         return IcebergLedger(target, catalog=default_catalog())
     raise LedgerError(
         f"ledger spec {spec!r} is not understood: use 'delta:<uri>', "

@@ -38,36 +38,31 @@ may name; since commits are idempotent, committing the same checkpoint again fin
 from __future__ import annotations
 
 import abc
-import json
-import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from typing import Generic, Protocol, TypeVar
+from dataclasses import replace
+from typing import Generic, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lakeckpt_tables import hooks
-from lakeckpt_tables.errors import (
-    CommitConflictError,
-    CommitStateUnknownError,
-    LedgerCorruptError,
-    RunFencedError,
+from lakeckpt_tables.errors import CommitConflictError, RunFencedError
+from lakeckpt_tables.ledger.contract import (
+    COMMIT_ATTEMPTS,
+    EVENT_RETIRED,
+    EVENT_TAG,
+    Ledger,
+    RunScan,
 )
-from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.reads import LedgerReads
 from lakeckpt_tables.ledger.records import (
     CheckpointRecord,
     ConsumptionRecord,
-    DamagedRecord,
     LedgerEvent,
-    checkpoints_from_arrow,
     commit_rows,
     event_rows,
-    intact_rows,
 )
-from lakeckpt_tables.ledger.spec import LedgerSpec
+from lakeckpt_tables.ledger.settling import check_parent, now_utc, outcome_unknown, settle
 
 __all__ = [
     "COMMIT_ATTEMPTS",
@@ -82,138 +77,11 @@ __all__ = [
     "settle",
 ]
 
-log = logging.getLogger(__name__)
-
-EVENT_RETIRED = "retired"
-"""Event retiring a checkpoint: ``{"checkpoint_id", "step", "reason"}``."""
-
-EVENT_TAG = "tag"
-"""Event tagging a committed checkpoint (``lakeckpt tag``): ``{"checkpoint_id", "step", "tag"}``.
-Checkpoint rows are immutable, so tags given later live here; reads add them to the record's."""
-
-COMMIT_ATTEMPTS = 5
-"""How many times a commit that lost a race is settled and tried again before giving up."""
-
 Prepared = TypeVar("Prepared")
 """What a backend's phase 1 wrote (data files), handed to its phase 2 and to its cleanup."""
 
 
-@dataclass(frozen=True)
-class RunScan:
-    """What the ledger holds of one run's checkpoints, read from one snapshot.
-
-    Attributes:
-        committed: intact checkpoints that are not retired, oldest first.
-        retired: ids of retired checkpoints.
-        damaged: checkpoint rows (and retirements) whose checksum fails.
-    """
-
-    committed: list[CheckpointRecord]
-    retired: frozenset[str]
-    damaged: list[DamagedRecord]
-
-
-class Ledger(Protocol):
-    """A sidecar table of checkpoints, consumption and events, committed atomically."""
-
-    def commit(
-        self,
-        checkpoint: CheckpointRecord,
-        consumption: Sequence[ConsumptionRecord] = (),
-        events: Sequence[LedgerEvent] = (),
-        *,
-        owner: str | None = None,
-    ) -> CheckpointRecord:
-        """Commit a checkpoint with its consumption and events in one atomic commit.
-
-        Args:
-            checkpoint: the checkpoint; its ``committed_at`` is ignored and set by the ledger.
-            consumption: rows consumed since the run's previous checkpoint.
-            events: events to keep with the checkpoint.
-            owner: the committing job's token: if given, the commit lands only if that job
-                still owns the run and the checkpoint's parent is the run's newest
-                (NOTE [ one writer per run ]).
-
-        Returns:
-            The committed record, with ``committed_at`` set. For a retry of a checkpoint
-            already committed (same run, step and checkpoint id): the stored record, and
-            nothing is written.
-
-        Raises:
-            CommitConflictError: the run already has another checkpoint at this step, or a
-                later step, or a concurrent committer of the run won; nothing was written.
-            RunFencedError: another job owns the run now; nothing was written.
-            CommitStateUnknownError: the commit may or may not have landed; retry it.
-        """
-        ...
-
-    def claim(
-        self,
-        run_id: str,
-        owner: str,
-        events: Sequence[LedgerEvent] = (),
-        *,
-        head: str | None = None,
-        check_head: bool = True,
-    ) -> None:
-        """Make ``owner`` the run's one writer, recording ``events`` in the same commit; it
-        lands only while ``head`` is the run's newest checkpoint (unless not ``check_head``)."""
-        ...
-
-    def scan(self, run_id: str) -> RunScan:
-        """The run's committed, retired and damaged checkpoints, from the newest snapshot."""
-        ...
-
-    def tags(self, run_id: str) -> dict[str, tuple[str, ...]]:
-        """Tags given to the run's checkpoints after their commit (``tag`` events), by
-        checkpoint id, from the newest snapshot."""
-        ...
-
-    def owner(self, run_id: str) -> str | None:
-        """The job that owns the run, or None if no job claimed it."""
-        ...
-
-    def checkpoints(self, run_id: str | None = None) -> list[CheckpointRecord]:
-        """Committed (intact, not retired) checkpoints of one run or of all runs, ordered by
-        (run, step)."""
-        ...
-
-    def latest(self, run_id: str) -> CheckpointRecord | None:
-        """The run's newest committed checkpoint, or None if it has none."""
-        ...
-
-    def record_events(self, run_id: str, events: Sequence[LedgerEvent]) -> None:
-        """Commit events outside any checkpoint (checkpoint id ``""``, step -1)."""
-        ...
-
-    def to_arrow(self) -> pa.Table:
-        """The whole ledger table, in :data:`LEDGER_SCHEMA`."""
-        ...
-
-    def consumption(self, run_id: str | None = None, checkpoint_id: str | None = None) -> pa.Table:
-        """Consumption rows, optionally of one run and/or checkpoint, in CONSUMPTION_COLUMNS."""
-        ...
-
-    def compact(self) -> None:
-        """Maintenance: merge the small files that one commit per checkpoint leaves behind."""
-        ...
-
-    def describe(self) -> str:
-        """Where the ledger lives, for error messages."""
-        ...
-
-    @property
-    def spec(self) -> LedgerSpec:
-        """Where the ledger lives, as a value (what the run registry records)."""
-        ...
-
-    def repair_missing(self) -> list[str]:
-        """Drop the data files that no longer exist from the table (their records are lost)
-        and return them; the way out of a :class:`LedgerCorruptError` for a missing file."""
-        ...
-
-
-class LedgerBase(abc.ABC, Generic[Prepared]):
+class LedgerBase(LedgerReads, Generic[Prepared]):
     """The ledger contract implemented once, on a few backend primitives.
 
     A backend says how to refresh its table handle, read rows, find a run's last step and
@@ -231,40 +99,14 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         self._heads: dict[str, str | None] = {}
 
     @abc.abstractmethod
-    def describe(self) -> str:
-        """Where the ledger lives, for error messages."""
-
-    @abc.abstractmethod
     def compact(self) -> None:
         """Maintenance: merge the small files that one commit per checkpoint leaves behind."""
 
     # -- backend primitives ----------------------------------------------------------------
 
     @abc.abstractmethod
-    def _refresh(self) -> None:
-        """Move the table handle to the newest snapshot."""
-
-    @abc.abstractmethod
-    def _read(
-        self,
-        *,
-        record: str | None = None,
-        run_id: str | None = None,
-        checkpoint_id: str | None = None,
-    ) -> pa.Table:
-        """Rows of the handle's snapshot (no refresh) matching every filter given.
-
-        Raises:
-            LedgerCorruptError: a data file of the ledger is missing or unreadable.
-        """
-
-    @abc.abstractmethod
     def _last_step(self, run_id: str) -> int | None:
         """The run's last committed step in the handle's snapshot; None if it has none."""
-
-    @abc.abstractmethod
-    def _owner(self, run_id: str) -> str | None:
-        """The run's owner in the handle's snapshot; None if no job claimed it."""
 
     @abc.abstractmethod
     def _prepare(self, rows: pa.Table) -> Prepared:
@@ -408,95 +250,7 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
                 f"commit lost {COMMIT_ATTEMPTS} races to concurrent commits; record them again"
             )
 
-    def tags(self, run_id: str) -> dict[str, tuple[str, ...]]:
-        """Tags given to the run's checkpoints after their commit (``tag`` events), by
-        checkpoint id, from the newest snapshot: what retention must see even when another
-        process (``lakeckpt tag``) gave them while this job runs."""
-        with self._lock:
-            self._refresh()
-            events, _ = intact_rows(self._read(record=s.RECORD_EVENT, run_id=run_id))
-        return {c: tuple(sorted(t)) for c, t in _given_tags(events).items()}
-
-    def owner(self, run_id: str) -> str | None:
-        """The job that owns the run (NOTE [ one writer per run ]), None if none claimed it."""
-        with self._lock:
-            self._refresh()
-            return self._owner(run_id)
-
-    def scan(self, run_id: str) -> RunScan:
-        """The run's committed, retired and damaged checkpoints, from the newest snapshot.
-
-        Raises:
-            LedgerCorruptError: a data file of the ledger is missing or unreadable.
-        """
-        with self._lock:
-            self._refresh()
-            return self._scan(run_id)
-
-    def checkpoints(self, run_id: str | None = None) -> list[CheckpointRecord]:
-        """Committed checkpoints of one run, or of all runs, ordered by (run, step).
-
-        Retired checkpoints and damaged rows are left out (NOTE [ retired and damaged
-        records ]); damaged rows are logged.
-        """
-        with self._lock:
-            self._refresh()
-            if run_id is not None:
-                return self._scan(run_id).committed
-            rows, damaged = intact_rows(self._read(record=s.RECORD_CHECKPOINT))
-            events, _ = intact_rows(self._read(record=s.RECORD_EVENT))
-        _log_damaged(self.describe(), damaged)
-        retired = _retired_ids(events)
-        return [c for c in _tagged(checkpoints_from_arrow(rows), events)
-                if c.checkpoint_id not in retired]
-
-    def latest(self, run_id: str) -> CheckpointRecord | None:
-        """The run's newest committed checkpoint, or None if it has none."""
-        committed = self.checkpoints(run_id)
-        return committed[-1] if committed else None
-
-    def to_arrow(self) -> pa.Table:
-        """The whole ledger table, in :data:`LEDGER_SCHEMA`."""
-        with self._lock:
-            self._refresh()
-            return self._read()
-
-    def consumption(self, run_id: str | None = None, checkpoint_id: str | None = None) -> pa.Table:
-        """Consumption rows, optionally of one run and/or checkpoint, in CONSUMPTION_COLUMNS.
-
-        Ordered by run, step, rank, worker, then reading position, so that contiguous ranges
-        of one worker come out next to each other.
-
-        Raises:
-            LedgerCorruptError: a row fails its checksum, or a ledger file is unreadable.
-        """
-        with self._lock:
-            self._refresh()
-            rows = self._read(
-                record=s.RECORD_CONSUMPTION, run_id=run_id, checkpoint_id=checkpoint_id
-            )
-        rows, damaged = intact_rows(rows)
-        if damaged:
-            first = damaged[0]
-            raise LedgerCorruptError(
-                f"ledger {self.describe()}: {len(damaged)} consumption record(s) fail their "
-                f"checksum, the first of run {first.run_id!r} step {first.step} (checkpoint "
-                f"{first.checkpoint_id!r}); the consumption of that checkpoint cannot be trusted"
-            )
-        order = (s.RUN_ID, s.STEP, s.RANK, s.WORKER, s.SEGMENT, s.FILE, s.ROW_GROUP, s.ROW_START)
-        return rows.select(list(s.CONSUMPTION_COLUMNS)).sort_by([(c, "ascending") for c in order])
-
     # -- the protocol's steps --------------------------------------------------------------
-
-    def _scan(self, run_id: str) -> RunScan:
-        rows, damaged = intact_rows(self._read(record=s.RECORD_CHECKPOINT, run_id=run_id))
-        events, damaged_events = intact_rows(self._read(record=s.RECORD_EVENT, run_id=run_id))
-        retired = _retired_ids(events)
-        damaged += [d for d in damaged_events if d.checkpoint_id]
-        _log_damaged(self.describe(), damaged)
-        committed = [c for c in _tagged(checkpoints_from_arrow(rows), events)
-                     if c.checkpoint_id not in retired]
-        return RunScan(committed, retired, damaged)
 
     def _settle(self, checkpoint: CheckpointRecord, owner: str | None) -> CheckpointRecord | None:
         """Step 1 against the handle's snapshot: see :func:`settle` and NOTE [ one writer per
@@ -528,7 +282,7 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         committed = self._scan(run_id).committed
         stored = settle(self.describe(), checkpoint, committed)
         if stored is None and owner is not None:
-            _check_parent(self.describe(), checkpoint, committed)
+            check_parent(self.describe(), checkpoint, committed)
         return stored
 
     def _publish_settled(
@@ -555,99 +309,3 @@ class LedgerBase(abc.ABC, Generic[Prepared]):
         )
 
 
-def _check_parent(
-    location: str, new: CheckpointRecord, committed: Sequence[CheckpointRecord]
-) -> None:
-    newest = max(committed, key=lambda c: c.step, default=None)
-    newest_id = newest.checkpoint_id if newest is not None else None
-    if new.parent_id != newest_id:
-        where = "none" if newest is None else f"{newest_id!r} (step {newest.step})"
-        raise CommitConflictError(
-            f"ledger {location}: run {new.run_id!r} step {new.step} builds on checkpoint "
-            f"{new.parent_id!r}, but the run's newest checkpoint is {where}: the run moved on "
-            "without this job; restore the newest checkpoint, or continue under a new run id"
-        )
-
-
-def _tagged(records: list[CheckpointRecord], events: pa.Table) -> list[CheckpointRecord]:
-    """The records with the tags given after their commit (``lakeckpt tag``: ``tag`` events)
-    added to those they were committed with."""
-    given = _given_tags(events)
-    return [replace(r, tags=tuple(sorted(set(r.tags) | given[r.checkpoint_id])))
-            if r.checkpoint_id in given else r for r in records]
-
-
-def _given_tags(events: pa.Table) -> dict[str, set[str]]:
-    given: dict[str, set[str]] = {}
-    for detail in events.filter(pc.field(s.EVENT) == EVENT_TAG)[s.DETAIL].to_pylist():
-        d = json.loads(detail)
-        given.setdefault(str(d["checkpoint_id"]), set()).add(str(d["tag"]))
-    return given
-
-
-def _retired_ids(events: pa.Table) -> frozenset[str]:
-    retired = events.filter(pc.field(s.EVENT) == EVENT_RETIRED)
-    return frozenset(json.loads(d)["checkpoint_id"] for d in retired[s.DETAIL].to_pylist())
-
-
-def _log_damaged(location: str, damaged: Sequence[DamagedRecord]) -> None:
-    for d in damaged:
-        log.warning("ledger %s: a %s record of run %r step %d (checkpoint %r) fails its "
-                    "checksum and is ignored", location, d.record, d.run_id, d.step,
-                    d.checkpoint_id)
-
-
-def settle(
-    location: str, new: CheckpointRecord, committed: Sequence[CheckpointRecord]
-) -> CheckpointRecord | None:
-    """Decide what committing ``new`` means, given the run's committed checkpoints.
-
-    Args:
-        location: the ledger, for messages.
-        new: the checkpoint about to be committed.
-        committed: the run's committed checkpoints, in any order.
-
-    Returns:
-        The stored record if ``new`` is a retry of it; None if ``new`` may be committed.
-
-    Raises:
-        CommitConflictError: ``new`` conflicts with what is committed.
-    """
-    for stored in committed:
-        if stored.step == new.step:
-            if stored.checkpoint_id == new.checkpoint_id:
-                return stored
-            raise CommitConflictError(
-                f"ledger {location}: run {new.run_id!r} step {new.step} is already committed "
-                f"as checkpoint {stored.checkpoint_id!r}; refusing checkpoint "
-                f"{new.checkpoint_id!r}"
-            )
-    last = max(committed, key=lambda c: c.step, default=None)
-    if last is not None and new.step <= last.step:
-        raise CommitConflictError(
-            f"ledger {location}: run {new.run_id!r} step {new.step} (checkpoint "
-            f"{new.checkpoint_id!r}) is not after the run's last committed step {last.step} "
-            f"(checkpoint {last.checkpoint_id!r})"
-        )
-    return None
-
-
-def outcome_unknown(
-    location: str, run_id: str, checkpoint: CheckpointRecord | None, cause: Exception
-) -> CommitStateUnknownError:
-    """The error for a commit whose outcome nobody knows, saying how to find out."""
-    if checkpoint is None:
-        return CommitStateUnknownError(
-            f"ledger {location}: the commit of events of run {run_id!r} may or may not have "
-            f"landed ({cause}); look for them before recording them again"
-        )
-    return CommitStateUnknownError(
-        f"ledger {location}: the commit of run {run_id!r} step {checkpoint.step} (checkpoint "
-        f"{checkpoint.checkpoint_id!r}) may or may not have landed ({cause}); commit the same "
-        "checkpoint again to find out"
-    )
-
-
-def now_utc() -> datetime:
-    """The commit timestamp: timezone-aware, microsecond precision like the column."""
-    return datetime.now(UTC)

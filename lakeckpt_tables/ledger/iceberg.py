@@ -153,7 +153,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
                 changed, and compacting again later will do.
         """
         with self._lock:
-            self._table.refresh()
+            self._refresh()
             current = self._table.current_snapshot()
             if current is None:
                 return
@@ -184,9 +184,10 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         where = functools.reduce(And, conditions) if conditions else AlwaysTrue()
         try:
             rows = self._table.scan(row_filter=where).to_arrow()
-        except (OSError, pa.ArrowException) as e:
+            # a null where the schema allows none is damage too (a flipped bit)
+            return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+        except (OSError, pa.ArrowException, ValueError) as e:
             raise self._damaged(e) from e
-        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
 
     def _unreadable(self) -> list[tuple[str, Exception]]:
         """The live data files that cannot be read whole (missing, truncated, damaged)."""
@@ -195,8 +196,9 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             path = task.file.file_path
             try:
                 with self._table.io.new_input(path).open() as stream:
-                    pq.read_table(pa.BufferReader(stream.read()))
-            except (OSError, pa.ArrowException) as e:
+                    rows = pq.read_table(pa.BufferReader(stream.read()))
+                rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+            except (OSError, pa.ArrowException, ValueError, KeyError) as e:
                 out.append((path, e))
         return out
 
@@ -228,7 +230,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             CommitConflictError: a concurrent commit landed meanwhile; repair again.
         """
         with self._lock:
-            self._table.refresh()
+            self._refresh()
             current = self._table.current_snapshot()
             bad = {path for path, e in self._unreadable()
                    if not missing_only or isinstance(e, FileNotFoundError)}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 
 from lakeckpt_tables.io import Storage
-from lakeckpt_tables.sources._footers import open_parquet
+from lakeckpt_tables.sources.footers import open_parquet
 
 __all__ = ["OpenFile", "open_data_file"]
 

@@ -13,16 +13,18 @@ import pyarrow as pa
 
 from lakeckpt_tables.errors import (
     DataFileError,
+    DataFileStoreError,
     PinnedFileMissingError,
     RowCountMismatchError,
     SourceFileChangedError,
+    StorageError,
 )
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.sources._deletes import select_live
-from lakeckpt_tables.sources._footers import FileFooter, read_footers
 from lakeckpt_tables.sources._open import open_data_file
 from lakeckpt_tables.sources.commits import Commit
 from lakeckpt_tables.sources.datafile import DataFile
+from lakeckpt_tables.sources.footers import FileFooter, read_footers
 from lakeckpt_tables.types import TableIdentity, Unit
 
 __all__ = [
@@ -89,6 +91,8 @@ class RowGroupReader:
         handle = self._handle(unit.path, data_file)
         try:
             table = self._logical(handle, unit, data_file, list(columns))
+        except StorageError as exc:  # the store failed: named with table, version and file
+            raise DataFileStoreError.wrap(self.describe(), unit.path, exc) from exc
         except (pa.ArrowException, OSError, ValueError, TypeError, KeyError) as exc:
             raise DataFileError(
                 f"{self.describe()}: cannot read row group {unit.row_group} of data file "
@@ -116,6 +120,8 @@ class RowGroupReader:
                 f"{self.describe()}: data file {path} of the pinned version is gone "
                 "(vacuumed or expired?); restore it, or start a new run on a newer version"
             ) from exc
+        except StorageError as exc:  # the store failed: named with table, version and file
+            raise DataFileStoreError.wrap(self.describe(), path, exc) from exc
         except (OSError, pa.ArrowException) as exc:
             raise DataFileError(
                 f"{self.describe()}: cannot open data file {path}: {type(exc).__name__}: "

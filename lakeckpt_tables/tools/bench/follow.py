@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 
 from lakeckpt_tables.plan.check import check_exactly_once
 from lakeckpt_tables.reader.dataset import LakeDataset
-from lakeckpt_tables.sources import _footers
+from lakeckpt_tables.sources import footers
 from lakeckpt_tables.sources.delta import DeltaSource
 from lakeckpt_tables.tools.bench._common import (
     Figure,
@@ -365,8 +365,7 @@ def _backlog_dataset(table: BacklogTable) -> LakeDataset:
 
 def _cold_footers() -> None:
     """Empty this process's footer cache, as a newly started follower has it."""
-    with _footers._cache_lock:
-        _footers._cache.clear()
+    footers.forget()
 
 
 def measure_segment_cost(table: BacklogTable, *, rounds: int = 3,

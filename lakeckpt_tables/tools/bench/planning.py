@@ -2,7 +2,7 @@
 
 Pinning a snapshot lists its files from the log and reads every file's Parquet footer (row
 group sizes make the plan's units); the footers are read on a thread pool and cached per
-process (:mod:`lakeckpt_tables.sources._footers`). Figures, per store (local disk, and an
+process (:mod:`lakeckpt_tables.sources.footers`). Figures, per store (local disk, and an
 object store with ``--uri`` or the local S3 server with ``--local-s3``):
 
 1. ``pin``: ``DeltaSource(uri).snapshot()`` in a process that has read none of the footers
@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lakeckpt_tables.io import Storage
-from lakeckpt_tables.sources import _footers
+from lakeckpt_tables.sources import footers
 from lakeckpt_tables.sources.delta import DeltaSource
 from lakeckpt_tables.tools.s3server import spawn
 
@@ -119,21 +119,21 @@ def ensure_table(uri: str, storage: Storage, files: int,
 
 def measure(uri: str, options: dict[str, str] | None) -> PlanningFigure:
     """Time pinning ``uri`` cold, its footer reads alone, and pinning it again warm."""
-    _footers.forget()
-    reads = _footers.footer_reads()
+    footers.forget()
+    reads = footers.footer_reads()
     started, cpu = time.perf_counter(), time.process_time()
     snapshot = DeltaSource(uri, storage_options=options).snapshot()
     pin_s, pin_cpu_s = time.perf_counter() - started, time.process_time() - cpu
-    footer_reads = _footers.footer_reads() - reads
+    footer_reads = footers.footer_reads() - reads
     started = time.perf_counter()
     DeltaSource(uri, storage_options=options).snapshot()
     again_s = time.perf_counter() - started
     files = [u.file for u in snapshot.units]
     paths = sorted({f.path for f in files})
     sizes = {f.path: f.size_bytes for f in files}
-    _footers.forget()
+    footers.forget()
     started = time.perf_counter()
-    _footers.read_footers(paths, [sizes[p] for p in paths], Storage(uri, options))
+    footers.read_footers(paths, [sizes[p] for p in paths], Storage(uri, options))
     footers_s = time.perf_counter() - started
     return PlanningFigure(uri=uri, files=len(paths), pin_s=pin_s, pin_cpu_s=pin_cpu_s,
                           footers_s=footers_s,

@@ -39,7 +39,7 @@ import torch
 
 from lakeckpt_tables.io import Storage, s3_settings
 from lakeckpt_tables.reader.dataset import LakeDataset
-from lakeckpt_tables.sources import _footers
+from lakeckpt_tables.sources import footers
 from lakeckpt_tables.sources.delta import DeltaSource
 
 __all__ = ["StoreReadReport", "format_report", "run_store_read_bench"]
@@ -123,7 +123,7 @@ def _ensure_table(uri: str, storage: Storage, rows: int) -> None:
 def _create_bucket(storage: Storage, bucket: str) -> None:
     import pyarrow.fs as pafs
 
-    from lakeckpt_tables.io.storage import _arrow_s3
+    from lakeckpt_tables.io.filesystems import arrow_s3 as _arrow_s3
 
     assert storage._options is not None
     fs = _arrow_s3(s3_settings(storage._options), allow_bucket_creation=True)
@@ -161,9 +161,9 @@ def run_store_read_bench(uri: str, options: dict[str, str] | None, *, rows: int 
     storage = Storage(uri, options)
     _ensure_table(uri, storage, rows)
     endpoint = _server(storage, options or {})
-    reads_before = _footers.footer_reads()
+    reads_before = footers.footer_reads()
     snapshot = DeltaSource(uri, storage_options=options).snapshot()
-    first = _footers.footer_reads() - reads_before
+    first = footers.footer_reads() - reads_before
     paths = sorted({u.path for u in snapshot.units})
     progress(f"{len(paths)} files, {len(snapshot.units)} row groups, {snapshot.rows:,} rows")
 
@@ -177,9 +177,9 @@ def run_store_read_bench(uri: str, options: dict[str, str] | None, *, rows: int 
         per_row_group = sum(r[0] == "GET" for r in data) / len(snapshot.units)
         heads = sum(r[0] == "HEAD" for r in data) / len(paths)
         progress(f"{per_row_group:.2f} GET per row group read, {heads:.2f} HEAD per file")
-    again = _footers.footer_reads()
+    again = footers.footer_reads()
     DeltaSource(uri, storage_options=options).snapshot()
-    again = _footers.footer_reads() - again
+    again = footers.footer_reads() - again
 
     ratios, reader_rates, dataset_rates, slow_ratios = [], [], [], []
     flights: list[tuple[float, int]] = []

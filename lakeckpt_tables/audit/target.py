@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pa_ds
 
-from lakeckpt_tables.errors import LedgerCorruptError, LedgerError
+from lakeckpt_tables.errors import LakeckptError, LedgerCorruptError, LedgerError, StorageError
+from lakeckpt_tables.io import Storage
+from lakeckpt_tables.io.failures import clean, gave_up
 from lakeckpt_tables.ledger import schema as s
 
 __all__ = ["LedgerSnapshot", "damage_error", "read_ledger"]
@@ -43,7 +45,7 @@ class LedgerSnapshot:
     def __init__(self, where: str, version: int | None, rows: pa.Table | None = None,
                  catalog: Any = None, *, dataset: pa_ds.Dataset | None = None,
                  consumed: Callable[[], pa.Table] | None = None,
-                 damaged: Callable[[Exception], LedgerCorruptError] | None = None) -> None:
+                 damaged: Callable[[Exception], LakeckptError] | None = None) -> None:
         if (rows is None) == (dataset is None):
             raise ValueError("a ledger snapshot holds either rows or a dataset")
         self.where, self.version, self.catalog, self.dataset = where, version, catalog, dataset
@@ -73,7 +75,7 @@ class LedgerSnapshot:
         except (OSError, pa.ArrowException) as e:
             raise self.damage(e) from e
 
-    def damage(self, cause: Exception) -> LedgerCorruptError:
+    def damage(self, cause: Exception) -> LakeckptError:
         """The named error for a failed read of this ledger: which file, and the way out."""
         if self._damaged is not None:
             return self._damaged(cause)
@@ -91,20 +93,22 @@ class LedgerSnapshot:
 
 
 def read_ledger(target: Any, *, catalog: Any = None,
-                storage_options: dict[str, str] | None = None) -> LedgerSnapshot:
+                storage_options: Mapping[str, str] | None = None) -> LedgerSnapshot:
     """Read one consistent version of the ledger ``target`` names, creating nothing.
 
     Args:
         target: a checkpoint root (its ``_ledger`` directory, or the ledger directory
             itself), ``"delta:<uri>"``, ``"iceberg:<namespace.table>"``, or a ledger object.
         catalog: the pyiceberg catalog of an ``iceberg:`` spec; the default catalog when None.
-        storage_options: deltalake storage options of a Delta ledger.
+        storage_options: storage options of a Delta ledger (NOTE [ storage options ] in
+            :mod:`lakeckpt_tables.io.options`).
 
     Returns:
         The ledger's rows at its newest version.
 
     Raises:
         LedgerError: no ledger there (nothing is created), or it cannot be read.
+        StorageError: the store failed (named with the URI and the kind).
     """
     from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR
 
@@ -118,10 +122,8 @@ def read_ledger(target: Any, *, catalog: Any = None,
         return _delta(rest, storage_options)
     root = text.rstrip("/")
     candidates = [f"{root}/{DEFAULT_LEDGER_DIR}", root]
-    from deltalake import DeltaTable
-
     for uri in candidates:
-        if DeltaTable.is_deltatable(uri, storage_options):
+        if _is_delta(Storage(uri, storage_options)):
             return _delta(uri, storage_options)
     if "://" not in root and not os.path.exists(root):
         raise LedgerError(f"{root} does not exist: give a checkpoint root, 'delta:<uri>' or "
@@ -131,21 +133,34 @@ def read_ledger(target: Any, *, catalog: Any = None,
                       "(nothing was created)")
 
 
-def _delta(uri: str, storage_options: dict[str, str] | None) -> LedgerSnapshot:
+def _is_delta(store: Storage) -> bool:
+    """Whether a Delta table is at the store's root; a failing store is named, never taken
+    for "no ledger here" (NOTE [ store failures ] in :mod:`lakeckpt_tables.io.failures`)."""
     from deltalake import DeltaTable
+
+    try:
+        return bool(DeltaTable.is_deltatable(store.uri, store.delta_options()))
+    except OSError as e:
+        raise gave_up(store.uri, "look for a ledger at", e, store.retry_seconds,
+                      redact=store.redact) from e
+
+
+def _delta(uri: str, storage_options: Mapping[str, str] | None) -> LedgerSnapshot:
     from deltalake.exceptions import DeltaError
 
-    if not DeltaTable.is_deltatable(uri, storage_options):
+    store = Storage(uri, storage_options)
+    if not _is_delta(store):
         raise LedgerError(f"no Delta ledger at {uri} (nothing was created)")
     from lakeckpt_tables.ledger.delta import DeltaLedger
 
     try:
         # DeltaLedger checks the format version and reads the files of one loaded version:
         # the log says which are live, so files a compaction replaced are not read.
-        ledger = DeltaLedger(uri, storage_options=storage_options, create=False)
+        ledger = DeltaLedger(store, create=False)
         version, files = ledger.loaded_files()
     except DeltaError as e:
-        raise LedgerError(f"ledger delta:{uri} could not be read: {e}") from e
+        raise LedgerError(f"ledger delta:{uri} could not be read: "
+                          f"{store.redact(clean(str(e)))}") from e
     paths = [path for path, _ in files]
     if not ledger.check_files(files):
         return LedgerSnapshot(f"delta:{uri}", version, ledger.read_files(paths))
@@ -156,10 +171,11 @@ def _delta(uri: str, storage_options: dict[str, str] | None) -> LedgerSnapshot:
 
 
 def damage_error(target: Any, cause: Exception, *,
-                 storage_options: dict[str, str] | None = None) -> LedgerCorruptError:
+                 storage_options: Mapping[str, str] | None = None) -> LakeckptError:
     """The named error for a query that failed reading a lazily scanned ledger: the damaged
     data file found file by file (a Delta ledger's pages are checked as they are scanned, so
-    damage surfaces inside DuckDB, which cannot say which file it was reading)."""
+    damage surfaces inside DuckDB, which cannot say which file it was reading), or the
+    store's failure."""
     from deltalake.exceptions import DeltaError
 
     from lakeckpt_tables.ledger.delta import DeltaLedger
@@ -172,7 +188,7 @@ def damage_error(target: Any, cause: Exception, *,
         for candidate in (f"{uri.rstrip('/')}/{DEFAULT_LEDGER_DIR}", uri):
             try:
                 ledger = DeltaLedger(candidate, storage_options=storage_options, create=False)
-            except (LedgerError, DeltaError, OSError):  # not a ledger there: the next one
+            except (LedgerError, StorageError, DeltaError, OSError):  # not a ledger there
                 continue
             _, files = ledger.loaded_files()
             return ledger.damaged([path for path, _ in files], cause)

@@ -1,0 +1,144 @@
+"""Upkeep of a Delta ledger: compaction, log checkpoints, orphan files."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pa_fs
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction, CommitProperties
+
+from lakeckpt_tables.errors import CommitStateUnknownError
+from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.delta_files import DeltaFiles
+from lakeckpt_tables.ledger.summary import SUMMARY_DIR, summarize, summary_path, write_summary
+
+__all__ = ["COMPACTION_PROPERTY", "ORPHAN_GRACE_HOURS", "DeltaUpkeep"]
+
+log = logging.getLogger("lakeckpt_tables.ledger.delta")
+
+ORPHAN_GRACE_HOURS = 24
+"""Files younger than this are never orphans: a commit may be writing them."""
+
+_COMPACT_ORDER = (s.RECORD, s.RUN_ID, s.STEP)
+
+COMPACTION_PROPERTY = "lakeckpt.compaction"
+"""Commit metadata key marking the rewrite made by :meth:`DeltaLedger.compact`."""
+
+
+class DeltaUpkeep(DeltaFiles):
+    """Maintenance of a :class:`~lakeckpt_tables.ledger.DeltaLedger` (a mixin)."""
+
+    def _refresh(self) -> None:
+        raise NotImplementedError
+
+    def _read(self, *, record: str | None = None, run_id: str | None = None,
+              checkpoint_id: str | None = None) -> pa.Table:
+        raise NotImplementedError
+
+    def _prepare(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
+        raise NotImplementedError
+
+    def _discard(self, prepared: AddAction) -> None:
+        raise NotImplementedError
+
+    def _log_call(self, action: str, call: Any) -> Any:
+        raise NotImplementedError
+
+    def compact(self) -> None:
+        """Rewrite the ledger's files into one and checkpoint the log.
+
+        NOTE [ delta ledger compaction ]
+        delta-rs's OPTIMIZE lets two concurrent compactions that remove the same files both
+        land (each adds its own rewritten copy: every row twice), and it ignores app
+        transactions. So the rewrite is an overwrite of exactly the snapshot read, which
+        delta-rs's conflict checker refuses if anything was committed since: of two
+        concurrent compactions the second gives way, and a compaction racing a ledger commit
+        either gives way or makes that commit lose its race and settle again. No row is ever
+        lost or doubled. The replaced files stay on disk until a VACUUM.
+
+        Raises:
+            LedgerCorruptError: a ledger file cannot be read (nothing was changed).
+            CommitStateUnknownError: the rewrite may or may not have landed.
+        """
+        with self._lock:
+            self._refresh()
+            if len(self._table.file_uris()) > 1:
+                # sorted and cut in small row groups, so that a read of one kind of record or
+                # one run skips the rest by row-group statistics
+                rows = self._read().sort_by([(c, "ascending") for c in _COMPACT_ORDER])
+                prepared = self._prepare(rows, data_change=False)
+                self._summarize(prepared, rows)
+                properties = CommitProperties(custom_metadata={COMPACTION_PROPERTY: "true"})
+                try:
+                    self._table.create_write_transaction(
+                        [prepared], mode="overwrite", schema=s.LEDGER_SCHEMA,
+                        commit_properties=properties)
+                except CommitFailedError:
+                    self._discard(prepared)
+                    with contextlib.suppress(OSError):
+                        self._fs.delete_file(summary_path(self._base, prepared.path))
+                    log.info("ledger %s: a concurrent commit won over compaction; giving way",
+                             self.describe())
+                    return
+                except (DeltaError, OSError) as e:
+                    raise CommitStateUnknownError(
+                        f"ledger {self.describe()}: the compaction may or may not have landed "
+                        f"({e}); its rows are the same either way, compact again later") from e
+                self._refresh()
+            self._log_call("checkpoint", self._table.create_checkpoint)
+
+    def _summarize(self, prepared: AddAction, rows: pa.Table) -> None:
+        """Write the consumption summary of a compacted file (NOTE [ consumption summaries ])."""
+        try:
+            write_summary(self._fs, self._base, prepared.path, prepared.size, summarize(rows))
+        except OSError as e:  # derived data: readers sum the file's rows without it
+            log.warning("ledger %s: no consumption summary for %s (%s)", self.describe(),
+                        prepared.path, e)
+
+    def remove_orphans(self, *, older_than_hours: int = ORPHAN_GRACE_HOURS,
+                       dry_run: bool = False) -> list[str]:
+        """Remove the ledger's orphan files: data files no log entry names (written by a
+        commit that crashed or lost its race and could not clean up), and summaries of files
+        no longer live. Nothing else: live files, and files a compaction replaced that the log
+        still names (Delta's VACUUM decides about those), are kept.
+
+        A file younger than ``older_than_hours`` is kept whatever it is: a commit may be
+        writing it right now (a commit attempt takes seconds; a day is far beyond any).
+
+        Args:
+            older_than_hours: the grace period.
+            dry_run: list, remove nothing.
+
+        Returns:
+            The removed files, relative to the table.
+        """
+        with self._lock:
+            self._refresh()
+            unnamed = set(self._table.vacuum(
+                retention_hours=older_than_hours, dry_run=True,
+                enforce_retention_duration=False, full=True))
+            # the files the log names as removed (a compaction's replaced files) are VACUUM's
+            # business, not ours: only files never committed are orphans
+            tombstones = set(self._table.vacuum(retention_hours=0, dry_run=True,
+                                                enforce_retention_duration=False))
+            live = {self._relative(path).rsplit("/", 1)[-1] for path, _ in self.loaded_files()[1]}
+        orphans = sorted(unnamed - tombstones)
+        orphans += self._stale_summaries(live, older_than_hours)
+        for path in orphans if not dry_run else ():
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(self._data_path(path))
+        return orphans
+
+    def _stale_summaries(self, live: set[str], older_than_hours: int) -> list[str]:
+        where = self._data_path(SUMMARY_DIR)
+        selector = pa_fs.FileSelector(where, allow_not_found=True)
+        cutoff = time.time() - older_than_hours * 3600
+        return sorted(f"{SUMMARY_DIR}/{info.base_name}"
+                      for info in self._fs.get_file_info(selector)
+                      if info.base_name not in live and info.mtime is not None
+                      and info.mtime.timestamp() <= cutoff)

@@ -132,7 +132,7 @@ EXPECTED = {
     "s3-end-to-end.md": ["delta: starting at step 8", "delta: finished at step 16",
                          "iceberg: finished at step 16"],
     "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "restored step 50", "does not fit",
-                                  "is removed", "restore(require=True)"],
+                                  "is removed", "has no checkpoint"],
     "audit-and-progress.md": ["6400", "violations=[]", "(25, 'removed')", "exit 2"],
     "pretraining.md": ["torch.Size([4, 16])", "'code'", "resumed exactly: True"],
 }

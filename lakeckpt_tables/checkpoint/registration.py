@@ -1,11 +1,12 @@
 """The run registry, write side: a CheckpointManager keeps its run's entry up to date.
 
-The entry's shape and its readers live in :mod:`lakeckpt_tables.audit.registry`. The manager
-registers its run when created (status ``running``; rank 0 only), updates it after every
-commit (``latest``; ``best`` for a checkpoint tagged ``best``; the table and version read),
-marks it ``failed`` when the process ends on an uncaught exception and ``finished`` when it ends
-normally (a SIGKILLed run stays ``running`` until it is resumed or marked with
-:func:`set_status`). ``LAKECKPT_REGISTRY=off`` turns registration off.
+The entry's shape is :mod:`lakeckpt_tables.ledger.registry`, its readers
+:mod:`lakeckpt_tables.audit.registry`. The manager registers its run when created (status
+``running``; rank 0 only), updates it after every commit (``latest``; ``best`` for a checkpoint
+tagged ``best``; the table and version read), marks it ``failed`` when the process ends on an
+uncaught exception and ``finished`` when it ends normally (a SIGKILLed run stays ``running``
+until it is resumed or marked with :func:`set_status`). ``LAKECKPT_REGISTRY=off`` turns
+registration off.
 
 The registry is for audits and must never stop training: an update that cannot be written (a
 read-only catalog, a full disk, an unreachable database) is one warning line per run, without
@@ -27,9 +28,9 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from lakeckpt_tables.audit import registry as r
 from lakeckpt_tables.checkpoint._failures import describe_failure
 from lakeckpt_tables.ledger import Ledger, LedgerSpec
+from lakeckpt_tables.ledger import registry as r
 
 __all__ = ["RunRegistration", "flush", "for_run", "set_status"]
 

@@ -37,7 +37,6 @@ import itertools
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -210,8 +209,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata calls a deprecated API
-    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
     if args.role == "writer":
         return writer(args)
     if args.role == "trainer":

@@ -24,7 +24,6 @@ import argparse
 import itertools
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +151,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata calls a deprecated API
-    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
     if args.work is not None:
         Path(args.work).mkdir(parents=True, exist_ok=True)
         return 0 if run(args) else 1

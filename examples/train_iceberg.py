@@ -27,7 +27,6 @@ import itertools
 import sys
 import tempfile
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +162,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata calls a deprecated API
-    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
     with tempfile.TemporaryDirectory(prefix="lakeckpt-train-iceberg-") as work:
         return 0 if run(args, Path(work)) else 1
 

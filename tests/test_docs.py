@@ -131,8 +131,10 @@ EXPECTED = {
     "README.md": ["delta: step 80", "iceberg: step 80", "finished", "quickstart-delta"],
     "s3-end-to-end.md": ["delta: starting at step 8", "delta: finished at step 16",
                          "iceberg: finished at step 16"],
-    "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "restored step 50"],
-    "audit-and-progress.md": ["6400", "violations=[]"],
+    "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "restored step 50", "does not fit",
+                                  "is removed", "has no checkpoint"],
+    "audit-and-progress.md": ["6400", "violations=[]", "(25, 'removed')", "exit 2"],
+    "pretraining.md": ["torch.Size([4, 16])", "'code'", "resumed exactly: True"],
 }
 
 
@@ -216,3 +218,11 @@ def test_the_block_convention_is_read_as_documented(tmp_path: Path) -> None:
     assert got == [("python", "run", ""), ("bash", "illustration", "a fragment"),
                    ("python", "file", "t.py"), ("text", "illustration", ""),
                    ("bash", "file", "a.env")]
+
+
+def test_every_error_class_is_named_in_public_names() -> None:
+    errors = (ROOT / "lakeckpt_tables" / "errors.py").read_text()
+    names = re.findall(r"^class (\w+)\(", errors, re.M)
+    page = (ROOT / "docs" / "public-names.md").read_text()
+    assert names and not [n for n in names if f"`{n}`" not in page], \
+        [n for n in names if f"`{n}`" not in page]

@@ -191,7 +191,7 @@ def test_a_failed_read_raises_in_its_caller_and_is_tried_again_by_the_next() -> 
     assert cache.get(_unit(3))["rg"].to_pylist() == [3]
 
 
-def test_a_row_group_still_held_is_found_beyond_the_budget_and_one_let_go_is_not() -> None:
+def test_a_row_group_still_held_is_found_beyond_the_kept_ones_and_one_let_go_is_not() -> None:
     import pyarrow as pa
 
     from lakeckpt_tables.reader._cache import RowGroupCache
@@ -202,7 +202,7 @@ def test_a_row_group_still_held_is_found_beyond_the_budget_and_one_let_go_is_not
         calls.append(unit.row_group)
         return pa.table({"rg": [unit.row_group] * 1000})
 
-    cache = RowGroupCache(read, budget=0)  # keeps only the last one used
+    cache = RowGroupCache(read, keep=1)  # keeps only the last one used
     held = cache.get(_unit(0))
     cache.get(_unit(1))
     cache.get(_unit(2))

@@ -33,6 +33,7 @@ from lakeckpt_tables.plan.shuffle import (
     permutation,
     window_order,
 )
+from lakeckpt_tables.reader.convert import CutConverter
 from lakeckpt_tables.reader.loop import batches
 from lakeckpt_tables.types import Unit
 
@@ -170,7 +171,7 @@ def _unit(path: str, group: int, rows: int) -> Unit:
     return Unit(path=path, row_group=group, rows=rows)
 
 
-def test_an_unshuffled_batch_inside_a_row_group_is_a_zero_copy_slice_of_it() -> None:
+def test_an_unshuffled_batch_inside_a_row_group_is_a_zero_copy_cut_of_it() -> None:
     groups = {("a", 0): pa.table({"id": np.arange(0, 3000, dtype=np.int64)}),
               ("a", 1): pa.table({"id": np.arange(3000, 5000, dtype=np.int64)})}
     units = RoundUnits.of([_unit("a", 0, 3000), _unit("a", 1, 2000)], unit_rows=250)
@@ -179,16 +180,19 @@ def test_an_unshuffled_batch_inside_a_row_group_is_a_zero_copy_slice_of_it() -> 
     out = list(batches(plan, units, 0, 0, row_group=lambda u: groups[(u.path, u.row_group)],
                        expect=lambda _: None, read_ahead=0, unit_rows=250))
     assert [end for _, end in out] == [1000, 2000, 3000, 4000, 5000]
-    assert np.array_equal(np.concatenate([t.column("id").to_numpy() for t, _ in out]),
-                          np.arange(5000))
-    for j, (table, _) in enumerate(out):
-        column = table.column("id")
-        assert column.num_chunks == 1
-        group = groups[("a", 0 if j < 3 else 1)].column("id").chunk(0)
-        first = j * 1000 - (0 if j < 3 else 3000)
-        # the batch's values are the row group's own buffer, from the batch's first row on
-        assert column.chunk(0).buffers()[1].address == group.buffers()[1].address
-        assert column.chunk(0).offset == first
+    assert np.array_equal(np.concatenate([t.slice(a, n).column("id").to_numpy()
+                                          for (t, a, n), _ in out]), np.arange(5000))
+    convert = CutConverter("torch", "refuse")
+    for j, ((table, first, rows), _) in enumerate(out):
+        group = groups[("a", 0 if j < 3 else 1)]
+        # the batch is rows of the row group's own table, converted from its own buffer
+        assert table is group and rows == 1000
+        assert first == j * 1000 - (0 if j < 3 else 3000)
+        ids = convert(table, first, rows)["id"]
+        assert ids.data_ptr() == group.column("id").chunk(0).buffers()[1].address + 8 * first
+        # ... holding exactly its rows: pickled to another process it carries no more
+        assert ids.untyped_storage().nbytes() == 8 * rows
+        assert ids.tolist() == list(range(j * 1000, (j + 1) * 1000))
 
 
 def test_a_shuffled_read_delivers_its_plan_rows_in_every_column(tmp_path: Path) -> None:

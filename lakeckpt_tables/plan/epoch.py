@@ -134,13 +134,25 @@ class EpochPlan:
         return out
 
     def locate(self, spans: Sequence[Span]) -> list[tuple[int, int, int]]:
-        """Map base-space spans to ``(canonical unit index, first row, end row)`` chunks."""
-        out = []
+        """Map base-space spans to ``(canonical unit index, first row, end row)`` chunks.
+
+        Each span's units at once (numpy), not unit by unit: the reader locates every read,
+        a pass over a 4M-row table ~1000 units three times."""
+        out: list[tuple[int, int, int]] = []
+        offsets = self.offsets
         for a, b in spans:
-            for x, y in self._unit_chunks((a, b)):
-                u = int(np.searchsorted(self.offsets, x, "right")) - 1
-                start = int(self.offsets[u])
-                out.append((int(self.order[u]), x - start, y - start))
+            u0 = int(np.searchsorted(offsets, a, "right")) - 1
+            if b <= a:  # an empty span: one empty chunk, in the unit holding ``a``
+                start = int(offsets[u0])
+                out.append((int(self.order[u0]), a - start, b - start))
+                continue
+            u1 = int(np.searchsorted(offsets, b, "left"))  # units u0 .. u1-1 overlap [a, b)
+            starts = offsets[u0:u1]
+            firsts = np.maximum(starts, a) - starts
+            ends = np.minimum(offsets[u0 + 1:u1 + 1], b) - starts
+            keep = ends > firsts  # units of no rows between (all rows deleted) give none
+            out.extend(zip(self.order[u0:u1][keep].tolist(), firsts[keep].tolist(),
+                           ends[keep].tolist(), strict=True))
         return out
 
     def remaining(self, g: int, position: int) -> list[Piece]:

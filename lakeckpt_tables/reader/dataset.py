@@ -17,13 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, NoReturn, TypeVar
 
-import pyarrow as pa
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import PackingError, StateMismatchError
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, Piece
 from lakeckpt_tables.reader.config import ReaderConfig
-from lakeckpt_tables.reader.convert import Batch, convert
+from lakeckpt_tables.reader.convert import Batch, CutConverter
 from lakeckpt_tables.reader.distributed import rank_and_world
 from lakeckpt_tables.reader.loaders import parse_state, refuse_finished_pass
 from lakeckpt_tables.reader.loop import SliceReader, start_cursor
@@ -294,9 +293,9 @@ class LakeDataset(IterableDataset[Batch]):
             yield from sequences(self.planner, self._reader.cache.get,  # type: ignore[arg-type]
                                  self.transform, self._begin())
             return
-        output, nulls, transform = self.output, self.nulls, self.transform
-        for table in self._tables():
-            batch = convert(table, output, nulls)
+        transform, converted = self.transform, CutConverter(self.output, self.nulls)
+        for cut in self._tables(cuts=True):
+            batch = converted(*cut)
             yield transform(batch) if transform is not None else batch
 
     def _begin(self) -> Cursor:
@@ -307,13 +306,13 @@ class LakeDataset(IterableDataset[Batch]):
             self._resume = None
         return cursor
 
-    def _tables(self, read_ahead: int | None = None) -> Iterator[pa.Table]:
-        """The batches as Arrow tables, the cursor at each one's end (``reader/handoff.py``
-        converts them in the main process); ``read_ahead`` overrides the option."""
+    def _tables(self, read_ahead: int | None = None, *, cuts: bool = False) -> Iterator[Any]:
+        """The batches as Arrow tables (``cuts``: as ``loop.Cut``), the cursor at each one's end
+        (``reader/handoff.py`` converts them); ``read_ahead`` overrides the option."""
         if self._config.packing is not None:
             raise PackingError("a packing LakeDataset yields token sequences, not Arrow "
                                "tables: iterate it, or a StatefulDataLoader over it")
         cursor = self._begin()
         depth = self.read_ahead if read_ahead is None else read_ahead
-        return self._reader.tables(cursor, self.planner, self._rounds, read_ahead=depth,
-                                   unit_rows=self.unit_rows)
+        return (self._reader.cuts if cuts else self._reader.tables)(
+            cursor, self.planner, self._rounds, read_ahead=depth, unit_rows=self.unit_rows)

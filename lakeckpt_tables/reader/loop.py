@@ -27,9 +27,12 @@ from lakeckpt_tables.reader.state import PlanShape, ReaderState
 from lakeckpt_tables.sources.base import Snapshot
 from lakeckpt_tables.types import Unit
 
-__all__ = ["ORDER_BLOCK", "SliceReader", "batches", "concat", "start_cursor"]
+__all__ = ["ORDER_BLOCK", "Cut", "SliceReader", "batches", "concat", "start_cursor"]
 
 log = logging.getLogger(__name__)
+
+Cut = tuple[pa.Table, int, int]
+"""A batch as (table, first row, rows) of a table many batches are cut from."""
 
 ORDER_BLOCK = 1 << 16
 """Positions of a shuffled window's permutation computed at once: per-call overhead spread
@@ -108,6 +111,16 @@ class SliceReader:
                read_ahead: int, unit_rows: int) -> Iterator[pa.Table]:
         """The slice's batches from ``cursor`` on, round after round, as Arrow tables; the
         cursor stands at each one's end when it is yielded."""
+        for table, first, rows in self.cuts(cursor, planner, rounds, read_ahead=read_ahead,
+                                            unit_rows=unit_rows):
+            yield (table if first == 0 and rows == table.num_rows
+                   else table.slice(first, rows))
+
+    def cuts(self, cursor: Cursor, planner: RoundPlanner, rounds: RoundSequence, *,
+             read_ahead: int, unit_rows: int) -> Iterator[Cut]:
+        """:meth:`tables`, each batch as rows ``[first, first + rows)`` of a read's table
+        (a run's row group or gathered window, the same one for many batches: its columns
+        are converted once, NOTE [ per-batch cost ])."""
         g = cursor.slice_index
         policy = planner.policy(cursor.shape)
         tails = Tails(policy, cursor.layouts)
@@ -122,12 +135,12 @@ class SliceReader:
                 # a round this slice has nothing of (all of it a tail, carried or not) is
                 # passed, and the state says so: the ledger then names its tail
                 cursor.epoch, cursor.position, cursor.rounds = index, 0, own
-            for table, position in batches(plan, rounds.units(rnd), g, start,
+            for cut, position in batches(plan, rounds.units(rnd), g, start,
                                            row_group=self.cache.get,
                                            expect=self.prefetch.expect, read_ahead=read_ahead,
                                            unit_rows=unit_rows):
                 cursor.epoch, cursor.position, cursor.rounds = index, position, own
-                yield table
+                yield cut
             index += 1
         if planner.follows and plan is not None:
             _warn_tail(planner, plan, g)
@@ -145,7 +158,7 @@ def _unit_key(unit: Unit) -> tuple[str, int]:
 
 def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
             row_group: Callable[[Unit], pa.Table], expect: Callable[[Iterable[Unit]], None],
-            read_ahead: int, unit_rows: int) -> Iterator[tuple[pa.Table, int]]:
+            read_ahead: int, unit_rows: int) -> Iterator[tuple[Cut, int]]:
     """Slice ``g``'s batches after ``start`` rows, each with the position after it.
 
     Args:
@@ -181,18 +194,49 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
     expect(unit for job in jobs for unit in _job_units(plan, units, *job))
 
     # later windows decode (and shuffled ones are gathered) on threads while this one is cut
-    # into batches; the position still counts rows yielded, nothing else
-    pending = _Pending()
-    for rows in ReadAhead(read, jobs, depth=read_ahead, size=lambda r: r.nbytes):
-        while j < len(ends) and rows.left:
-            n = min(int(ends[j]) - emitted, rows.left)
-            rows.cut(n, pending)
-            emitted += n
-            if emitted == ends[j]:
-                yield pending.pop(), emitted
+    # into batches; the position still counts rows yielded, nothing else. Per batch: one slice
+    # (a batch inside a run) and no numpy scalar: a narrow table's batches cost little more
+    # than their cutting (NOTE [ per-batch cost ])
+    stops: list[int] = ends.tolist()
+    count = len(stops)
+    parts: list[tuple[pa.Table, int, int]] = []  # a batch across runs, as _add merges them
+    for runs in ReadAhead(read, jobs, depth=read_ahead, size=lambda r: r.nbytes):
+        for table, first, end in runs.runs:
+            while first < end:
+                need = stops[j] - emitted
+                if end - first < need:  # the run ends inside this batch
+                    _add(parts, table, first, end)
+                    emitted += end - first
+                    break
+                if parts:
+                    _add(parts, table, first, first + need)
+                    batch: Cut = _joined(parts)
+                    parts = []
+                else:
+                    batch = (table, first, need)
+                first += need
+                emitted += need
                 j += 1
-        if j >= len(ends):
-            return
+                yield batch, emitted
+                if j >= count:
+                    return
+
+
+def _add(parts: list[tuple[pa.Table, int, int]], table: pa.Table, first: int, end: int) -> None:
+    """Neighbouring rows of one table stay one part: a batch inside a row group read in two
+    pieces is still a zero-copy slice of it."""
+    if parts and parts[-1][0] is table and parts[-1][2] == first:
+        parts[-1] = (table, parts[-1][1], end)
+    else:
+        parts.append((table, first, end))
+
+
+def _joined(parts: list[tuple[pa.Table, int, int]]) -> Cut:
+    if len(parts) == 1:
+        table, first, end = parts[0]
+        return table, first, end - first
+    joined = concat([table.slice(first, end - first) for table, first, end in parts])
+    return joined, 0, joined.num_rows
 
 
 def _group_bounds(plan: EpochPlan, units: RoundUnits, window: Piece) -> list[int]:
@@ -205,52 +249,14 @@ def _group_bounds(plan: EpochPlan, units: RoundUnits, window: Piece) -> list[int
     return [int(e) for e in ends[:-1][groups[1:] != groups[:-1]]]
 
 
-class _Pending:
-    """The parts of the batch being cut, as (table, first row, end row): neighbouring rows of
-    one table stay one slice, so a batch inside a row group is a zero-copy slice of it."""
-
-    def __init__(self) -> None:
-        self._parts: list[tuple[pa.Table, int, int]] = []
-
-    def add(self, table: pa.Table, first: int, end: int) -> None:
-        parts = self._parts
-        if parts and parts[-1][0] is table and parts[-1][2] == first:
-            parts[-1] = (table, parts[-1][1], end)
-        else:
-            parts.append((table, first, end))
-
-    def pop(self) -> pa.Table:
-        parts, self._parts = self._parts, []
-        if len(parts) == 1:
-            table, first, end = parts[0]
-            return table if first == 0 and end == table.num_rows else table.slice(first,
-                                                                                   end - first)
-        return concat([table.slice(first, end - first) for table, first, end in parts])
-
-
 class _Runs:
-    """One read's rows in emission order as runs (table, first row, end row), handed out as
-    slices, ``n`` rows at a time: runs of row groups (unshuffled), or a shuffled window's
-    rows gathered in emission order."""
+    """One read's rows in emission order as runs (table, first row, end row): runs of row
+    groups (unshuffled), or a shuffled window's rows gathered in emission order."""
 
     def __init__(self, runs: list[tuple[pa.Table, int, int]]) -> None:
-        self._runs = runs
-        self._i = 0
-        self.left = sum(end - first for _, first, end in runs)
+        self.runs = runs
         self.nbytes = sum(int(table.nbytes) * (end - first) // max(table.num_rows, 1)
                           for table, first, end in runs)
-
-    def cut(self, n: int, pending: _Pending) -> None:
-        self.left -= n
-        while n:
-            table, first, end = self._runs[self._i]
-            step = min(n, end - first)
-            pending.add(table, first, first + step)
-            n -= step
-            if first + step == end:
-                self._i += 1
-            else:
-                self._runs[self._i] = (table, first + step, end)
 
 
 def _job_units(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int) -> Iterator[Unit]:

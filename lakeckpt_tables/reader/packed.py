@@ -28,7 +28,7 @@ from lakeckpt_tables.plan.accounting import Consumed
 from lakeckpt_tables.reader.convert import Batch
 from lakeckpt_tables.reader.loaders import next_worker_in_turn
 from lakeckpt_tables.reader.options import Packing, ReaderOptions
-from lakeckpt_tables.reader.planner import Cursor
+from lakeckpt_tables.reader.planner import Cursor, rank_slices
 from lakeckpt_tables.reader.rounds import Round, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
 from lakeckpt_tables.reader.token_plan import (
@@ -193,16 +193,9 @@ class TokenPlanner:
     def resumed_slice(self, resume: ReaderState, shape: PlanShape, worker: int, *,
                       own: bool) -> int:
         """As ``RoundPlanner.resumed_slice``, counting batches of sequences."""
-        workers = shape[1]
-        mine = range(self.rank * workers, (self.rank + 1) * workers)
-        held = [g for g in mine if resume.slices[g] is not None]
-        if own and len(held) == 1:
-            return held[0]
-        if len(held) != workers:
-            raise StateMismatchError(
-                f"reader state has no position for rank {self.rank} worker(s) "
-                f"{[g - mine[0] for g in mine if g not in held]}; load the merged state of all "
-                "workers (merge_states) or the loader's state")
+        mine, held = rank_slices(resume, shape, self.rank, own=own)
+        if held is not None:
+            return held
         done, due = [], []
         origin = min(resume.layouts, default=0)
         for g in mine:
@@ -218,7 +211,7 @@ class TokenPlanner:
                     d += math.ceil(position / shape[2])
             done.append(d)
             due.append(n)
-        return mine[(worker + next_worker_in_turn(done, due)) % workers]
+        return mine[(worker + next_worker_in_turn(done, due)) % len(mine)]
 
     def reshape(self, state: ReaderState, shape: PlanShape) -> ReaderState:
         """``state`` as a reader of ``shape`` starts from it: the stream intervals not

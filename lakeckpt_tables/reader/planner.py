@@ -24,7 +24,7 @@ from lakeckpt_tables.reader.loaders import next_worker_in_turn
 from lakeckpt_tables.reader.rounds import Round, RoundSequence, RoundUnits, Tails
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
 
-__all__ = ["Cursor", "RoundPlanner"]
+__all__ = ["Cursor", "RoundPlanner", "rank_slices"]
 
 
 @dataclass
@@ -38,6 +38,25 @@ class Cursor:
     epoch: int  # the round: an epoch, or a follow segment (lakeckpt_tables.reader.rounds)
     position: int
     rounds: dict[int, Round]
+
+
+def rank_slices(resume: ReaderState, shape: PlanShape, rank: int, *,
+                own: bool) -> tuple[range, int | None]:
+    """The slices of ``rank`` in ``shape``, and the one a worker keeps when torchdata handed it
+    its own state (``own``; None otherwise). A state that lacks a position of one of the rank's
+    workers is refused: only a merged or a loader's state resumes a whole rank.
+    """
+    workers = shape[1]
+    mine = range(rank * workers, (rank + 1) * workers)
+    held = [g for g in mine if resume.slices[g] is not None]
+    if own and len(held) == 1:
+        return mine, held[0]
+    if len(held) != workers:
+        raise StateMismatchError(
+            f"reader state has no position for rank {rank} worker(s) "
+            f"{[g - mine[0] for g in mine if g not in held]}; load the merged state of all "
+            "workers (merge_states) or the loader's state")
+    return mine, None
 
 
 @dataclass(frozen=True)
@@ -208,17 +227,10 @@ class RoundPlanner:
         worker 0 takes the slice the old loader would have polled next, worker 1 the one after,
         and so on (NOTE [ worker rotation ] in ``reader/loaders.py``).
         """
-        workers = shape[1]
-        mine = range(self.rank * workers, (self.rank + 1) * workers)
-        held = [g for g in mine if resume.slices[g] is not None]
-        if own and len(held) == 1:
-            return held[0]
-        if len(held) != workers:
-            raise StateMismatchError(
-                f"reader state has no position for rank {self.rank} worker(s) "
-                f"{[g - mine[0] for g in mine if g not in held]}; load the merged state of all "
-                "workers (merge_states) or the loader's state")
-        return mine[(worker + self._next_in_turn(resume, shape)) % workers]
+        mine, held = rank_slices(resume, shape, self.rank, own=own)
+        if held is not None:
+            return held
+        return mine[(worker + self._next_in_turn(resume, shape)) % len(mine)]
 
     def _next_in_turn(self, resume: ReaderState, shape: PlanShape) -> int:
         """Which of this rank's workers the old loader would have polled next."""

@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakeckpt_tables.errors import PackingError
+from lakeckpt_tables.plan.pieces import cut_spans
 from lakeckpt_tables.reader.packing import PackCarry, pack_array
 from lakeckpt_tables.types import Unit
 
@@ -107,7 +108,7 @@ class TokenPlan:
     def intervals(self, q: int, first: int = 0) -> list[Interval]:
         """Slice ``q``'s stream intervals after its first ``first`` sequences."""
         length = self.per_slice * self.seq_len
-        return _cut(self.layout, q * length + first * self.seq_len, (q + 1) * length)
+        return cut_spans(self.layout, q * length + first * self.seq_len, (q + 1) * length)
 
     def remaining(self, positions: Sequence[int]) -> list[Interval]:
         """The stream intervals not delivered when slice ``q`` delivered ``positions[q]``
@@ -142,7 +143,7 @@ def consumed_rows(plan: TokenPlan, q: int, before: int, after: int, rows: Sequen
     base = q * plan.per_slice * plan.seq_len
     starts = plan.starts
     out: list[tuple[int, int, int]] = []
-    for a, b in _cut(plan.layout, base + before * plan.seq_len, base + after * plan.seq_len):
+    for a, b in cut_spans(plan.layout, base + before * plan.seq_len, base + after * plan.seq_len):
         k = int(np.searchsorted(starts, a, side="right")) - 1
         while k < len(plan.order) and int(starts[k]) < b:
             s, e, u = int(starts[k]), int(starts[k + 1]), plan.order[k]
@@ -158,21 +159,6 @@ def consumed_rows(plan: TokenPlan, q: int, before: int, after: int, rows: Sequen
                 else:
                     out.append((u, first, end))
             k += 1
-    return out
-
-
-def _cut(layout: Sequence[Interval], a: int, b: int) -> list[Interval]:
-    """Positions ``[a, b)`` of the concatenated ``layout`` as stream intervals."""
-    out: list[Interval] = []
-    offset = 0
-    for lo, hi in layout:
-        size = hi - lo
-        s, e = max(a - offset, 0), min(b - offset, size)
-        if s < e:
-            out.append((lo + s, lo + e))
-        offset += size
-        if offset >= b:
-            break
     return out
 
 

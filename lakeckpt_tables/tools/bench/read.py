@@ -23,8 +23,8 @@ and end each batch as a dict of tensors. The raw loop keeps its Parquet handles 
 passes and cuts batches within each row group (a row group's last batch may be short); the
 reader cuts exact batches across row groups, which is part of the work a reader must do.
 Each pass gets a fresh dataset: a dataset keeps the last row groups it decoded
-(``reader/_cache.py``, up to 64 MB), so its second pass over a table that fits would decode
-little or nothing, where the raw loop decodes on every pass. The reader runs without
+(``reader/_cache.py``, the last two), so its second pass over a small table would decode
+less, where the raw loop decodes on every pass. The reader runs without
 read-ahead: its threads would decode while another loop is timed and charge that loop's
 clock. What read-ahead gains shows in whole passes timed one loop at a time (``bench
 peers``, ``bench workers``).

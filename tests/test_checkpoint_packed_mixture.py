@@ -154,3 +154,14 @@ def test_verify_and_progress_check_every_source_of_a_mixture_by_its_key(
     write_deltalake(uri, copy, mode="append")
     (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
     assert verdict.violations and verdict.violations[0].startswith("overlap: run v source 'code'")
+
+
+def test_a_loader_over_another_dataset_is_refused_naming_what_it_reads(tmp_path: Path) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lakeckpt_tables.errors import CheckpointError
+
+    loader = StatefulDataLoader(list(range(4)), batch_size=None)
+    with pytest.raises(CheckpointError, match=r"nothing was committed: .*LakeDataset or a "
+                       r"Mixture, got a StatefulDataLoader over a list: build it as "):
+        CheckpointManager(tmp_path, "x").save(1, dataloader=loader)

@@ -165,3 +165,17 @@ def test_a_loader_over_another_dataset_is_refused_naming_what_it_reads(tmp_path:
     with pytest.raises(CheckpointError, match=r"nothing was committed: .*LakeDataset or a "
                        r"Mixture, got a StatefulDataLoader over a list: build it as "):
         CheckpointManager(tmp_path, "x").save(1, dataloader=loader)
+
+
+def test_a_cycling_mixture_is_refused_by_name_and_nothing_is_committed(
+        delta_table: Table, iceberg_table: Table, tmp_path: Path) -> None:
+    from lakeckpt_tables.errors import CheckpointError
+
+    sources = {"web": delta_table.dataset(batch_size=50), "code": iceberg_table.dataset()}
+    loader = loader_for(Mixture(sources, weights={"web": 1, "code": 1}, on_exhausted="cycle"),
+                        0)
+    next(iter(loader))
+    manager = CheckpointManager(tmp_path, "c")
+    with pytest.raises(CheckpointError, match=r"on_exhausted='cycle' .* epochs=N"):
+        manager.save(1, dataloader=loader)
+    assert manager.checkpoints() == []

@@ -125,11 +125,13 @@ def _mixture_run(delta: Table, iceberg: Table, root: Path) -> Counter[str]:
 
 
 def test_verify_and_progress_check_every_source_of_a_mixture_by_its_key(
-        delta_table: Table, iceberg_table: Table, tmp_path: Path) -> None:
+        delta_table: Table, iceberg_table: Table, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     import pyarrow.compute as pc
     from deltalake import DeltaTable, write_deltalake
 
     from lakeckpt_tables.audit import connect, verify
+    from lakeckpt_tables.cli import main
 
     rows = _mixture_run(delta_table, iceberg_table, tmp_path)
     (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
@@ -150,6 +152,9 @@ def test_verify_and_progress_check_every_source_of_a_mixture_by_its_key(
                                                       ("web", 0, rows["web"])]
     # the source that ran out is done: its rows_in_pass is from its own round event
     assert any(n == total for _, _, n, total in progress)
+    assert main(["progress", str(tmp_path)]) == 0  # the command line shows both sources
+    shown = capsys.readouterr().out
+    assert "source_key" in shown and "web" in shown and "code" in shown
     copy = consumption.filter(pc.field("source_key") == "code").slice(0, 1)
     write_deltalake(uri, copy, mode="append")
     (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])

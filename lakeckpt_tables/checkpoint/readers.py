@@ -23,7 +23,13 @@ from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_eve
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.ledger import ConsumptionRecord, LedgerEvent
 from lakeckpt_tables.mixture import Mixture, is_mixture_state, merge_mixture_states
-from lakeckpt_tables.reader import ReaderState, dataset_of, merge_states, restore_reader
+from lakeckpt_tables.reader import (
+    ReaderState,
+    dataset_of,
+    merge_states,
+    reader_state_of,
+    restore_reader,
+)
 from lakeckpt_tables.reader.loaders import states_from_loader
 from lakeckpt_tables.types import TableIdentity
 
@@ -40,7 +46,7 @@ def capture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
     if isinstance(getattr(dataloader, "dataset", None), Mixture):
         return _capture_mixture(dataloader, baseline)
     dataset = dataset_of(dataloader)
-    state = merge_states(states_from_loader(dataloader.state_dict()))
+    state = reader_state_of(dataloader)
     before = None if baseline is None else ReaderState.from_dict(baseline)
     return state.to_dict(), *_accounting(dataset, before, state, None)
 

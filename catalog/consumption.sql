@@ -16,7 +16,8 @@ SELECT l.run_id,
        l.row_start,
        l.row_end,
        l.rows,
-       l.rows = l.row_end - l.row_start              AS exact
+       l.rows = l.row_end - l.row_start              AS exact,
+       l.source_key
 FROM ledger l
 JOIN _checkpoint_status c USING (run_id, checkpoint_id)
 WHERE l.record = 'consumption';

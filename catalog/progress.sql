@@ -1,4 +1,4 @@
--- progress: per run and pass (segment, epoch), rows consumed by committed checkpoints against
+-- progress: per run, Mixture source (source_key; null for a one-table run) and pass (segment, epoch), rows consumed by committed checkpoints against
 -- the rows the pass delivers. Pass sizes come from 'round' events, else from 'segment' events
 -- (follow segments) or the pinned snapshot's metadata (the _pass_sizes table connect() builds);
 -- null when none is known. state: 'done' (the pass is consumed), else its run's state from
@@ -6,7 +6,7 @@
 CREATE OR REPLACE VIEW progress AS
 WITH per_checkpoint AS (  -- _consumed: the consumption view's totals per checkpoint, from the
                          -- summaries `maintain` writes (not every consumption row)
-    SELECT k.run_id, k.segment, k.epoch, k.step, min(k.committed_at) AS committed_at,
+    SELECT k.run_id, k.source_key, k.segment, k.epoch, k.step, min(k.committed_at) AS committed_at,
            CAST(sum(k.rows) AS BIGINT) AS rows
     FROM _consumed k
     JOIN _checkpoint_status c USING (run_id, checkpoint_id)
@@ -14,11 +14,11 @@ WITH per_checkpoint AS (  -- _consumed: the consumption view's totals per checkp
     GROUP BY ALL
 ),
 running AS (
-    SELECT *, CAST(sum(rows) OVER (PARTITION BY run_id, segment, epoch ORDER BY step) AS BIGINT) AS consumed
+    SELECT *, CAST(sum(rows) OVER (PARTITION BY run_id, source_key, segment, epoch ORDER BY step) AS BIGINT) AS consumed
     FROM per_checkpoint
 ),
 per_pass AS (
-    SELECT run_id, segment, epoch,
+    SELECT run_id, source_key, segment, epoch,
            max(consumed)                  AS rows_consumed,
            arg_min(consumed, step)        AS consumed_first,
            count(*)                       AS checkpoints,
@@ -31,6 +31,7 @@ per_pass AS (
 ),
 passes AS (
     SELECT coalesce(c.run_id, p.run_id)   AS run_id,
+           coalesce(c.source_key, p.source_key) AS source_key,
            coalesce(c.segment, p.segment) AS segment,
            coalesce(c.epoch, p.epoch)     AS epoch,
            coalesce(c.rows_consumed, 0)   AS rows_consumed,
@@ -40,7 +41,8 @@ passes AS (
            c.consumed_first, c.checkpoints, c.first_step, c.last_step, c.first_at, c.last_at
     FROM per_pass c
     FULL JOIN _pass_sizes p
-           ON p.run_id = c.run_id AND p.segment = c.segment AND p.epoch = c.epoch
+           ON p.run_id = c.run_id AND p.source_key IS NOT DISTINCT FROM c.source_key
+          AND p.segment = c.segment AND p.epoch = c.epoch
     WHERE coalesce(c.run_id, p.run_id) IN (SELECT run_id FROM _checkpoint_status)
 ),
 rated AS (
@@ -75,6 +77,7 @@ SELECT run_id,
        first_step,
        last_step,
        first_at,
-       last_at
+       last_at,
+       source_key
 FROM stated
-ORDER BY run_id, segment, epoch;
+ORDER BY run_id, source_key NULLS FIRST, segment, epoch;

@@ -63,7 +63,14 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import MixtureError, MixtureStateError, StateMismatchError
 
-__all__ = ["MIXTURE_FORMAT", "SOURCE_KEY", "Mixture", "schedule"]
+__all__ = [
+    "MIXTURE_FORMAT",
+    "SOURCE_KEY",
+    "Mixture",
+    "is_mixture_state",
+    "merge_mixture_states",
+    "schedule",
+]
 
 MIXTURE_FORMAT = "lakeckpt.mixture/1"
 SOURCE_KEY = "source"
@@ -341,31 +348,66 @@ class Mixture(IterableDataset[dict[str, Any]]):
 
     def _merge_positions(self, states: list[Mapping[str, Any]]
                          ) -> tuple[int | None, list[_Position | None]]:
-        workers = None
-        positions: list[_Position | None] = []
-        for state in states:
-            w = state[KEY_WORKERS]
-            if w is None:
-                continue
-            try:
-                parsed = [None if p is None else _Position.from_json(p, self.names)
-                          for p in state[KEY_POSITIONS]]
-            except ValueError as exc:
-                raise StateMismatchError(f"mixture state is corrupt: {exc}") from exc
-            if not _natural(w) or w == 0 or len(parsed) != w:
-                raise StateMismatchError(f"mixture state is corrupt: {w!r} workers, "
-                                         f"{len(parsed)} positions")
-            if workers is None:
-                workers, positions = w, [None] * w
-            elif w != workers:
-                raise StateMismatchError(f"mixture states of {workers} and {w} workers cannot "
-                                         "be merged")
-            for i, p in enumerate(parsed):
-                if p is not None:
-                    if positions[i] is not None and positions[i] != p:
-                        raise StateMismatchError(f"two mixture states disagree on worker {i}")
-                    positions[i] = p
-        return workers, positions
+        return _merge_positions(self.names, states)
+
+
+def merge_mixture_states(states: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One mixture state from those of several DataLoader workers and ranks (what a
+    checkpoint keeps): every worker's position, and each source's states merged. Ranks take
+    the same draws in lockstep, so their positions of a worker agree.
+
+    Raises:
+        StateMismatchError: states of other mixtures (schedule, sources, tables), or
+            positions that disagree.
+    """
+    first = states[0]
+    for other in states[1:]:
+        for key in (KEY_FORMAT, KEY_CONFIG, KEY_TABLES):
+            if not _same_json(first.get(key), other.get(key)):
+                raise StateMismatchError(f"cannot merge mixture states with different {key}: "
+                                         f"{first.get(key)} vs {other.get(key)}")
+        if set(other.get(KEY_SOURCES, ())) != set(first.get(KEY_SOURCES, ())):
+            raise StateMismatchError("cannot merge mixture states of different sources")
+    names = sorted(first[KEY_SOURCES])
+    workers, positions = _merge_positions(names, states)
+    return {KEY_FORMAT: MIXTURE_FORMAT, KEY_CONFIG: first[KEY_CONFIG], KEY_WORKERS: workers,
+            KEY_POSITIONS: [None if p is None else p.to_json() for p in positions],
+            KEY_TABLES: first[KEY_TABLES],
+            KEY_SOURCES: {n: _merged(n, [s[KEY_SOURCES][n] for s in states]) for n in names}}
+
+
+def is_mixture_state(state: Any) -> bool:
+    """Whether ``state`` is a mixture state (not a loader's state over a mixture)."""
+    return isinstance(state, Mapping) and state.get(KEY_FORMAT) == MIXTURE_FORMAT
+
+
+def _merge_positions(names: list[str], states: list[Mapping[str, Any]]
+                     ) -> tuple[int | None, list[_Position | None]]:
+    workers = None
+    positions: list[_Position | None] = []
+    for state in states:
+        w = state[KEY_WORKERS]
+        if w is None:
+            continue
+        try:
+            parsed = [None if p is None else _Position.from_json(p, names)
+                      for p in state[KEY_POSITIONS]]
+        except ValueError as exc:
+            raise StateMismatchError(f"mixture state is corrupt: {exc}") from exc
+        if not _natural(w) or w == 0 or len(parsed) != w:
+            raise StateMismatchError(f"mixture state is corrupt: {w!r} workers, "
+                                     f"{len(parsed)} positions")
+        if workers is None:
+            workers, positions = w, [None] * w
+        elif w != workers:
+            raise StateMismatchError(f"mixture states of {workers} and {w} workers cannot "
+                                     "be merged")
+        for i, p in enumerate(parsed):
+            if p is not None:
+                if positions[i] is not None and positions[i] != p:
+                    raise StateMismatchError(f"two mixture states disagree on worker {i}")
+                positions[i] = p
+    return workers, positions
 
 
 def _check_state(mixture: Mixture, state: Any) -> None:

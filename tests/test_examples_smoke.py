@@ -96,3 +96,15 @@ def test_progress_sql_reads_an_existing_root(tmp_path: Path) -> None:
 def test_audit_deletion_names_the_checkpoints_that_saw_user_42() -> None:
     lines = run_example("audit_deletion.py")
     assert "runs to retrain: ['after']" in lines
+
+
+@pytest.mark.timeout(240)  # two 2-rank torchrun jobs, ~30 s on 2 busy cores
+def test_pretrain_mixture_trains_every_token_once_in_order_across_a_sigkill() -> None:
+    lines = run_example("pretrain_mixture.py")
+    assert any(x.startswith("job 1: SIGKILLed") for x in lines)
+    assert any(x.startswith("job 2: restored step 10") for x in lines)
+    assert sum(x.endswith("same batches, same order") for x in lines) == 2
+    assert any(x.startswith("tokens: ") and x.endswith("0 twice, 0 missing: OK") for x in lines)
+    assert sum(x.startswith("ledger ") and x.endswith(": OK") for x in lines) == 2
+    assert any(x.startswith("verify run pretrain") and x.endswith("0 violations: OK")
+               for x in lines)

@@ -12,6 +12,11 @@ they name are read again by the lineage. Per pass (segment, epoch) and row group
 
 Which passes are finished, and the live rows of each row group, come from the plan of the
 checkpoint's reader state over the source table's metadata (no data is read).
+
+A Mixture run is checked source by source: its records name their source (``source_key``) and
+its checkpoint's reader state holds each source's own state, whose finished passes are checked
+for gaps. A packed source (``pack_tokens``) is checked for overlaps only: its rows count by
+their eos, and the rows of a pass's undelivered tail are not in its plan's row counts.
 """
 
 from __future__ import annotations
@@ -145,7 +150,7 @@ def _retired(snapshot: LedgerSnapshot) -> set[str]:
     return {json.loads(d).get("checkpoint_id") for d in rows[s.DETAIL].to_pylist()}
 
 
-Key = tuple[int, int, str, int]  # segment, epoch, file, row group
+Key = tuple[str | None, int, int, str, int]  # source key, segment, epoch, file, row group
 
 
 def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
@@ -154,21 +159,21 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
     chain = lineage(records, head)
     steps = {r.checkpoint_id: r.step for r in chain}
     verdict = Verdict(head.run_id, head.checkpoint_id, head.step, checkpoints=len(chain))
-    names = [s.CHECKPOINT_ID, s.SEGMENT, s.EPOCH, s.FILE, s.ROW_GROUP, s.ROW_START, s.ROW_END,
-             s.ROWS]
+    names = [s.CHECKPOINT_ID, s.SOURCE_KEY, s.SEGMENT, s.EPOCH, s.FILE, s.ROW_GROUP,
+             s.ROW_START, s.ROW_END, s.ROWS]
     consumed = snapshot.scan((pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
                              & (pc.field(s.RUN_ID) == head.run_id), names)
     by_group: dict[Key, list[tuple[int, int, int, int]]] = defaultdict(list)
     columns = [consumed[n].to_pylist() for n in names]
-    for checkpoint_id, segment, epoch, file, group, start, end, rows in zip(*columns,
-                                                                            strict=True):
+    for checkpoint_id, key, segment, epoch, file, group, start, end, rows in zip(*columns,
+                                                                                 strict=True):
         step = steps.get(checkpoint_id)
         if step is None:
             continue  # not in the lineage: training lost with a restore
-        by_group[(segment, epoch, file, group)].append((start, end, rows, step))
+        by_group[(key, segment, epoch, file, group)].append((start, end, rows, step))
         verdict.records += 1
         verdict.rows += rows
-    for key in sorted(by_group):
+    for key in sorted(by_group, key=lambda k: (k[0] or "", *k[1:])):
         verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
     verdict.violations.extend(_gaps(snapshot, head, chain, by_group, verdict, source,
                                     storage_options, source_catalog))
@@ -176,8 +181,9 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
 
 
 def _where(run_id: str, key: Key) -> str:
-    segment, epoch, file, group = key
-    return f"run {run_id} segment {segment} epoch {epoch}: {file} row group {group}"
+    source, segment, epoch, file, group = key
+    named = "" if source is None else f" source {source!r}"
+    return f"run {run_id}{named} segment {segment} epoch {epoch}: {file} row group {group}"
 
 
 def _overlaps(run_id: str, key: Key, ranges: list[tuple[int, int, int, int]]) -> list[str]:
@@ -214,11 +220,29 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
     """Row groups of finished passes that did not give exactly their live rows."""
     if not head.reader_state:
         return []
-    from lakeckpt_tables.reader.state import ReaderState, decode_state  # imports torch
+    from lakeckpt_tables.mixture import is_mixture_state  # imports torch
+    from lakeckpt_tables.reader.state import ReaderState, decode_state
 
-    state = ReaderState.from_dict(decode_state(head.reader_state))
-    if state.plan is None:
-        return []
+    decoded = decode_state(head.reader_state)
+    if not is_mixture_state(decoded):
+        return _source_gaps(snapshot, head, chain, by_group, verdict, None,
+                            ReaderState.from_dict(decoded), source, storage_options,
+                            source_catalog)
+    out: list[str] = []
+    for key, one in sorted(decoded["sources"].items()):
+        out.extend(_source_gaps(snapshot, head, chain, by_group, verdict, key,
+                                ReaderState.from_dict(one), None, storage_options,
+                                source_catalog))
+    return out
+
+
+def _source_gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[CheckpointRecord],
+                 by_group: dict[Key, list[tuple[int, int, int, int]]], verdict: Verdict,
+                 source_key: str | None, state: Any, source: Any,
+                 storage_options: Mapping[str, str] | None, source_catalog: Any) -> list[str]:
+    """:func:`_gaps` of one reader's state (a Mixture's source ``source_key``)."""
+    if state.plan is None or state.config.get("pack") is not None:
+        return []  # nothing read yet; or packed: overlaps only (module docstring)
     dataset = dataset_for(state, snapshot, source=source, storage_options=storage_options,
                           source_catalog=source_catalog)
     undelivered = _undelivered(snapshot, head.run_id, {r.checkpoint_id for r in chain})
@@ -231,9 +255,10 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
                        for g, (e, pos) in enumerate(state.positions()))
         if not finished:
             continue
-        verdict.finished_passes.append((plan.segment, plan.epoch))
+        if (plan.segment, plan.epoch) not in verdict.finished_passes:
+            verdict.finished_passes.append((plan.segment, plan.epoch))
         for unit in units.units:
-            key = (plan.segment, plan.epoch, unit.path, unit.row_group)
+            key = (source_key, plan.segment, plan.epoch, unit.path, unit.row_group)
             got = sum(n for _, _, n, _ in by_group.get(key, ()))
             want = unit.rows - undelivered.get(key, 0)
             if got > want:
@@ -244,7 +269,7 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
                            "in a finished pass")
         paths = {(u.path, u.row_group) for u in units.units}
         for key in by_group:
-            if key[:2] == (plan.segment, plan.epoch) and (key[2], key[3]) not in paths:
+            if key[:3] == (source_key, plan.segment, plan.epoch) and key[3:] not in paths:
                 out.append(f"overlap: {_where(head.run_id, key)} is not a row group of the "
                            "pass, yet rows were recorded from it")
     return out
@@ -262,5 +287,6 @@ def _undelivered(snapshot: LedgerSnapshot, run_id: str,
             continue
         detail = json.loads(rec[s.DETAIL])
         for path, group, r0, r1 in detail.get("ranges", ()):
-            out[(int(detail["segment"]), int(detail["epoch"]), path, int(group))] += r1 - r0
+            out[(detail.get("source_key"), int(detail["segment"]), int(detail["epoch"]), path,
+                 int(group))] += r1 - r0
     return out

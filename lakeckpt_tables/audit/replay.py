@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from lakeckpt_tables.audit.sources import delta_options, ledger_uri
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
-from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.errors import LedgerError, StateMismatchError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
 from lakeckpt_tables.plan.accounting import slice_spans
 from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
@@ -116,11 +116,18 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
 
     ``datasets`` caches the readers built per (source, state configuration) across calls.
     """
+    from lakeckpt_tables.mixture import MIXTURE_FORMAT
     from lakeckpt_tables.reader.state import ReaderState, decode_state
 
     if not record.reader_state:
         return CheckpointRows([], None)
-    after = ReaderState.from_dict(decode_state(record.reader_state))
+    decoded = decode_state(record.reader_state)
+    if decoded.get("format") == MIXTURE_FORMAT or decoded.get("config", {}).get("pack"):
+        raise StateMismatchError(
+            f"run {record.run_id} step {record.step} read a Mixture or packed token sequences: "
+            "their rows are not replayed row by row yet; the consumption view gives each "
+            "source's (source_key) row-group ranges, and verify checks them")
+    after = ReaderState.from_dict(decoded)
     if after.plan is None:
         return CheckpointRows([], None)
     before = None

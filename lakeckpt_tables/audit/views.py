@@ -80,9 +80,9 @@ def stale_threshold(stale_after: str | float | None) -> tuple[float, float]:
                      "interval (e.g. 3x) nor a duration (e.g. 600, 90s, 10m, 2h)")
 
 PASS_SIZES_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("segment", pa.int64()), ("epoch", pa.int64()),
-    ("rows", pa.int64()), ("delivered", pa.int64()), ("from_version", pa.int64()),
-    ("to_version", pa.int64()), ("origin", pa.string()),
+    ("run_id", pa.string()), ("source_key", pa.string()), ("segment", pa.int64()),
+    ("epoch", pa.int64()), ("rows", pa.int64()), ("delivered", pa.int64()),
+    ("from_version", pa.int64()), ("to_version", pa.int64()), ("origin", pa.string()),
 ])
 SOURCE_VERSIONS_SCHEMA = pa.schema([
     ("location", pa.string()), ("latest_version", pa.int64()),
@@ -223,7 +223,8 @@ Scan = Callable[[pc.Expression, list[str]], pa.Table]
 def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
                storage_options: Mapping[str, str] | None = None,
                source_catalog: Any = None) -> pa.Table:
-    """Rows in each pass (segment, epoch) of each run: what ``progress`` divides by.
+    """Rows in each pass (segment, epoch) of each run and Mixture source (``source_key``,
+    null for a one-table run): what ``progress`` divides by.
 
     From ``round`` events when the ledger has them; else follow segments from ``segment``
     events, and the pinned snapshot's epochs from the source's metadata (no data is read),
@@ -237,6 +238,8 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
     for e in events:
         detail = json.loads(e[s.DETAIL] or "{}")
         run = e[s.RUN_ID]
+        if detail.get("source_key") is not None:  # a Mixture source: keyed (run, source key)
+            run = (run, detail["source_key"])  # type: ignore[assignment]
         if e[s.EVENT] == "round":
             key = (run, int(detail["segment"]), int(detail["epoch"]))
             out[key] = {"rows": detail.get("rows"), "delivered": detail.get("delivered"),
@@ -259,9 +262,11 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
                                        source_catalog).items():
             size["delivered"] = size["rows"] - undelivered.get(key, 0)
             out[key] = size
-    names = [f.name for f in PASS_SIZES_SCHEMA][3:]
+    names = [f.name for f in PASS_SIZES_SCHEMA][4:]
+    runs = [k[0] if isinstance(k[0], str) else k[0][0] for k in out]
+    source_keys = [None if isinstance(k[0], str) else k[0][1] for k in out]
     return pa.table({
-        "run_id": [k[0] for k in out], "segment": [k[1] for k in out],
+        "run_id": runs, "source_key": source_keys, "segment": [k[1] for k in out],
         "epoch": [k[2] for k in out], **{n: [v.get(n) for v in out.values()] for n in names},
     }, schema=PASS_SIZES_SCHEMA)
 

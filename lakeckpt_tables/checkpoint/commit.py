@@ -14,13 +14,14 @@ from typing import Any
 
 from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._failures import describe_failure, is_write_failure
+from lakeckpt_tables.checkpoint.readers import merged
 from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
 from lakeckpt_tables.checkpoint.retention import Retention, removed_events
 from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError
 from lakeckpt_tables.hooks import reached as crash_point  # test seam: no hook in production
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, ConsumptionRecord, Ledger, LedgerEvent
-from lakeckpt_tables.reader import encode_state, merge_states
+from lakeckpt_tables.reader import encode_state
 
 __all__ = ["Attempt", "Committer", "Prepared", "failed"]
 
@@ -161,19 +162,15 @@ class Committer:
         manifest: dict[str, Any] = {}
         for report in reports:
             manifest.update(report.manifest)
-        readers = [r.reader for r in reports if r.reader is not None]
-        reader = merge_states(readers) if readers else None
-        if reader is not None and reader.plan is not None and not reader.complete:
-            raise CheckpointError(f"run {self.run_id} step {attempt.step}: the ranks' reader "
-                                  "states do not cover every rank and worker")
+        reader, source, version = merged([r.reader for r in reports if r.reader is not None],
+                                         f"run {self.run_id} step {attempt.step}")
         consumption = [c for report in reports for c in report.consumed]
         record = CheckpointRecord(
             run_id=self.run_id, checkpoint_id=attempt.checkpoint_id, step=attempt.step,
             parent_id=head.checkpoint_id if head is not None else None,
             model_location=attempt.location, manifest=manifest,
             reader_state=encode_state(reader) if reader is not None else "",
-            source=None if reader is None else reader.table,
-            source_version=None if reader is None else reader.version,
+            source=source, source_version=version,
             world_size=world_size, tags=attempt.tags, config_hash=self.config_hash,
             wall_time_s=time.monotonic() - self._started)
         return record, consumption

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from lakeckpt_tables.ledger.records import ConsumptionRecord
 from lakeckpt_tables.plan.accounting import Planner, Positions, consumed_ranges, round_events
+from lakeckpt_tables.reader.packed import TokenPlanner
 
 __all__ = ["consumed_between", "segment_events"]
 
@@ -24,10 +25,16 @@ def consumed_between(dataset: Planner[S], before: S | None,
     ``before`` is first re-planned to ``after``'s shape if the shape changed in between
     (an elastic resume), exactly as the reader did.
     """
+    planner = getattr(dataset, "planner", None)
+    if isinstance(planner, TokenPlanner):  # packed: rows counted by their eos
+        return [ConsumptionRecord(*r) for r in planner.consumed(before, after)]
     return [ConsumptionRecord(*r) for r in consumed_ranges(dataset, before, after)]
 
 
 def segment_events(dataset: Planner[S], before: S | None,
                    after: S) -> list[tuple[str, dict[str, Any]]]:
-    """Events between two states (:func:`lakeckpt_tables.plan.accounting.round_events`)."""
+    """Events between two states (:func:`lakeckpt_tables.plan.accounting.round_events`);
+    none for a packed reader (its epochs' tails are logged when read)."""
+    if isinstance(getattr(dataset, "planner", None), TokenPlanner):
+        return []
     return round_events(dataset, before, after)

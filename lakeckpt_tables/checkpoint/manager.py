@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from lakeckpt_tables import errors
-from lakeckpt_tables.checkpoint import registration
+from lakeckpt_tables.checkpoint import readers, registration
 from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.checkpoint.commit import Attempt, Committer
 from lakeckpt_tables.checkpoint.load import Loader
@@ -40,11 +40,7 @@ from lakeckpt_tables.checkpoint.state import Parts
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, open_ledger
-from lakeckpt_tables.reader import (
-    ReaderState,
-    decode_state,
-    restore_reader,
-)
+from lakeckpt_tables.reader import decode_state
 
 __all__ = ["CheckpointManager"]
 
@@ -124,7 +120,7 @@ class CheckpointManager:
         self._progress, policy, self._committer, self._registration = parts
         self._loader = Loader(self.storage, self.world, policy, run_id=run_id,
                               config_hash=self.config_hash)
-        self._baseline: ReaderState | None = None
+        self._baseline: dict[str, Any] | None = None  # the last checkpoint's reader state
         self._head: CheckpointRecord | None = None  # what this job committed or restored last
         self._pending: Attempt | None = None
         # NOTE [ one root for all ranks ]: refused now, before any training step
@@ -152,7 +148,8 @@ class CheckpointManager:
         Args:
             step: training step; strictly increasing within the run.
             model, optimizer, lr_scheduler: saved through torch.distributed.checkpoint.
-            dataloader: a torchdata ``StatefulDataLoader`` over a :class:`LakeDataset`.
+            dataloader: a torchdata ``StatefulDataLoader`` over a :class:`LakeDataset` or a
+                :class:`Mixture` (NOTE [ mixture accounting ] in ``checkpoint/readers.py``).
             extra: any other state (same on every rank).
             tags: labels kept with the checkpoint; tagged checkpoints survive retention.
 
@@ -202,7 +199,7 @@ class CheckpointManager:
         if isinstance(outcome, errors.LakeckptError):
             raise outcome
         record = outcome
-        self._baseline = ReaderState.from_dict(decode_state(record.reader_state)) \
+        self._baseline = decode_state(record.reader_state) \
             if record.reader_state else self._baseline
         self._head = record
         if self._committer is not None:
@@ -261,8 +258,8 @@ class CheckpointManager:
             return None
         self._loader.load(record, state, parts)
         if dataloader is not None and record.reader_state:
-            reader = ReaderState.from_dict(decode_state(record.reader_state))
-            restore_reader(dataloader, reader)
+            reader = decode_state(record.reader_state)
+            readers.restore(dataloader, reader)
             self._baseline = reader
         self._head = record
         return record.step

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -18,13 +19,11 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from lakeckpt_tables.checkpoint._failures import WRITE_FAILURES, describe_failure
 from lakeckpt_tables.checkpoint._world import World, one_process
 from lakeckpt_tables.checkpoint.commit import Attempt, Prepared, failed
-from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
+from lakeckpt_tables.checkpoint.readers import capture
 from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
 from lakeckpt_tables.checkpoint.state import Parts, build_state
 from lakeckpt_tables.hooks import reached as crash_point  # test seam: no hook in production
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
-from lakeckpt_tables.ledger import LedgerEvent
-from lakeckpt_tables.reader import ReaderState, dataset_of, reader_state_of
 
 __all__ = ["Preparer"]
 
@@ -56,12 +55,12 @@ class Preparer:
         self.async_save = async_save
 
     def prepare(self, location: str, parts: Parts, dataloader: Any,
-                baseline: ReaderState | None) -> tuple[Prepared, Future[Any] | None]:
+                baseline: Mapping[str, Any] | None) -> tuple[Prepared, Future[Any] | None]:
         """Write the shard and capture the reader; a failure is a value, not an exception."""
         rank = self.world.rank
         try:
             crash_point("prepare:before_write", rank)
-            reader, consumed, events = self.capture_reader(dataloader, baseline)
+            reader, consumed, events = capture(dataloader, baseline)
             state = build_state(parts, rank, reader=json.dumps(reader), run_id=self.run_id)
             writer = self.storage.writer(location, _Writer, rank)
             if self.async_save:
@@ -99,29 +98,3 @@ class Preparer:
         if self.world.rank == 0:
             names.append(DCP_METADATA)
         return self.storage.checksums(location, names)
-
-    def capture_reader(self, dataloader: Any, baseline: ReaderState | None) -> tuple[
-            dict[str, Any] | None, list[Any], list[LedgerEvent]]:
-        if dataloader is None:
-            return None, [], []
-        dataset = dataset_of(dataloader)
-        state = reader_state_of(dataloader)
-        if state.plan is None:  # nothing iterated yet
-            return state.to_dict(), [], []
-        consumed = consumed_between(dataset, baseline, state)
-        events = [LedgerEvent(name, detail)
-                  for name, detail in segment_events(dataset, baseline, state)]
-        if baseline is None:  # the run's first checkpoint with a reader
-            events.insert(0, _source_event(dataset.source, state))
-        return state.to_dict(), consumed, events
-
-
-def _source_event(source: Any, state: ReaderState) -> LedgerEvent:
-    """``source`` event: the table read and, for Iceberg, the NAME of its catalog and its
-    identifier (never the catalog's URI or properties), so audits can open it again."""
-    catalog = getattr(getattr(source, "catalog", None), "name", None)
-    identifier = getattr(source, "identifier", None)
-    if isinstance(identifier, tuple):
-        identifier = ".".join(identifier)
-    return LedgerEvent("source", {**state.table.to_json(), "catalog": catalog,
-                                  "identifier": identifier if catalog is not None else None})

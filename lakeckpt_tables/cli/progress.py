@@ -1,4 +1,5 @@
-"""``lakeckpt progress TARGET``: rows consumed per run and pass, with rate and ETA.
+"""``lakeckpt progress TARGET``: rows consumed per run (and Mixture source) and pass, with rate
+and ETA.
 
 A pass's ``state`` is ``done``, or its run's: ``running``, ``stale`` (the run stopped saving
 without finishing: killed, hung) or ``finished``; only a running pass has an ETA.
@@ -56,8 +57,8 @@ def _show(args: argparse.Namespace) -> None:
                   source_catalog=source_catalog(args), stale_after=args.stale_after)
     params = {} if args.run is None else {"run": args.run}
     where = "" if args.run is None else "WHERE run_id = $run"
-    table = con.sql(f"SELECT * FROM progress {where} ORDER BY run_id, segment, epoch",
-                    params=params or None).to_arrow_table()
+    table = con.sql(f"SELECT * FROM progress {where} ORDER BY run_id, source_key NULLS FIRST, "
+                    "segment, epoch", params=params or None).to_arrow_table()
     if args.plot is not None:
         from lakeckpt_tables.audit.plot import plot_progress
 
@@ -72,4 +73,7 @@ def _show(args: argparse.Namespace) -> None:
         total, done = r["rows_in_pass"], r["rows_consumed"]
         r["done"] = ProgressBar(total=float(total), completed=float(done), width=20) \
             if total else None
-    emit(rows, "table", columns=COLUMNS, title="progress", empty="no run has consumed rows")
+    columns = COLUMNS
+    if any(r["source_key"] is not None for r in rows):  # a Mixture run: a row per source
+        columns = (COLUMNS[0], "source_key", *COLUMNS[1:])
+    emit(rows, "table", columns=columns, title="progress", empty="no run has consumed rows")

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 
 from lakeckpt_tables.errors import (
@@ -80,6 +81,8 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
         self._table = (_open_or_create(self._store) if create
                        else _open(self._store, self.describe()))
         _check_format(self._table, self.describe())
+        if create:
+            self._table = _add_columns(self._table, self._store)
         self._base = self._store.fs_path("")
         self._verified: set[str] = set()  # data files whose footer matched its digest
 
@@ -255,6 +258,26 @@ def _open(store: Storage, where: str) -> DeltaTable:
     except DeltaError as e:
         raise LedgerError(f"ledger {where} could not be opened or created: "
                           f"{store.redact(clean(str(e)))}") from e
+
+
+def _add_columns(table: DeltaTable, store: Storage) -> DeltaTable:
+    """A ledger created before :data:`~lakeckpt_tables.ledger.schema.ADDED_COLUMNS` gains them
+    (nullable; its rows read them as null). A concurrent opener adding them too is fine."""
+    have = {f.name for f in table.schema().fields}
+    missing = [DeltaField(name, "string", nullable=True) for name in s.ADDED_COLUMNS
+               if name not in have]
+    if not missing:
+        return table
+    try:
+        table.alter.add_columns(missing)
+    except (CommitFailedError, DeltaError) as e:
+        table = _open(store, f"delta:{store.uri}")
+        if not {f.name for f in missing} <= {f.name for f in table.schema().fields}:
+            raise LedgerError(f"ledger delta:{store.redact(store.uri)} lacks columns "
+                              f"{[f.name for f in missing]} and adding them failed: "
+                              f"{store.redact(clean(str(e)))}") from e
+        return table
+    return _open(store, f"delta:{store.uri}")
 
 
 def _check_format(table: DeltaTable, where: str) -> None:

@@ -37,6 +37,7 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import ValidatableTableRequirement
+from pyiceberg.types import StringType
 from sqlalchemy.exc import SQLAlchemyError
 
 from lakeckpt_tables.errors import CommitConflictError, LedgerCorruptError, LedgerError
@@ -128,6 +129,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         self._catalog = catalog
         self._table = _open_or_create(catalog, identifier, self.describe())
         _check_format(self._table, self.describe())
+        self._table = _add_columns(self._table)
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -351,6 +353,22 @@ def _open_or_create(catalog: Catalog, identifier: str, where: str) -> Table:
         schema=s.LEDGER_SCHEMA,
         properties={s.FORMAT_PROPERTY: str(s.LEDGER_FORMAT_VERSION)},
     )
+
+
+def _add_columns(table: Table) -> Table:
+    """A ledger created before :data:`~lakeckpt_tables.ledger.schema.ADDED_COLUMNS` gains them
+    (optional columns; older rows read them as null)."""
+    have = set(table.schema().column_names)
+    missing = [name for name in s.ADDED_COLUMNS if name not in have]
+    if not missing:
+        return table
+    try:
+        with table.update_schema() as update:
+            for name in missing:
+                update.add_column(name, StringType())
+    except CommitFailedException:  # another opener added them first
+        table.refresh()
+    return table
 
 
 def _check_format(table: Table, where: str) -> None:

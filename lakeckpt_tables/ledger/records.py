@@ -112,6 +112,7 @@ class ConsumptionRecord:
             where a checkpoint fell inside a shuffled window: the window's rows come out in a
             seeded order, so a seeded subset of the range was consumed, and the next
             checkpoint records the rest of it.
+        source_key: the Mixture source the rows were read from, None for a one-table run.
     """
 
     rank: int
@@ -123,6 +124,7 @@ class ConsumptionRecord:
     row_start: int
     row_end: int
     rows: int = -1
+    source_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.rows == -1:
@@ -228,9 +230,12 @@ def row_checksum(row: Mapping[str, Any]) -> str:
     """SHA-256 (hex) over every field of a ledger row but the checksum itself.
 
     The fields are hashed as canonical JSON in schema order, with ``committed_at`` as integer
-    microseconds, so the value is the same whichever backend wrote or read the row.
+    microseconds, so the value is the same whichever backend wrote or read the row. A column
+    added later (:data:`~lakeckpt_tables.ledger.schema.ADDED_COLUMNS`) counts only when not
+    null, so rows written before it existed keep their checksums.
     """
-    values = [_canonical(row.get(name)) for name in s.LEDGER_SCHEMA.names if name != s.CHECKSUM]
+    values = [_canonical(row.get(name)) for name in s.LEDGER_SCHEMA.names
+              if name != s.CHECKSUM and (name not in s.ADDED_COLUMNS or row.get(name) is not None)]
     text = json.dumps(values, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -309,6 +314,7 @@ def _consumption_fields(c: ConsumptionRecord) -> dict[str, object]:
         s.ROW_START: c.row_start,
         s.ROW_END: c.row_end,
         s.ROWS: c.rows,
+        s.SOURCE_KEY: c.source_key,
     }
 
 

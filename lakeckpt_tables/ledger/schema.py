@@ -14,6 +14,7 @@ from typing import Final
 import pyarrow as pa
 
 __all__ = [
+    "ADDED_COLUMNS",
     "CHECKPOINT_ID",
     "CHECKSUM",
     "COMMITTED_AT",
@@ -43,6 +44,7 @@ __all__ = [
     "RUN_ID",
     "SEGMENT",
     "SOURCE_FORMAT",
+    "SOURCE_KEY",
     "SOURCE_LOCATION",
     "SOURCE_TABLE_ID",
     "SOURCE_VERSION",
@@ -131,6 +133,12 @@ ROWS: Final = "rows"
 """Rows of the range consumed: ``row_end - row_start``, or fewer where a checkpoint fell inside
 a shuffled window (a seeded subset was consumed; the next checkpoint records the rest)."""
 
+SOURCE_KEY: Final = "source_key"
+"""Key of the Mixture source the rows were read from (``Mixture({key: dataset})``); null for a
+run reading one table. Added after format version 2 without changing it: a ledger without the
+column gains it when opened (:data:`ADDED_COLUMNS`), and rows where it is null keep their
+checksums."""
+
 # -- event rows -----------------------------------------------------------------------------
 EVENT: Final = "event"
 """Name of the event, e.g. ``segment_formed`` or ``restore_fallback``."""
@@ -168,6 +176,7 @@ _TYPES: dict[str, pa.DataType] = {
     ROW_START: pa.int64(),
     ROW_END: pa.int64(),
     ROWS: pa.int64(),
+    SOURCE_KEY: pa.string(),
     EVENT: pa.string(),
     DETAIL: pa.string(),
 }
@@ -191,5 +200,10 @@ CONSUMPTION_COLUMNS: Final = (
     ROW_START,
     ROW_END,
     ROWS,
+    SOURCE_KEY,
 )
 """Columns of :meth:`Ledger.consumption`'s result, in order."""
+
+ADDED_COLUMNS: Final = (SOURCE_KEY,)
+"""Nullable columns added to the format-2 schema later: a ledger created before lacks them and
+gains them when opened; hashed into a row's checksum only when not null (old rows verify)."""

@@ -33,12 +33,13 @@ SUMMARY_DIR: Final = "_lakeckpt_summary"
 
 SUMMARY_SCHEMA: Final = pa.schema([
     (s.RUN_ID, pa.string()), (s.CHECKPOINT_ID, pa.string()), (s.STEP, pa.int64()),
-    (s.SEGMENT, pa.int64()), (s.EPOCH, pa.int64()),
+    (s.SOURCE_KEY, pa.string()), (s.SEGMENT, pa.int64()), (s.EPOCH, pa.int64()),
     (s.COMMITTED_AT, pa.timestamp("us", tz="UTC")), ("records", pa.int64()), (s.ROWS, pa.int64()),
 ])
-"""Consumption totals per (run, checkpoint, step, segment, epoch)."""
+"""Consumption totals per (run, checkpoint, step, source key, segment, epoch). A summary
+written before ``source_key`` has another schema and is not used (its file's rows are summed)."""
 
-_KEYS = (s.RUN_ID, s.CHECKPOINT_ID, s.STEP, s.SEGMENT, s.EPOCH)
+_KEYS = (s.RUN_ID, s.CHECKPOINT_ID, s.STEP, s.SOURCE_KEY, s.SEGMENT, s.EPOCH)
 _OF_FILE = b"lakeckpt.summary.of"
 _OF_BYTES = b"lakeckpt.summary.bytes"
 

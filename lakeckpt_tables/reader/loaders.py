@@ -173,8 +173,11 @@ def dataset_of(dataloader: Any) -> ResumableDataset:
     """
     dataset = getattr(dataloader, "dataset", None)
     if not isinstance(dataset, ResumableDataset):
+        over = "no dataset" if dataset is None else f"a {type(dataset).__name__}"
         raise StateMismatchError(
-            f"dataloader must be a StatefulDataLoader over a LakeDataset, got {dataloader!r}")
+            f"dataloader must be a torchdata StatefulDataLoader over a LakeDataset or a "
+            f"Mixture, got a {type(dataloader).__name__} over {over}: build it as "
+            "StatefulDataLoader(dataset, batch_size=None)")
     if getattr(dataloader, "batch_size", None) is not None:
         raise CheckpointError("build the StatefulDataLoader with batch_size=None: the "
                               "LakeDataset yields whole batches")

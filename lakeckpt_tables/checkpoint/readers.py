@@ -1,0 +1,135 @@
+"""What a checkpoint keeps of a dataloader: the reader state of a LakeDataset or of a Mixture,
+what each rank consumed since the previous checkpoint, and the way back.
+
+NOTE [ mixture accounting ]
+A Mixture's checkpoint holds one mixture state: every worker's position (ranks draw in
+lockstep, so theirs agree) and each source's reader state merged over ranks and workers
+(:func:`~lakeckpt_tables.mixture.merge_mixture_states`). Each rank accounts for each source as
+for a lone reader: the rows its slices of that source consumed since the previous checkpoint's
+merged state of that source, every record named by the source's key (``source_key``) and its
+events' details too. A source not drawn yet has no plan and consumed nothing. The checkpoint
+record names no single source table (``source`` is null): the ``source`` events do, per key.
+``on_exhausted="cycle"`` is refused: a source's next pass restarts its reader, and records
+have no pass number (a source built with ``epochs=N`` reads N accounted epochs instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
+from lakeckpt_tables.errors import CheckpointError
+from lakeckpt_tables.ledger import ConsumptionRecord, LedgerEvent
+from lakeckpt_tables.mixture import Mixture, is_mixture_state, merge_mixture_states
+from lakeckpt_tables.reader import (
+    ReaderState,
+    dataset_of,
+    merge_states,
+    reader_state_of,
+    restore_reader,
+)
+from lakeckpt_tables.reader.loaders import states_from_loader
+from lakeckpt_tables.types import TableIdentity
+
+__all__ = ["Captured", "capture", "merged", "restore"]
+
+Captured = tuple[dict[str, Any] | None, list[ConsumptionRecord], list[LedgerEvent]]
+
+
+def capture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
+    """This rank's reader state (its workers merged), the rows it consumed since ``baseline``
+    (the previous checkpoint's merged state, None at the run's start) and the events."""
+    if dataloader is None:
+        return None, [], []
+    if isinstance(getattr(dataloader, "dataset", None), Mixture):
+        return _capture_mixture(dataloader, baseline)
+    dataset = dataset_of(dataloader)
+    state = reader_state_of(dataloader)
+    before = None if baseline is None else ReaderState.from_dict(baseline)
+    return state.to_dict(), *_accounting(dataset, before, state, None)
+
+
+def merged(readers: list[dict[str, Any]], where: str) -> tuple[
+        dict[str, Any] | None, TableIdentity | None, int | None]:
+    """Every rank's reader states as one: (state, its table, its version); a Mixture's names
+    no one table.
+
+    Raises:
+        CheckpointError: the states do not cover every rank and worker.
+    """
+    if not readers:
+        return None, None, None
+    if is_mixture_state(readers[0]):
+        return merge_mixture_states(readers), None, None
+    reader = merge_states(readers)
+    if reader.plan is not None and not reader.complete:
+        raise CheckpointError(f"{where}: the ranks' reader states do not cover every rank "
+                              "and worker")
+    return reader.to_dict(), reader.table, reader.version
+
+
+def restore(dataloader: Any, state: Mapping[str, Any]) -> None:
+    """Resume ``dataloader`` from a checkpoint's merged reader state, through its dataset."""
+    if isinstance(getattr(dataloader, "dataset", None), Mixture):
+        dataloader.dataset.load_state_dict(dict(state))
+        return
+    restore_reader(dataloader, ReaderState.from_dict(state))
+
+
+def _capture_mixture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
+    mixture: Mixture = dataloader.dataset
+    if mixture.on_exhausted == "cycle":
+        # a source's next pass starts its reader over: the ledger's records have no pass
+        # number to tell the passes apart, and the rows between the last checkpoint and the
+        # end of the pass would be missed
+        raise CheckpointError(
+            "CheckpointManager cannot account for a Mixture with on_exhausted='cycle' yet (a "
+            "source's next pass restarts its reader; the ledger cannot tell passes apart). "
+            "Build the sources with epochs=N (each epoch accounted) and on_exhausted='stop'")
+    if getattr(dataloader, "batch_size", None) is not None:
+        raise CheckpointError("build the StatefulDataLoader with batch_size=None: the "
+                              "Mixture yields whole batches")
+    state = merge_mixture_states(states_from_loader(dataloader.state_dict()))
+    consumed: list[ConsumptionRecord] = []
+    events: list[LedgerEvent] = []
+    for key, source in mixture.sources.items():
+        after = ReaderState.from_dict(state["sources"][key])
+        before_state = None if baseline is None else baseline["sources"][key]
+        before = None if before_state is None else ReaderState.from_dict(before_state)
+        if before is not None and before.plan is None:
+            before = None
+        c, e = _accounting(source, before, after, key)
+        consumed += c
+        events += e
+    return state, consumed, events
+
+
+def _accounting(dataset: Any, before: ReaderState | None, after: ReaderState,
+                key: str | None) -> tuple[list[ConsumptionRecord], list[LedgerEvent]]:
+    """The records and events of one reader between two states, named by ``key``."""
+    if after.plan is None:  # nothing iterated yet
+        return [], []
+    consumed = [replace(c, source_key=key) for c in consumed_between(dataset, before, after)]
+    events = [LedgerEvent(name, _keyed(detail, key))
+              for name, detail in segment_events(dataset, before, after)]
+    if before is None:  # the first checkpoint that read this table
+        events.insert(0, LedgerEvent("source", _keyed(_source_detail(dataset.source, after),
+                                                      key)))
+    return consumed, events
+
+
+def _keyed(detail: dict[str, Any], key: str | None) -> dict[str, Any]:
+    return detail if key is None else {**detail, "source_key": key}
+
+
+def _source_detail(source: Any, state: ReaderState) -> dict[str, Any]:
+    """``source`` event: the table read and, for Iceberg, the NAME of its catalog and its
+    identifier (never the catalog's URI or properties), so audits can open it again."""
+    catalog = getattr(getattr(source, "catalog", None), "name", None)
+    identifier = getattr(source, "identifier", None)
+    if isinstance(identifier, tuple):
+        identifier = ".".join(identifier)
+    return {**state.table.to_json(), "catalog": catalog,
+            "identifier": identifier if catalog is not None else None}

@@ -1,25 +1,7 @@
 """``Mixture``: several datasets mixed by weight, the schedule a pure function of (seed, draw).
 
-NOTE [ mixture schedule ]
-A *draw* is one batch of the mixture. Which source supplies draw ``i`` is a pure function of
-the seed and ``i``, so every rank and DataLoader worker computes it alone, a resume continues it
-and an elastic re-plan keeps it; nothing about the schedule is stored but the draw index.
-
-Per batch, not per sequence: each source is an ordinary reader yielding whole batches with its
-own exactly-once position (a seek), its own columns and its own ledger records. Mixing inside a
-batch would split sources' batches and carry the leftovers in the state (token data, not a
-position), and a batch's tensors could not be stacked when sources have different columns.
-Over many steps a per-batch mixture trains on the same proportions; within one step a batch
-comes from one source (with many ranks, every rank's batch of a step comes from the same one).
-
-The schedule is a Kronecker (golden-ratio) sequence: ``u_i = (x0 + i * A) mod 2^64`` with ``A``
-the 64-bit golden ratio and ``x0`` mixed from the seed, and draw ``i`` goes to the source whose
-cumulative-weight interval holds ``u_i``. It is low-discrepancy: over ANY window of consecutive
-draws each source's count is within a few draws of ``weight x window`` (iid sampling would be
-off by ~sqrt(window) and could go far off in some window). It is integer arithmetic only, so
-the same on every machine, and O(1) per draw: no index is precomputed (Megatron's blend index
-for 93M rows takes ~90 minutes to build). Sources are ordered by name, so the order of the dict
-does not matter.
+NOTE [ mixture schedule ] (in ``plan/schedule.py``): which source supplies draw ``i`` is a
+pure function of the seed and ``i``, computed alone by every rank and worker.
 
 DataLoader workers: worker ``w`` of ``W`` takes draws ``w, w + W, w + 2W, ...``. torchdata's
 loader polls workers round-robin, so the loader yields draws in order and the global schedule
@@ -62,6 +44,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import MixtureError, MixtureStateError, StateMismatchError
+from lakeckpt_tables.plan.schedule import schedule, scheduled, thresholds
 
 __all__ = [
     "MIXTURE_FORMAT",
@@ -78,41 +61,11 @@ SOURCE_KEY = "source"
 
 OnExhausted = Literal["stop", "cycle"]
 _POLICIES = ("stop", "cycle")
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio, odd
 _BLOCK = 4096  # draws computed at once
 
 KEY_FORMAT, KEY_CONFIG, KEY_WORKERS = "format", "config", "workers"
 KEY_POSITIONS, KEY_TABLES, KEY_SOURCES = "positions", "tables", "sources"
 _KEYS = (KEY_FORMAT, KEY_CONFIG, KEY_WORKERS, KEY_POSITIONS, KEY_TABLES, KEY_SOURCES)
-
-
-def _mix(seed: int) -> np.uint64:
-    """splitmix64 of the seed: a start point of the sequence per seed."""
-    z = (seed * 0x9E3779B97F4A7C15 + 0x9E3779B97F4A7C15) % 2**64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
-    return np.uint64(z ^ (z >> 31))
-
-
-def _thresholds(weights: list[float]) -> np.ndarray[Any, Any]:
-    """Upper ends of each source's interval of [0, 2^64), but the last (the rest)."""
-    cum = np.cumsum(np.asarray(weights, dtype=np.float64))
-    cum /= cum[-1]
-    return np.array([min(int(c * 2.0**64), 2**64 - 1) for c in cum[:-1]], dtype=np.uint64)
-
-
-def schedule(seed: int, weights: list[float], draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """The source (index into ``weights``) of each draw (NOTE [ mixture schedule ]).
-
-    Args:
-        seed: the mixture's seed.
-        weights: positive weights, in the order of the sources (by name).
-        draws: draw indices (non-negative integers).
-    """
-    i = np.asarray(draws, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        u = _mix(seed) + i * _GOLDEN  # wraps modulo 2^64
-    return np.searchsorted(_thresholds(weights), u, side="right")
 
 
 @dataclass
@@ -183,7 +136,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
         self.sources = {n: sources[n] for n in self.names}
         self.weights = {n: float(weights[n]) for n in self.names}
         self.seed, self.on_exhausted = seed, on_exhausted
-        self._thresholds = _thresholds([self.weights[n] for n in self.names])
+        self._thresholds = thresholds([self.weights[n] for n in self.names])
         self._resume: _Resume | None = None
         self._live: tuple[int, int, _Position] | None = None  # workers, worker, position
 
@@ -199,9 +152,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
         return [self.names[i] for i in self._schedule(np.asarray(draws))]
 
     def _schedule(self, draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        with np.errstate(over="ignore"):
-            u = _mix(self.seed) + np.asarray(draws, dtype=np.uint64) * _GOLDEN
-        return np.searchsorted(self._thresholds, u, side="right")
+        return scheduled(self.seed, self._thresholds, draws)
 
     # -------------------------------------------------------------------------- reading
 

@@ -1,4 +1,4 @@
-"""Mixture (NOTE [ mixture schedule ] in lakeckpt_tables/mixture.py): a schedule that is a pure
+"""Mixture (NOTE [ mixture schedule ] in lakeckpt_tables/plan/schedule.py): a schedule that is a pure
 function of (seed, draw) within 1% of the weights in every window, each source's rows exactly
 once across resumes (dataset and loader paths, 0 and 2 workers, 3 ranks), named errors."""
 

@@ -52,26 +52,6 @@ def test_train_iceberg_on_a_postgresql_catalog() -> None:
     run_example("train_iceberg.py", "--catalog-uri", uri, *SMALL_TRAIN)
 
 
-@pytest.mark.slow
-def test_follow_delta_survives_a_sigkill_while_the_table_grows() -> None:
-    # without DataLoader workers: tests/test_follow_crash.py kills a follower that has them
-    lines = run_example("follow_delta.py", *SMALL_FOLLOW, "--workers", "0")
-    text = "\n".join(lines)
-    assert "SIGKILLed" in text
-    assert "skipped commit: version" in text and "OPTIMIZE" in text
-    assert "ids: 520 rows (200 pinned + 320 appended), 520 trained, 0 duplicated, 0 missing: " \
-           "OK" in text
-
-
-@pytest.mark.slow
-def test_follow_iceberg_survives_a_sigkill_while_the_table_grows() -> None:
-    lines = run_example("follow_iceberg.py", *SMALL_FOLLOW, "--max-idle", "2")
-    text = "\n".join(lines)
-    assert "SIGKILLed" in text
-    assert "skipped commit: version" in text and "delete" in text
-    assert "ledger segments: 4 segments tile" in text
-
-
 @pytest.mark.parametrize("backend", ["delta", "iceberg"])
 def test_progress_sql_queries_an_empty_then_a_resumed_ledger(backend: str) -> None:
     lines = run_example("progress_sql.py", "--backend", backend, "--rows", "1200")
@@ -96,15 +76,3 @@ def test_progress_sql_reads_an_existing_root(tmp_path: Path) -> None:
 def test_audit_deletion_names_the_checkpoints_that_saw_user_42() -> None:
     lines = run_example("audit_deletion.py")
     assert "runs to retrain: ['after']" in lines
-
-
-@pytest.mark.timeout(240)  # two 2-rank torchrun jobs, ~30 s on 2 busy cores
-def test_pretrain_mixture_trains_every_token_once_in_order_across_a_sigkill() -> None:
-    lines = run_example("pretrain_mixture.py")
-    assert any(x.startswith("job 1: SIGKILLed") for x in lines)
-    assert any(x.startswith("job 2: restored step 10") for x in lines)
-    assert sum(x.endswith("same batches, same order") for x in lines) == 2
-    assert any(x.startswith("tokens: ") and x.endswith("0 twice, 0 missing: OK") for x in lines)
-    assert sum(x.startswith("ledger ") and x.endswith(": OK") for x in lines) == 2
-    assert any(x.startswith("verify run pretrain") and x.endswith("0 violations: OK")
-               for x in lines)

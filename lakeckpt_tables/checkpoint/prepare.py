@@ -60,7 +60,7 @@ class Preparer:
         rank = self.world.rank
         try:
             crash_point("prepare:before_write", rank)
-            reader, consumed, events = capture(dataloader, baseline)
+            reader, consumed, events = self.capture_reader(dataloader, baseline)
             state = build_state(parts, rank, reader=json.dumps(reader), run_id=self.run_id)
             writer = self.storage.writer(location, _Writer, rank)
             if self.async_save:
@@ -81,6 +81,11 @@ class Preparer:
             log.error("rank %d failed to prepare checkpoint %s: %s", rank, location,
                       describe_failure(exc))
             return failed(exc), None
+
+    def capture_reader(self, dataloader: Any, baseline: Mapping[str, Any] | None) -> Any:
+        """The reader state, consumption and events of a save (``checkpoint/readers.py``); a
+        method, so that ``lakeckpt bench checkpoint`` can time it."""
+        return capture(dataloader, baseline)
 
     def finish(self, attempt: Attempt) -> None:
         """Wait for a background write; its checksums, or the failure, go into the attempt."""

@@ -28,7 +28,7 @@ from lakeckpt_tables.plan.accounting import Consumed
 from lakeckpt_tables.reader.convert import Batch
 from lakeckpt_tables.reader.loaders import next_worker_in_turn
 from lakeckpt_tables.reader.options import Packing, ReaderOptions
-from lakeckpt_tables.reader.planner import Cursor, rank_slices
+from lakeckpt_tables.reader.planner import Cursor, rank_slices, require_whole
 from lakeckpt_tables.reader.rounds import Round, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
 from lakeckpt_tables.reader.token_plan import (
@@ -222,11 +222,7 @@ class TokenPlanner:
         """
         if state.plan == shape:
             return state
-        if not state.complete or state.plan is None:
-            raise StateMismatchError(
-                f"reader state was saved with (world_size, workers, batch_size)={state.plan}, "
-                f"this reader runs {shape}; re-planning for another shape needs the merged "
-                "state of every rank and worker (CheckpointManager saves it; or merge_states)")
+        require_whole(state, shape)
         positions = state.positions()
         first = min(e for e, _ in positions)
         last = min(max(e for e, _ in positions), self.epochs - 1)

@@ -24,7 +24,7 @@ from lakeckpt_tables.reader.loaders import next_worker_in_turn
 from lakeckpt_tables.reader.rounds import Round, RoundSequence, RoundUnits, Tails
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
 
-__all__ = ["Cursor", "RoundPlanner", "rank_slices"]
+__all__ = ["Cursor", "RoundPlanner", "rank_slices", "require_whole"]
 
 
 @dataclass
@@ -38,6 +38,15 @@ class Cursor:
     epoch: int  # the round: an epoch, or a follow segment (lakeckpt_tables.reader.rounds)
     position: int
     rounds: dict[int, Round]
+
+
+def require_whole(state: ReaderState, shape: PlanShape) -> None:
+    """Refuse to re-plan for ``shape`` a state that does not cover every rank and worker."""
+    if not state.complete or state.plan is None:
+        raise StateMismatchError(
+            f"reader state was saved with (world_size, workers, batch_size)={state.plan}, "
+            f"this reader runs {shape}; re-planning for another shape needs the merged "
+            "state of every rank and worker (CheckpointManager saves it; or merge_states)")
 
 
 def rank_slices(resume: ReaderState, shape: PlanShape, rank: int, *,
@@ -143,11 +152,7 @@ class RoundPlanner:
         """
         if state.plan == shape:
             return state
-        if not state.complete or state.plan is None:
-            raise StateMismatchError(
-                f"reader state was saved with (world_size, workers, batch_size)={state.plan}, "
-                f"this reader runs {shape}; re-planning for another shape needs the merged "
-                "state of every rank and worker (CheckpointManager saves it; or merge_states)")
+        require_whole(state, shape)
         old = self.policy(state.plan)
         tails = Tails(old, state.layouts)
         known = dict(state.rounds)

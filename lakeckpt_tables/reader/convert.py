@@ -160,10 +160,12 @@ class CutConverter:
     def __init__(self, output: str, nulls: str) -> None:
         self._output, self._nulls = output, nulls
         self._fast = output == "torch" and nulls == "refuse"
-        self._table: pa.Table | None = None
+        self._table: Any = None  # the table (or gathered window) of the last batch
         self._arrays: list[tuple[str, np.ndarray[Any, Any]]] | None = None
 
-    def __call__(self, table: pa.Table, first: int, rows: int) -> Any:
+    def __call__(self, table: Any, first: int, rows: int) -> Any:
+        if not isinstance(table, pa.Table):  # a shuffled window, gathered batch by batch
+            return self._gathered(table, first, rows)
         if self._fast and rows != table.num_rows:
             if table is not self._table:
                 self._table, self._arrays = table, _plain_arrays(table)
@@ -175,6 +177,20 @@ class CutConverter:
                 return out
         piece = table if first == 0 and rows == table.num_rows else table.slice(first, rows)
         return convert(piece, self._output, self._nulls)
+
+    def _gathered(self, window: Any, first: int, rows: int) -> Any:
+        """A batch of a ``reader.gather.Gathered`` window: one ``np.take`` per column when
+        every column is plain numeric, else its rows as a table, converted."""
+        if self._fast:
+            if window is not self._table:
+                self._table, self._arrays = window, window.plain()
+            if self._arrays is not None:
+                at = window.order[first:first + rows]
+                out = Batch()
+                for name, values in self._arrays:
+                    out[name] = torch.from_numpy(np.take(values, at))
+                return out
+        return convert(window.slice(first, rows), self._output, self._nulls)
 
 
 def _plain_arrays(table: pa.Table) -> list[tuple[str, np.ndarray[Any, Any]]] | None:

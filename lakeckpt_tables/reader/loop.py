@@ -20,6 +20,7 @@ from lakeckpt_tables.plan import EpochPlan, Piece, cut_spans
 from lakeckpt_tables.plan.rounds import RoundUnits
 from lakeckpt_tables.plan.shuffle import WindowOrder
 from lakeckpt_tables.reader._cache import RowGroupCache
+from lakeckpt_tables.reader.gather import Gathered
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
 from lakeckpt_tables.reader.readahead import ReadAhead, read_pieces
 from lakeckpt_tables.reader.rounds import RoundSequence, Tails
@@ -31,8 +32,9 @@ __all__ = ["ORDER_BLOCK", "Cut", "SliceReader", "batches", "concat", "start_curs
 
 log = logging.getLogger(__name__)
 
-Cut = tuple[pa.Table, int, int]
-"""A batch as (table, first row, rows) of a table many batches are cut from."""
+Cut = tuple[pa.Table | Gathered, int, int]
+"""A batch as (table, first row, rows) of a table many batches are cut from (or of a shuffled
+window, gathered when cut: ``reader/gather.py``)."""
 
 ORDER_BLOCK = 1 << 16
 """Positions of a shuffled window's permutation computed at once: per-call overhead spread
@@ -113,8 +115,8 @@ class SliceReader:
         cursor stands at each one's end when it is yielded."""
         for table, first, rows in self.cuts(cursor, planner, rounds, read_ahead=read_ahead,
                                             unit_rows=unit_rows):
-            yield (table if first == 0 and rows == table.num_rows
-                   else table.slice(first, rows))
+            whole = first == 0 and rows == table.num_rows and isinstance(table, pa.Table)
+            yield table if whole else table.slice(first, rows)
 
     def cuts(self, cursor: Cursor, planner: RoundPlanner, rounds: RoundSequence, *,
              read_ahead: int, unit_rows: int) -> Iterator[Cut]:
@@ -251,9 +253,9 @@ def _group_bounds(plan: EpochPlan, units: RoundUnits, window: Piece) -> list[int
 
 class _Runs:
     """One read's rows in emission order as runs (table, first row, end row): runs of row
-    groups (unshuffled), or a shuffled window's rows gathered in emission order."""
+    groups (unshuffled), or a shuffled window to gather in emission order."""
 
-    def __init__(self, runs: list[tuple[pa.Table, int, int]]) -> None:
+    def __init__(self, runs: list[tuple[pa.Table | Gathered, int, int]]) -> None:
         self.runs = runs
         self.nbytes = sum(int(table.nbytes) * (end - first) // max(table.num_rows, 1)
                           for table, first, end in runs)
@@ -275,15 +277,14 @@ def _window_order(order: WindowOrder, first: int, end: int) -> np.ndarray[Any, A
 def _read_window(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int, *,
                  row_group: Callable[[Unit], pa.Table]) -> _Runs:
     """The window's rows in emission order, from its ``skip``-th on: an unshuffled window's as
-    runs of its row groups, a shuffled one's gathered once (one Arrow ``take`` of the window's
-    row group slices, measured faster than gathering batch by batch with ``np.take``)."""
+    runs of its row groups, a shuffled one's as its row group slices and its permutation,
+    gathered batch by batch as they are cut (NOTE [ gathering a shuffled window ])."""
     if window.seed is None:
         spans = cut_spans(window.spans, skip, window.size)
         return _Runs(_read_spans(plan, units, spans, row_group))
     runs = _read_spans(plan, units, window.spans, row_group)
-    rows = concat([table.slice(first, end - first) for table, first, end in runs])
-    taken = rows.take(_window_order(window.order(), window.lo + skip, window.hi))
-    return _Runs([(taken, 0, taken.num_rows)])
+    gathered = Gathered(runs, _window_order(window.order(), window.lo + skip, window.hi))
+    return _Runs([(gathered, 0, gathered.num_rows)])
 
 
 def _read_spans(plan: EpochPlan, units: RoundUnits, spans: Sequence[tuple[int, int]],

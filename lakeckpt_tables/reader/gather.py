@@ -1,0 +1,212 @@
+"""A shuffled window's rows, gathered in emission order batch by batch (NOTE [ gathering a
+shuffled window ]).
+
+NOTE [ gathering a shuffled window ]
+A window of the token table is ~75 MB of ``list<int32>`` values in ~9 row groups, and its
+permutation sends every row somewhere else. Gathering it whole (one Arrow ``take`` of the
+window's row group slices) cost the token table 0.35-0.5x of its unshuffled speed. Where it went
+(``perf``, 4M rows): page faults first: the slices concatenated (75 MB) and the gathered window
+(75 MB) are fresh memory each window, which the kernel zeroes, huge page by huge page (the
+allocator returns memory idle for more than a few milliseconds, and a window lives for hundreds);
+then Arrow's ``take`` of a list column, which gathers the values one by one (~330 ns a row, or
+~730 over chunked columns, against ~280 ns to decode the row).
+
+So a window is gathered when its batches are cut, one batch at a time, from the row groups as
+they were decoded: a batch's rows are fresh memory the size of a batch, which the allocator
+hands out again as the batches before it are dropped (no page faults), and nothing is
+concatenated.
+- a list column of fixed-width values without nulls is described once per window as Arrow
+  ``binary_view`` views (16 bytes a row: length, first bytes, which row group buffer, where)
+  over the row groups' own value buffers; a batch takes its rows' views (numpy) and Arrow's
+  cast to ``large_binary`` copies each row's values at once; the bytes are read back as the
+  same list type: exactly the rows and values of a ``take``;
+- a plain numeric column without nulls is one numpy array per window (a few MB; a batch is
+  one ``np.take``);
+- any other column is one Arrow array per window, a batch one Arrow ``take``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lakeckpt_tables.reader.convert import PLAIN_NUMERIC
+
+__all__ = ["Gathered"]
+
+Run = tuple[pa.Table, int, int]
+"""Rows ``[first, end)`` of a decoded row group (or of any table)."""
+
+_INLINE = 12
+"""Most bytes a ``binary_view`` view holds itself (Arrow columnar format)."""
+
+
+class Gathered:
+    """Rows ``order`` of the runs laid end to end, in that order: a shuffled window, gathered
+    batch by batch (:meth:`slice`); holds the runs' tables, never a copy of them."""
+
+    def __init__(self, runs: Sequence[Run], order: np.ndarray[Any, Any]) -> None:
+        slices = [table.slice(first, end - first) for table, first, end in runs]
+        if any(t.schema != slices[0].schema for t in slices):  # evolved: types promoted
+            slices = [pa.concat_tables(slices, promote_options="permissive")]
+        self.schema: pa.Schema = slices[0].schema
+        self.num_rows = len(order)
+        self.order = order
+        self._columns = [_source(self.schema.field(i).type,
+                                 [chunk for t in slices for chunk in t.column(i).chunks])
+                         for i in range(len(self.schema))]
+        self.nbytes = sum(int(table.nbytes) * (end - first) // max(table.num_rows, 1)
+                          for table, first, end in runs)
+
+    def slice(self, first: int, rows: int) -> pa.Table:
+        """Rows ``[first, first + rows)`` of the gathered order, as their own table."""
+        at = self.order[first:first + rows]
+        return pa.Table.from_arrays([column.take(at) for column in self._columns],
+                                    schema=self.schema)
+
+    def plain(self) -> list[tuple[str, np.ndarray[Any, Any]]] | None:
+        """Every column as a numpy array of the window's rows, or None when one is not plain
+        numeric without nulls (a batch is then one ``np.take`` per column)."""
+        out = []
+        for name, column in zip(self.schema.names, self._columns, strict=True):
+            if not isinstance(column, _Plain):
+                return None
+            out.append((name, column.values))
+        return out
+
+
+class _Plain:
+    def __init__(self, kind: pa.DataType, values: np.ndarray[Any, Any]) -> None:
+        self.kind, self.values = kind, values
+
+    def take(self, at: np.ndarray[Any, Any]) -> pa.Array:
+        taken = np.take(self.values, at)
+        return pa.Array.from_buffers(self.kind, len(taken), [None, pa.py_buffer(taken)])
+
+
+class _Arrow:
+    def __init__(self, array: pa.Array) -> None:
+        self.array = array
+
+    def take(self, at: np.ndarray[Any, Any]) -> pa.Array:
+        return self.array.take(at)
+
+
+class _Lists:
+    """A list column of fixed-width values as ``binary_view`` views over the runs' buffers."""
+
+    def __init__(self, kind: pa.DataType, width: int, views: np.ndarray[Any, Any],
+                 buffers: list[pa.Buffer]) -> None:
+        self.kind, self.width, self.views, self.buffers = kind, width, views, buffers
+
+    def take(self, at: np.ndarray[Any, Any]) -> pa.Array:
+        picked = np.take(self.views, at, axis=0)
+        rows = len(picked)
+        as_views = pa.Array.from_buffers(pa.binary_view(), rows,
+                                         [None, pa.py_buffer(picked), *self.buffers])
+        taken = as_views.cast(pa.large_binary())
+        got = np.frombuffer(taken.buffers()[1], dtype=np.int64, count=rows + 1,
+                            offset=taken.offset * 8)
+        first = int(got[0])
+        large = pa.types.is_large_list(self.kind)
+        offsets = ((got - first) // self.width).astype(np.int64 if large else np.int32)
+        values = pa.Array.from_buffers(self.kind.value_type, int(offsets[-1]),
+                                       [None, taken.buffers()[2]], offset=first // self.width)
+        return pa.Array.from_buffers(self.kind, rows, [None, pa.py_buffer(offsets)],
+                                     children=[values])
+
+
+def _source(kind: pa.DataType, chunks: list[pa.Array]) -> _Plain | _Arrow | _Lists:
+    """How a column of the window is gathered (NOTE [ gathering a shuffled window ])."""
+    if not chunks:
+        chunks = [pa.array([], kind)]
+    if kind.id in PLAIN_NUMERIC and not any(c.null_count for c in chunks):
+        return _Plain(kind, np.concatenate([c.to_numpy(zero_copy_only=True) for c in chunks])
+                      if len(chunks) > 1 else chunks[0].to_numpy(zero_copy_only=True))
+    width = _value_width(kind)
+    if width is not None and not any(c.null_count or c.values.null_count for c in chunks):
+        lists = _views(kind, width, chunks)
+        if lists is not None:
+            return lists
+    return _Arrow(pa.concat_arrays(chunks) if len(chunks) > 1 else chunks[0])
+
+
+def _value_width(kind: pa.DataType) -> int | None:
+    """Bytes per value of a list type gathered as bytes; None: gathered as it is."""
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return None
+    child = kind.value_type
+    if (not pa.types.is_primitive(child) or pa.types.is_boolean(child)
+            or child.bit_width % 8):
+        return None
+    return int(child.bit_width // 8)
+
+
+def _views(kind: pa.DataType, width: int, chunks: list[pa.Array]) -> _Lists | None:
+    """The rows of ``chunks`` as ``binary_view`` views: length, first 4 bytes, buffer, offset
+    (or length and up to 12 bytes inline); None if a buffer is past 2 GiB (a view's offset is
+    32-bit). Written chunk by chunk into one array (a window is ~10 numpy calls a chunk)."""
+    offset_type = np.int64 if pa.types.is_large_list(kind) else np.int32
+    buffers: list[pa.Buffer] = []
+    heads: list[np.ndarray[Any, Any]] = []  # per buffer: the 4 bytes at each byte offset
+    where: dict[int, int] = {}  # buffer address -> its index among the views' buffers
+    views = np.zeros((sum(len(c) for c in chunks), 4), dtype=np.int32)
+    at = 0
+    for chunk in chunks:
+        n = len(chunk)
+        if not n:
+            continue
+        values = chunk.values
+        data = values.buffers()[1]
+        if data is None or data.size >= 2**31:
+            if data is not None:
+                return None
+            data = pa.py_buffer(b"")
+        k = where.setdefault(data.address, len(buffers))
+        if k == len(buffers):
+            buffers.append(data)
+            heads.append(_heads(data))
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=offset_type, count=n + 1,
+                                offset=chunk.offset * np.dtype(offset_type).itemsize)
+        byte_offsets = offsets.astype(np.int64)
+        byte_offsets += values.offset
+        byte_offsets *= width
+        starts = byte_offsets[:-1]
+        mine = views[at:at + n]
+        mine[:, 0] = np.diff(byte_offsets)
+        if len(heads[k]):  # indexing, not np.take: that would copy the strided view whole
+            mine[:, 1] = heads[k][np.minimum(starts, len(heads[k]) - 1)]
+        mine[:, 2] = k
+        mine[:, 3] = starts
+        at += n
+    short = np.flatnonzero(views[:, 0] <= _INLINE)
+    if len(short):  # rows of 12 bytes or less are held in their views
+        _inline(views, short, buffers)
+    return _Lists(kind, width, views, buffers)
+
+
+def _heads(data: pa.Buffer) -> np.ndarray[Any, Any]:
+    """The 4 bytes at every byte offset of ``data`` as int32 (overlapping, no copy)."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if len(raw) < 4:
+        return np.zeros(0, dtype=np.int32)
+    return np.ndarray((len(raw) - 3,), dtype=np.int32, buffer=raw, strides=(1,))
+
+
+def _inline(views: np.ndarray[Any, Any], short: np.ndarray[Any, Any],
+            buffers: list[pa.Buffer]) -> None:
+    """Rows ``short`` (12 bytes or less) with their bytes in their views, zero-padded."""
+    raw = views.view(np.uint8)
+    lengths, which, starts = views[short, 0], views[short, 2], views[short, 3].astype(np.int64)
+    got = np.zeros((len(short), _INLINE), dtype=np.uint8)
+    for k, data in enumerate(buffers):
+        rows = np.flatnonzero((which == k) & (lengths > 0))
+        if not len(rows):
+            continue
+        source = np.frombuffer(data, dtype=np.uint8)
+        at = np.minimum(starts[rows, None] + np.arange(_INLINE), len(source) - 1)
+        got[rows] = np.where(np.arange(_INLINE) < lengths[rows, None], source[at], 0)
+    raw[short, 4:] = got

@@ -67,14 +67,21 @@ def test_peers_report_covers_every_loop_ratio_and_resume_point_of_both_shapes(ro
     hf = {"hf@0"} if hf_available() else set()
     for shape in SHAPES:
         result = report.shapes[shape]
-        assert set(result.passes) == {"raw", "plain@0", "library@0"} | hf
-        assert all(len(p) == 2 and all(t.rows == ROWS and t.wall_s > 0 for t in p)
+        assert set(result.passes) == {"raw", "plain@0", "library@0", "shuffled@0",
+                                      "deleted@0"} | hf
+        assert all(len(p) == 2 and all(t.wall_s > 0 for t in p)
                    for p in result.passes.values())
+        assert {t.rows for name, p in result.passes.items() for t in p
+                if name != "deleted@0"} == {ROWS}
+        live = {t.rows for t in result.passes["deleted@0"]}  # 1% of each file deleted
+        assert len(live) == 1 and ROWS * 0.98 < live.pop() < ROWS
         peers = {"library", "naive-skip"} | ({"hf"} if hf else set())
         assert set(result.resume_s) == {f"{p}@{f}" for p in peers for f in ("0%", "50%", "90%")}
     ratios = report.ratios()
     assert ratios["narrow: library / plain loader, 0 workers"] is not None
     assert ratios["tokens: library / raw read, 0 workers"] is not None
+    assert ratios["tokens: library shuffle on / off, 0 workers"] is not None
+    assert ratios["tokens: deletion vectors / none, 0 workers"] is not None
     assert (ratios["tokens: library / HF datasets, 0 workers"] is None) is not hf
     text = format_peers(report)
     assert "narrow table (id int64, x/y/z float32): 6,000 rows, 2 files, 6 row groups" in text

@@ -8,6 +8,10 @@ one run, by:
   read: the ceiling for any dataset under that loader (per-batch hand-off included);
 - ``library``: the same loader over :class:`~lakeckpt_tables.LakeDataset` (shuffle off, so the
   rows read are the same; read-ahead at its default);
+- ``shuffled``: the same with shuffle on (what shuffling costs: ``library shuffle on / off``);
+- ``deleted``: the same (shuffle off) over a copy of the table whose every file has a deletion
+  vector deleting 1% of its rows (``bench tables``' ``add_deletion_vectors``): what deletion
+  vectors cost, in rows delivered per second (``deletion vectors / none``);
 - ``chunked``: :class:`~lakeckpt_tables.ChunkedLoader` over the same dataset, at each worker
   count above 0;
 - ``hf``: Hugging Face ``datasets`` streaming the same Parquet files under the same loader,
@@ -127,11 +131,12 @@ def _loader(dataset: Any, workers: int, **kwargs: Any) -> Any:
                               multiprocessing_context="fork" if workers else None, **kwargs)
 
 
-def _library(table: ShapeTable, batch_size: int) -> Any:
+def _library(table: ShapeTable, batch_size: int, *, shuffle: bool = False,
+             uri: str | None = None) -> Any:
     from lakeckpt_tables import DeltaSource, LakeDataset
 
-    return LakeDataset(DeltaSource(table.uri), columns=list(table.columns),
-                       batch_size=batch_size, shuffle=False)
+    return LakeDataset(DeltaSource(uri or table.uri), columns=list(table.columns),
+                       batch_size=batch_size, shuffle=shuffle)
 
 
 def _plain_loader(table: ShapeTable, batch: int, workers: int) -> Any:
@@ -139,8 +144,25 @@ def _plain_loader(table: ShapeTable, batch: int, workers: int) -> Any:
                    batch_size=None)
 
 
-def _library_loader(table: ShapeTable, batch: int, workers: int) -> Any:
-    return _loader(_library(table, batch), workers, batch_size=None)
+def _library_loader(table: ShapeTable, batch: int, workers: int, *, shuffle: bool = False,
+                    uri: str | None = None) -> Any:
+    return _loader(_library(table, batch, shuffle=shuffle, uri=uri), workers, batch_size=None)
+
+
+def deleted_copy(table: ShapeTable) -> tuple[str, int]:
+    """A copy of ``table`` with a deletion vector on every file (built once beside it) and
+    the rows it still holds."""
+    import shutil
+
+    from lakeckpt_tables import DeltaSource
+    from lakeckpt_tables.tools.bench.tables import add_deletion_vectors
+
+    path = Path(table.uri).with_name(Path(table.uri).name + "-deleted")
+    if not (path / "_delta_log").is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.copytree(table.uri, path)
+        add_deletion_vectors(str(path))
+    return str(path), DeltaSource(str(path)).snapshot().rows
 
 
 def _chunked_loader(table: ShapeTable, batch: int, workers: int) -> Any:
@@ -185,7 +207,8 @@ class ShapeResult:
         if a not in self.passes or b not in self.passes:
             return None
         time_of = "cpu_s" if cpu else "wall_s"
-        return _median([getattr(pb, time_of) / max(getattr(pa_, time_of), 1e-9)
+        return _median([pa_.rows * getattr(pb, time_of)
+                        / max(pb.rows * getattr(pa_, time_of), 1e-9)
                         for pa_, pb in zip(self.passes[a], self.passes[b], strict=True)])
 
     def ratio_names(self, workers: Sequence[int]) -> dict[str, tuple[str, str]]:
@@ -195,6 +218,8 @@ class ShapeResult:
             out[f"library / plain loader, {w} workers"] = (f"library@{w}", f"plain@{w}")
             out[f"library / raw read, {w} workers"] = (f"library@{w}", "raw")
             out[f"library / HF datasets, {w} workers"] = (f"library@{w}", f"hf@{w}")
+            out[f"library shuffle on / off, {w} workers"] = (f"shuffled@{w}", f"library@{w}")
+            out[f"deletion vectors / none, {w} workers"] = (f"deleted@{w}", f"library@{w}")
             if w and 0 in workers:
                 out[f"chunked {w} workers / library 0 workers"] = (f"chunked@{w}", "library@0")
         return out
@@ -241,8 +266,8 @@ class PeersReport:
 # ------------------------------------------------------------------------------ running
 
 
-def _makers(table: ShapeTable, batch: int, workers: Sequence[int],
-            hf: bool) -> dict[str, Callable[[], Any]]:
+def _makers(table: ShapeTable, batch: int, workers: Sequence[int], hf: bool,
+            deleted: str) -> dict[str, Callable[[], Any]]:
     handles: dict[str, Any] = {}
     makers: dict[str, Callable[[], Any]] = {
         "raw": functools.partial(raw_batches, units_of(table.files), table.columns, batch,
@@ -250,6 +275,10 @@ def _makers(table: ShapeTable, batch: int, workers: Sequence[int],
     for w in workers:
         makers[f"plain@{w}"] = functools.partial(_plain_loader, table, batch, w)
         makers[f"library@{w}"] = functools.partial(_library_loader, table, batch, w)
+        makers[f"shuffled@{w}"] = functools.partial(_library_loader, table, batch, w,
+                                                    shuffle=True)
+        makers[f"deleted@{w}"] = functools.partial(_library_loader, table, batch, w,
+                                                   uri=deleted)
         if w:
             makers[f"chunked@{w}"] = functools.partial(_chunked_loader, table, batch, w)
         if hf:
@@ -261,14 +290,16 @@ def measure_shape(table: ShapeTable, *, batch_size: int, rounds: int, workers: S
                   hf: bool, resume: bool, progress: Progress) -> ShapeResult:
     """Every loop on ``table`` in rotating rounds (NOTE [ fair rounds ]), then resume."""
     warm_page_cache(list(table.files))
-    makers = _makers(table, batch_size, workers, hf)
+    deleted, live = deleted_copy(table)
+    makers = _makers(table, batch_size, workers, hf, deleted)
     result = ShapeResult(table, {name: [] for name in makers})
     names = list(makers)
     with no_loader_warnings():
         warm_up(makers)
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                result.passes[name].append(timed_pass(name, makers[name], table.rows))
+                rows = live if name.startswith("deleted@") else table.rows
+                result.passes[name].append(timed_pass(name, makers[name], rows))
             progress(f"{table.shape} round {r + 1}/{rounds}: " + ", ".join(
                 f"{n} {result.passes[n][-1].rows / result.passes[n][-1].wall_s / 1e6:.2f}"
                 for n in names) + " Mrows/s")

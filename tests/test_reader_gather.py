@@ -97,4 +97,4 @@ def test_numeric_columns_are_numpy_and_evolved_types_are_promoted() -> None:
     _check([(old, 0, 3), (new, 0, 2)])
     plain = Gathered([(new, 0, 2), (new, 0, 1)], np.array([2, 0, 1])).plain()
     assert plain is not None and [name for name, _ in plain] == ["id", "x"]
-    assert plain[0][1].tolist() == [4, 5, 4]  # the window's rows; a batch takes its own
+    assert plain[0][1].tolist() == [4, 4, 5]  # gathered whole, in emission order

@@ -179,16 +179,16 @@ class CutConverter:
         return convert(piece, self._output, self._nulls)
 
     def _gathered(self, window: Any, first: int, rows: int) -> Any:
-        """A batch of a ``reader.gather.Gathered`` window: one ``np.take`` per column when
-        every column is plain numeric, else its rows as a table, converted."""
+        """A batch of a ``reader.gather.Gathered`` window: a slice of each column when every
+        column is plain numeric (gathered whole), else its rows as a table, converted."""
         if self._fast:
             if window is not self._table:
                 self._table, self._arrays = window, window.plain()
             if self._arrays is not None:
-                at = window.order[first:first + rows]
+                end = first + rows
                 out = Batch()
                 for name, values in self._arrays:
-                    out[name] = torch.from_numpy(np.take(values, at))
+                    out[name] = torch.from_numpy(values[first:end])
                 return out
         return convert(window.slice(first, rows), self._output, self._nulls)
 

@@ -20,8 +20,8 @@ concatenated.
   over the row groups' own value buffers; a batch takes its rows' views (numpy) and Arrow's
   cast to ``large_binary`` copies each row's values at once; the bytes are read back as the
   same list type: exactly the rows and values of a ``take``;
-- a plain numeric column without nulls is one numpy array per window (a few MB; a batch is
-  one ``np.take``);
+- a plain numeric column without nulls is gathered whole when the window is read (a few
+  bytes a row: one ``np.take`` a window costs less than one a batch); a batch is a slice;
 - any other column is one Arrow array per window, a batch one Arrow ``take``.
 """
 
@@ -56,7 +56,7 @@ class Gathered:
         self.num_rows = len(order)
         self.order = order
         self._columns = [_source(self.schema.field(i).type,
-                                 [chunk for t in slices for chunk in t.column(i).chunks])
+                                 [chunk for t in slices for chunk in t.column(i).chunks], order)
                          for i in range(len(self.schema))]
         self.nbytes = sum(int(table.nbytes) * (end - first) // max(table.num_rows, 1)
                           for table, first, end in runs)
@@ -64,12 +64,12 @@ class Gathered:
     def slice(self, first: int, rows: int) -> pa.Table:
         """Rows ``[first, first + rows)`` of the gathered order, as their own table."""
         at = self.order[first:first + rows]
-        return pa.Table.from_arrays([column.take(at) for column in self._columns],
+        return pa.Table.from_arrays([column.cut(first, at) for column in self._columns],
                                     schema=self.schema)
 
     def plain(self) -> list[tuple[str, np.ndarray[Any, Any]]] | None:
-        """Every column as a numpy array of the window's rows, or None when one is not plain
-        numeric without nulls (a batch is then one ``np.take`` per column)."""
+        """Every column as a numpy array of the window's rows in emission order, or None
+        when one is not plain numeric without nulls (a batch is then a slice of each)."""
         out = []
         for name, column in zip(self.schema.names, self._columns, strict=True):
             if not isinstance(column, _Plain):
@@ -79,19 +79,22 @@ class Gathered:
 
 
 class _Plain:
+    """A plain numeric column gathered whole, in emission order: a few bytes a row, so one
+    ``np.take`` per window costs less than one per batch."""
+
     def __init__(self, kind: pa.DataType, values: np.ndarray[Any, Any]) -> None:
         self.kind, self.values = kind, values
 
-    def take(self, at: np.ndarray[Any, Any]) -> pa.Array:
-        taken = np.take(self.values, at)
-        return pa.Array.from_buffers(self.kind, len(taken), [None, pa.py_buffer(taken)])
+    def cut(self, first: int, at: np.ndarray[Any, Any]) -> pa.Array:
+        rows = self.values[first:first + len(at)]
+        return pa.Array.from_buffers(self.kind, len(rows), [None, pa.py_buffer(rows)])
 
 
 class _Arrow:
     def __init__(self, array: pa.Array) -> None:
         self.array = array
 
-    def take(self, at: np.ndarray[Any, Any]) -> pa.Array:
+    def cut(self, first: int, at: np.ndarray[Any, Any]) -> pa.Array:
         return self.array.take(at)
 
 
@@ -102,7 +105,7 @@ class _Lists:
                  buffers: list[pa.Buffer]) -> None:
         self.kind, self.width, self.views, self.buffers = kind, width, views, buffers
 
-    def take(self, at: np.ndarray[Any, Any]) -> pa.Array:
+    def cut(self, first: int, at: np.ndarray[Any, Any]) -> pa.Array:
         picked = np.take(self.views, at, axis=0)
         rows = len(picked)
         as_views = pa.Array.from_buffers(pa.binary_view(), rows,
@@ -119,13 +122,15 @@ class _Lists:
                                      children=[values])
 
 
-def _source(kind: pa.DataType, chunks: list[pa.Array]) -> _Plain | _Arrow | _Lists:
+def _source(kind: pa.DataType, chunks: list[pa.Array],
+            order: np.ndarray[Any, Any]) -> _Plain | _Arrow | _Lists:
     """How a column of the window is gathered (NOTE [ gathering a shuffled window ])."""
     if not chunks:
         chunks = [pa.array([], kind)]
     if kind.id in PLAIN_NUMERIC and not any(c.null_count for c in chunks):
-        return _Plain(kind, np.concatenate([c.to_numpy(zero_copy_only=True) for c in chunks])
-                      if len(chunks) > 1 else chunks[0].to_numpy(zero_copy_only=True))
+        values = (np.concatenate([c.to_numpy(zero_copy_only=True) for c in chunks])
+                  if len(chunks) > 1 else chunks[0].to_numpy(zero_copy_only=True))
+        return _Plain(kind, np.take(values, order))
     width = _value_width(kind)
     if width is not None and not any(c.null_count or c.values.null_count for c in chunks):
         lists = _views(kind, width, chunks)

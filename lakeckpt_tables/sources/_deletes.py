@@ -30,7 +30,57 @@ def select_live(table: pa.Table, keep: np.ndarray[Any, Any]) -> pa.Table:
     """
     bits = np.packbits(keep, bitorder="little")
     mask = pa.BooleanArray.from_buffers(pa.bool_(), len(keep), [None, pa.py_buffer(bits)])
-    return table.filter(mask)
+    if not any(_value_width(column.type) for column in table.columns):
+        return table.filter(mask)
+    return pa.Table.from_arrays([_filter(column, mask) for column in table.columns],
+                                schema=table.schema)
+
+
+def _value_width(kind: pa.DataType) -> int | None:
+    """Bytes per value of a list type filtered as bytes (NOTE [ list columns filtered as
+    bytes ]); None: filtered as it is."""
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return None
+    child = kind.value_type
+    if not pa.types.is_primitive(child) or pa.types.is_boolean(child) or child.bit_width % 8:
+        return None
+    return int(child.bit_width // 8)
+
+
+def _filter(column: pa.ChunkedArray, mask: pa.BooleanArray) -> pa.ChunkedArray:
+    """NOTE [ list columns filtered as bytes ]
+    Arrow filters a list column value by value (the token table: deletion vectors cost 0.61x
+    of none in wall time); it copies a binary column's rows whole. So a list of fixed-width
+    values without nulls is filtered as ``large_binary`` over the same buffers (byte offsets =
+    offsets x width) and the result read back as the same list type: the same rows and values.
+    """
+    width = _value_width(column.type)
+    if width is None:
+        return column.filter(mask)
+    out, at = [], 0
+    for chunk in column.chunks:
+        part = mask.slice(at, len(chunk))
+        at += len(chunk)
+        values = chunk.values
+        if chunk.null_count or values.null_count:
+            out.append(chunk.filter(part))
+            continue
+        kind = np.int64 if pa.types.is_large_list(chunk.type) else np.int32
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=kind, count=len(chunk) + 1,
+                                offset=chunk.offset * np.dtype(kind).itemsize)
+        byte_offsets = (offsets.astype(np.int64) + values.offset) * width
+        data = values.buffers()[1] or pa.py_buffer(b"")
+        kept = pa.Array.from_buffers(pa.large_binary(), len(chunk),
+                                     [None, pa.py_buffer(byte_offsets), data]).filter(part)
+        got = np.frombuffer(kept.buffers()[1], dtype=np.int64, count=len(kept) + 1,
+                            offset=kept.offset * 8)
+        first = int(got[0])
+        lists = ((got - first) // width).astype(kind)
+        flat = pa.Array.from_buffers(values.type, int(lists[-1]), [None, kept.buffers()[2]],
+                                     offset=first // width)
+        out.append(pa.Array.from_buffers(chunk.type, len(kept), [None, pa.py_buffer(lists)],
+                                         children=[flat]))
+    return pa.chunked_array(out, type=column.type)
 
 
 @dataclass(frozen=True, slots=True)

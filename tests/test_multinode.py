@@ -2,13 +2,14 @@
 
 Two agents (``--nnodes 2``, one rank each, static rendezvous on 127.0.0.1) share no local disk:
 each runs in its own directory with its own ``TMPDIR`` and keeps its step log there. What they
-share is one S3 server holding the table and the checkpoint root, as nodes of a real job share
-an object store (per-node local roots are refused by name: tests/test_storage_checkpoint.py).
-After the checkpoint at step 2, node 1 is lost (its agent and rank SIGKILLed at once); node 0's
-rank fails at its next collective and its agent exits by itself. The job restarts on one node
-(world 1) from that checkpoint and re-plans the rest of the pass. The ids trained in committed
-steps plus those trained after the restart are every row once, and ``lakeckpt verify`` proves
-it from the ledger.
+share is one S3 server holding the table and the checkpoint root, as the nodes of a real job
+share an object store (per-node local roots are refused by name:
+tests/test_storage_checkpoint.py). After the checkpoint at step 2, node 0 is lost (its agent
+and rank SIGKILLed at once): the node of rank 0, which commits to the ledger, and of the
+rendezvous store. Node 1's rank fails at its next collective and its agent exits by itself.
+The job restarts on node 1 alone (world 1) from that checkpoint and re-plans the rest of the
+pass. The ids trained in committed steps plus those trained after the restart are every row
+once, and ``lakeckpt verify`` proves it from the ledger.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.slow
 JOB = str(Path(__file__).parent / "jobs" / "storage_train.py")
 HUNG = str(Path(__file__).parent / "jobs" / "hung_peer.py")
 ROWS = 128  # batch 16: 4 steps per rank at world 2, checkpoints every 2 steps
-HELD = 3  # node 1 is lost after step 3: step 3 of both ranks was trained and is lost
+HELD = 3  # node 0 is lost after step 3: step 3 of both ranks was trained and is lost
 
 
 def _free_port() -> int:
@@ -112,31 +113,32 @@ def test_two_nodes_lose_one_and_resume_on_one_exactly_once(
 
     port = _free_port()
     pair = ["--nnodes=2", "--master-addr=127.0.0.1", f"--master-port={port}"]
-    agents = [_node(node0, [*pair, "--node-rank=0"], table, root, options),
-              _node(node1, [*pair, "--node-rank=1"], table, root, options,
-                    "--hold-after-step", str(HELD))]
+    agents = [_node(node0, [*pair, "--node-rank=0"], table, root, options,
+                    "--hold-after-step", str(HELD)),
+              _node(node1, [*pair, "--node-rank=1"], table, root, options)]
     try:
         deadline = time.monotonic() + 120
-        while not (node1 / "out" / "held").exists():
+        while not (node0 / "out" / "held").exists():
             for node, agent in zip((node0, node1), agents, strict=True):
                 assert agent.poll() is None, (node / "agent.err").read_text()[-3000:]
-            assert time.monotonic() < deadline, "node 1 never reached its hold"
+            assert time.monotonic() < deadline, "node 0 never reached its hold"
             time.sleep(0.02)
-        _lose(agents[1])
-        # node 0's rank fails at its next collective (gloo sees the peer's sockets close) and
-        # its agent gives up (no restarts): no hang, no success
-        assert agents[0].wait(timeout=60) != 0
-        assert "CheckpointError: rank 0 of 2" in (node0 / "agent.err").read_text()
+        _lose(agents[0])
+        # node 1's rank fails at its next collective (gloo sees the peer's sockets close) and
+        # its agent gives up (no restarts): a named error, no hang, no success
+        assert agents[1].wait(timeout=60) != 0
+        assert "CheckpointError: rank 1 of 2" in (node1 / "agent.err").read_text()
     finally:
         for agent in agents:
             if agent.poll() is None:
                 _lose(agent)
                 agent.wait()
     assert [c.step for c in ledger.checkpoints("run")] == [2]
-    assert max(_steps(node1 / "out" / "rank1.log")) == HELD  # trained, then lost
+    assert max(_steps(node0 / "out" / "rank0.log")) == HELD  # trained, then lost
 
-    # the scheduler brings the job back on the surviving node alone: world 1
-    restart = node0 / "restart"
+    # the scheduler brings the job back on the surviving node alone: world 1, and rank 0 is
+    # on the node that had rank 1
+    restart = node1 / "restart"
     again = _node(restart, ["--standalone", "--nnodes=1"], table, root, options)
     assert again.wait(timeout=120) == 0, (restart / "agent.err").read_text()[-3000:]
     after = restart / "out" / "rank0.log"

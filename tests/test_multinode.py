@@ -14,10 +14,8 @@ once, and ``lakeckpt verify`` proves it from the ledger.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from _s3server import S3Server
+from conftest import lose_machine
 from deltalake import WriterProperties, write_deltalake
 
 from lakeckpt_tables.cli import main as lakeckpt
@@ -50,22 +49,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants: torchrun starts each rank in a session of its own."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):  # the task ended meanwhile
-            children += [int(c) for c in (task / "children").read_text().split()]
-    return [pid] + [p for child in children for p in _tree(child)]
-
-
-def _lose(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL an agent and every process under it at once, as a lost machine."""
-    for pid in _tree(proc.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _node(node: Path, launch: list[str], table: str, root: str, options: dict[str, str],
@@ -123,7 +106,7 @@ def test_two_nodes_lose_one_and_resume_on_one_exactly_once(
                 assert agent.poll() is None, (node / "agent.err").read_text()[-3000:]
             assert time.monotonic() < deadline, "node 0 never reached its hold"
             time.sleep(0.02)
-        _lose(agents[0])
+        lose_machine(agents[0].pid)
         # node 1's rank fails at its next collective (gloo sees the peer's sockets close) and
         # its agent gives up (no restarts): a named error, no hang, no success
         assert agents[1].wait(timeout=60) != 0
@@ -131,7 +114,7 @@ def test_two_nodes_lose_one_and_resume_on_one_exactly_once(
     finally:
         for agent in agents:
             if agent.poll() is None:
-                _lose(agent)
+                lose_machine(agent.pid)
                 agent.wait()
     assert [c.step for c in ledger.checkpoints("run")] == [2]
     assert max(_steps(node0 / "out" / "rank0.log")) == HELD  # trained, then lost

@@ -17,7 +17,8 @@ SELECT l.run_id,
        l.row_end,
        l.rows,
        l.rows = l.row_end - l.row_start              AS exact,
-       l.source_key
+       l.source_key,
+       l.tokens  -- packed readers: tokens delivered in the row group's stream span (eos included)
 FROM ledger l
 JOIN _checkpoint_status c USING (run_id, checkpoint_id)
 WHERE l.record = 'consumption';

@@ -6,6 +6,7 @@ once (and fails on a duplicated record)."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,7 @@ def test_audit_rows_of_a_mixture_of_packed_sources_give_each_rows_tokens(
 
 
 def test_verify_proves_each_packed_source_exactly_once_and_finds_a_duplicate(
-        tables: dict[str, Any], run: tuple[Path, Any]) -> None:
+        tables: dict[str, Any], run: tuple[Path, Any], tmp_path: Path) -> None:
     import pyarrow.compute as pc
 
     from lakeckpt_tables.audit import verify
@@ -188,10 +189,39 @@ def test_verify_proves_each_packed_source_exactly_once_and_finds_a_duplicate(
     assert verdict.finished_passes == [(0, 0)]  # the source that ran out
     assert verdict.tokens == sum(b["input_ids"].numel() for bs in by_checkpoint.values()
                                  for b in bs)
-    uri = str(root / "_ledger")
+    copy = tmp_path / "copy"  # the run's ledger stays clean for the other tests
+    shutil.copytree(root, copy)
+    uri = str(copy / "_ledger")
     ledger = DeltaTable(uri).to_pyarrow_dataset().to_table()
     consumption = ledger.filter((pc.field("record") == "consumption")
                                 & (pc.field("source_key") == "code") & (pc.field("rows") > 0))
     write_deltalake(uri, consumption.slice(0, 1), mode="append")
-    (verdict,) = verify(str(root), source_catalog=catalog)
+    (verdict,) = verify(str(copy), source_catalog=catalog)
     assert verdict.violations and verdict.violations[0].startswith("overlap: run m source 'code'")
+
+
+def test_progress_shows_each_sources_share_rows_and_tokens(
+        tables: dict[str, Any], run: tuple[Path, Any],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from lakeckpt_tables.audit import connect
+
+    root, by_checkpoint = run
+    tokens: Counter[str] = Counter()
+    for batches in by_checkpoint.values():
+        for b in batches:
+            tokens[b["source"]] += b["input_ids"].numel()
+    con = connect(str(root), source_catalog=tables["catalog"])
+    got = con.sql("SELECT source_key, tokens_consumed, tokens_in_pass, rows_consumed, "
+                  "rows_in_pass, share, state FROM progress ORDER BY source_key").fetchall()
+    assert [(k, n) for k, n, *_ in got] == sorted(tokens.items())
+    total = sum(tokens.values())
+    assert [share for *_, share, _ in got] == [round(100 * tokens[k] / total, 2)
+                                               for k in sorted(tokens)]
+    # the source that ran out delivered its pass: every token but its tail, every row but one
+    (done,) = [r for r in got if r[-1] == "done"]
+    assert done[1] == done[2] and done[3] == done[4]
+    assert main(["progress", str(root), "--source-catalog",
+                 tables["catalog"].properties["uri"]]) == 0
+    shown = capsys.readouterr().out
+    assert "tokens_consumed" in shown and "share" in shown
+    assert str(tokens["web"]) in shown and str(tokens["code"]) in shown

@@ -83,7 +83,10 @@ PASS_SIZES_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("source_key", pa.string()), ("segment", pa.int64()),
     ("epoch", pa.int64()), ("rows", pa.int64()), ("delivered", pa.int64()),
     ("from_version", pa.int64()), ("to_version", pa.int64()), ("origin", pa.string()),
+    ("tokens", pa.int64()),
 ])
+"""What ``progress`` divides by, per run, Mixture source and pass: ``rows`` live, ``delivered``
+of them, and ``tokens`` a packed pass delivers (its ``round`` event's; null otherwise)."""
 SOURCE_VERSIONS_SCHEMA = pa.schema([
     ("location", pa.string()), ("latest_version", pa.int64()),
     ("checked_at", pa.timestamp("us", tz="UTC")),
@@ -244,7 +247,8 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
             key = (run, int(detail["segment"]), int(detail["epoch"]))
             out[key] = {"rows": detail.get("rows"), "delivered": detail.get("delivered"),
                         "from_version": detail.get("base_version"),
-                        "to_version": detail.get("version"), "origin": "round"}
+                        "to_version": detail.get("version"), "origin": "round",
+                        "tokens": detail.get("delivered_tokens")}
         elif e[s.EVENT] == "segment":
             segments[(run, int(detail["segment"]))] = detail
         elif e[s.EVENT] == "undelivered":

@@ -50,9 +50,12 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
     con = duckdb.connect()
     con.register("r", table)
+    keyed = "source_key, " if table["source_key"].null_count < table.num_rows else ""
+    tokens = ", CAST(sum(tokens) AS BIGINT) AS tokens" \
+        if table["tokens"].null_count < table.num_rows else ""  # packed: tokens delivered
     summary = con.sql(
-        "SELECT rank, worker, segment, epoch, file, row_group, count(*) AS rows, "
-        "min(row) AS first_row, max(row) AS last_row FROM r GROUP BY ALL ORDER BY ALL")
+        f"SELECT {keyed}rank, worker, segment, epoch, file, row_group, count(*) AS rows, "
+        f"min(row) AS first_row, max(row) AS last_row{tokens} FROM r GROUP BY ALL ORDER BY ALL")
     emit(summary.to_arrow_table(), "table", title=f"rows of checkpoint {args.checkpoint} "
          "(per row group; --output csv for every row)", empty="no rows")
     return 0

@@ -1,6 +1,8 @@
 """The packed accounting (NOTE [ packed accounting ] in ``checkpoint/consumption.py``) across
 an elastic re-plan, 3 ranks then 2: rows are counted once each by their eos, the rows the
-lockstep tails hold are ``undelivered`` events, and the records' tokens are those delivered."""
+lockstep tails hold are ``undelivered`` events, and the records' tokens are those delivered;
+and over any token plan and checkpoints, what each checkpoint saw (every row it delivered a
+token of)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,21 @@ import itertools
 from collections import Counter
 from typing import Any
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from lakeckpt_tables import LakeDataset
-from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
+from lakeckpt_tables.checkpoint.consumption import (
+    RowLengths,
+    consumed_between,
+    segment_events,
+    slice_stream,
+    touched_rows,
+    unit_parts,
+)
 from lakeckpt_tables.reader.state import merge_states
+from lakeckpt_tables.reader.token_plan import TokenPlan
 from tests.conftest import Table
 
 
@@ -51,3 +65,53 @@ def test_rows_by_eos_and_tokens_are_accounted_once_across_an_elastic_replan(
     units = old[0].snapshot.units
     every = {(e, u.path, u.row_group, row) for e in (0, 1) for u in units for row in range(u.rows)}
     assert set(counted) | set(undelivered) == every
+
+
+@settings(max_examples=60, deadline=None)
+@given(doc_lengths=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=8), min_size=1,
+                            max_size=8),
+       slices=st.integers(1, 3), cuts=st.lists(st.integers(0, 40), max_size=4),
+       seed=st.integers(0, 3))
+def test_any_checkpoints_count_each_row_by_its_eos_and_see_each_row_they_delivered_a_token_of(
+        doc_lengths: list[list[int]], slices: int, cuts: list[int], seed: int) -> None:
+    sizes = [sum(n + 1 for n in unit) for unit in doc_lengths]
+    plan = TokenPlan.of(sizes, slices=slices, seq_len=3, seed=seed, epoch=0, shuffle=True)
+    lengths = RowLengths([len(unit) for unit in doc_lengths],
+                         lambda u: np.array(doc_lengths[u]))
+    # the oracle: each stream element's (unit, row), in stream order
+    owner = [(u, r) for u in plan.order for r, n in enumerate(doc_lengths[u])
+             for _ in range(n + 1)]
+    counted: list[tuple[int, int]] = []
+    for q in range(slices):
+        marks = sorted({0, plan.per_slice, *(min(c, plan.per_slice) for c in cuts)})
+        for before, after in itertools.pairwise(marks):
+            spans = slice_stream(plan, q, before, after)
+            parts = [p for a, b in spans for p in unit_parts(plan, a, b)]
+            assert sum(p.hi - p.lo for p in parts) == (after - before) * 3  # tokens delivered
+            seen: Counter[tuple[int, int]] = Counter()
+            for part in parts:
+                first, end = lengths.eos_rows(part)
+                counted += [(part.unit, r) for r in range(first, end)]
+                rows, tokens = touched_rows(lengths, part)
+                seen.update({(part.unit, int(r)): int(n) for r, n in zip(rows, tokens,
+                                                                           strict=True)})
+            assert seen == Counter(owner[i] for a, b in spans for i in range(a, b))
+    assert len(counted) == len(set(counted))  # none twice
+    delivered_end = slices * plan.per_slice * 3  # the tail is not delivered
+    eos_at = [i for i in range(len(owner)) if i + 1 == len(owner) or owner[i + 1] != owner[i]]
+    assert sorted(counted) == sorted(owner[i] for i in eos_at if i < delivered_end)
+
+
+def test_only_the_units_a_span_cuts_are_read():
+    doc_lengths = [[2, 2], [5, 5, 5], [1, 1]]  # stream sizes 6, 18, 4: 28 = 9 sequences of 3
+    plan = TokenPlan.of([6, 18, 4], slices=1, seq_len=3, seed=0, epoch=0, shuffle=False)
+    asked: list[int] = []
+
+    def read(u: int) -> np.ndarray:
+        asked.append(u)
+        return np.array(doc_lengths[u])
+
+    lengths = RowLengths([2, 3, 2], read)
+    got = [lengths.eos_rows(p) for a, b in slice_stream(plan, 0, 0, plan.per_slice)
+           for p in unit_parts(plan, a, b)]
+    assert got == [(0, 2), (0, 3), (0, 1)] and asked == [2]  # 27 of 28 delivered

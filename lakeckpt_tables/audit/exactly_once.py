@@ -309,8 +309,8 @@ def _finished_passes(dataset: Any, state: Any,
     for index in range(last + 1):
         stream = None
         if packed:
-            if index >= planner.epochs:
-                break
+            if planner.epochs is not None and index >= planner.epochs:
+                break  # (a cycling Mixture source's epochs are endless: None)
             token_plan = planner.token_plan(state.plan, index, state.layouts.get(index))
             ends = [token_plan.per_slice] * len(state.positions())
             segment, epoch, units = 0, index, planner.snapshot.units

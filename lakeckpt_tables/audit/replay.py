@@ -220,7 +220,7 @@ def _replay_packed(dataset: Any, before: Any, after: Any, key: str | None) -> It
     )
 
     planner = dataset.planner
-    lengths = RowLengths(planner)
+    lengths = RowLengths.of(planner)
     units = tuple(planner.snapshot.units)
     workers = after.plan[1]
     for span in stream_spans(planner, before, after):

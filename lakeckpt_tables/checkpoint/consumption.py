@@ -32,7 +32,7 @@ the checkpoint that delivered its start.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -44,8 +44,8 @@ from lakeckpt_tables.plan.pieces import cut_spans
 from lakeckpt_tables.reader.packed import TokenPlanner
 from lakeckpt_tables.reader.token_plan import TokenPlan
 
-__all__ = ["RowLengths", "StreamSpan", "consumed_between", "segment_events", "stream_spans",
-           "touched_rows", "unit_parts"]
+__all__ = ["RowLengths", "StreamSpan", "UnitPart", "consumed_between", "segment_events",
+           "slice_stream", "stream_spans", "touched_rows", "unit_parts"]
 
 S = TypeVar("S", bound=Positions)
 
@@ -103,22 +103,33 @@ def stream_spans(planner: TokenPlanner, before: Any, after: Any) -> Iterator[Str
         return
     if before is not None:
         before = planner.reshape(before, shape)
-    seq_len = planner.packing.seq_len
     plans: dict[int, TokenPlan] = {}
     for g, end in enumerate(after.slices):
         if end is None:
             continue
         prior = None if before is None else before.slices[g]
         start = (0, 0) if prior is None else prior
-        for index in range(start[0], min(end[0], planner.epochs - 1) + 1):
+        for index in range(start[0], _through(planner, end[0]) + 1):
             if index not in plans:
                 plans[index] = planner.token_plan(shape, index, after.layouts.get(index))
             plan = plans[index]
             lo = start[1] if index == start[0] else 0
             hi = end[1] if index == end[0] else plan.per_slice
-            base = g * plan.per_slice * seq_len
-            for a, b in cut_spans(plan.layout, base + lo * seq_len, base + hi * seq_len):
+            for a, b in slice_stream(plan, g, lo, hi):
                 yield StreamSpan(g, index, plan, a, b)
+
+
+def _through(planner: TokenPlanner, epoch: int) -> int:
+    """``epoch``, at most the reader's last (a cycling Mixture source's epochs are endless:
+    ``epochs`` None)."""
+    epochs: int | None = planner.epochs
+    return epoch if epochs is None else min(epoch, epochs - 1)
+
+
+def slice_stream(plan: TokenPlan, q: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The stream intervals slice ``q`` delivers from its sequence ``lo`` to ``hi``."""
+    base = q * plan.per_slice * plan.seq_len
+    return cut_spans(plan.layout, base + lo * plan.seq_len, base + hi * plan.seq_len)
 
 
 def unit_parts(plan: TokenPlan, a: int, b: int) -> Iterator[UnitPart]:
@@ -133,31 +144,45 @@ def unit_parts(plan: TokenPlan, a: int, b: int) -> Iterator[UnitPart]:
 
 
 class RowLengths:
-    """Stream elements (tokens + eos) of each live row of a unit, read once per unit: only
-    the units a span cuts are read (one wholly inside is all of its rows)."""
+    """Stream elements (tokens + eos) of each live row of a unit, asked once per unit: only
+    the units a span cuts are asked (one wholly inside is all of its rows).
 
-    def __init__(self, planner: TokenPlanner) -> None:
-        self.reader = planner.snapshot.row_reader()
-        self.units, self.column = planner.snapshot.units, planner.packing.column
+    Args:
+        rows: live rows of each unit (canonical order).
+        lengths: the token count of each row of unit ``u`` (:meth:`of` reads the token column).
+    """
+
+    def __init__(self, rows: Sequence[int],
+                 lengths: Callable[[int], np.ndarray[Any, Any]]) -> None:
+        self.rows, self.lengths = rows, lengths
         self.known: dict[int, np.ndarray[Any, Any]] = {}
+
+    @classmethod
+    def of(cls, planner: TokenPlanner) -> RowLengths:
+        """The lengths of a packed reader's documents, read from its token column."""
+        reader, units = planner.snapshot.row_reader(), planner.snapshot.units
+        column = planner.packing.column
+
+        def lengths(u: int) -> np.ndarray[Any, Any]:
+            array = reader.read(units[u], [column]).column(column)
+            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+            if pa.types.is_fixed_size_list(array.type):
+                return np.full(len(array), array.type.list_size, dtype=np.int64)
+            return np.diff(array.offsets.to_numpy(zero_copy_only=False)).astype(np.int64)
+
+        return cls([u.rows for u in units], lengths)
 
     def ends(self, u: int) -> np.ndarray[Any, Any]:
         """Stream offset, within unit ``u``, one past each row's eos."""
         if u not in self.known:
-            array = self.reader.read(self.units[u], [self.column]).column(self.column)
-            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
-            if pa.types.is_fixed_size_list(array.type):
-                lengths = np.full(len(array), array.type.list_size, dtype=np.int64)
-            else:
-                lengths = np.diff(array.offsets.to_numpy(zero_copy_only=False)).astype(np.int64)
-            self.known[u] = np.cumsum(lengths + 1)
+            self.known[u] = np.cumsum(np.asarray(self.lengths(u), dtype=np.int64) + 1)
         return self.known[u]
 
     def eos_rows(self, part: UnitPart) -> tuple[int, int]:
         """Rows ``[first, end)`` of the unit whose eos lies in ``part``; for a part holding
         none, ``first == end`` is the row it lies in."""
         if part.lo == 0 and part.hi == part.size:
-            return 0, self.units[part.unit].rows
+            return 0, self.rows[part.unit]
         eos = self.ends(part.unit) - 1
         return (int(np.searchsorted(eos, part.lo, side="left")),
                 int(np.searchsorted(eos, part.hi, side="left")))
@@ -178,7 +203,7 @@ def touched_rows(lengths: RowLengths, part: UnitPart) -> tuple[np.ndarray[Any, A
 
 def _packed_records(planner: TokenPlanner, before: Any, after: Any) -> list[ConsumptionRecord]:
     workers = after.plan[1] if after.plan is not None else 1
-    lengths = RowLengths(planner)
+    lengths = RowLengths.of(planner)
     units = planner.snapshot.units
     out: list[ConsumptionRecord] = []
     for span in stream_spans(planner, before, after):
@@ -207,8 +232,7 @@ def _packed_events(planner: TokenPlanner, before: Any,
     shape = after.plan
     if shape is None:
         return []
-    reached = min(max(e for e, _ in (s for s in after.slices if s is not None)),
-                  planner.epochs - 1)
+    reached = _through(planner, max(e for e, _ in (s for s in after.slices if s is not None)))
     if before is None or before.plan is None:
         first_new, replanned = 0, 0
     else:
@@ -216,7 +240,7 @@ def _packed_events(planner: TokenPlanner, before: Any,
         first_new = replanned = since + 1
         if before.plan != shape:  # every pass the re-plan gave a new layout
             replanned = min(e for e, _ in planner.reshape(before, shape).positions())
-    lengths = RowLengths(planner)
+    lengths = RowLengths.of(planner)
     units = planner.snapshot.units
     events: list[tuple[str, dict[str, Any]]] = []
     for index in range(replanned, reached + 1):

@@ -113,7 +113,7 @@ def seen(by_checkpoint: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, 
 
 
 def test_the_ledger_counts_each_checkpoints_tokens_per_source_as_delivered(
-        run: tuple[Path, Any]) -> None:
+        run: tuple[Path, Any], capsys: pytest.CaptureFixture[str]) -> None:
     root, by_checkpoint = run
     consumption = DeltaLedger(str(root / "_ledger")).consumption(run_id="m").to_pylist()
     assert {r["source_key"] for r in consumption} == {"web", "code"}
@@ -126,6 +126,12 @@ def test_the_ledger_counts_each_checkpoints_tokens_per_source_as_delivered(
             if r["checkpoint_id"] == checkpoint:
                 got[r["source_key"]] += r["tokens"]
         assert got == want, checkpoint
+    file = consumption[0]["file"]
+    assert main(["audit", str(root), "--file", file, "--output", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert {r["source_key"] for r in shown} == {consumption[0]["source_key"]}
+    assert sum(r["tokens"] for r in shown) == sum(r["tokens"] for r in consumption
+                                                  if r["file"] == file)
 
 
 def test_audit_where_names_every_checkpoint_that_delivered_a_token_of_the_row(

@@ -16,16 +16,9 @@ from lakeckpt_tables.audit import connect
 from lakeckpt_tables.ledger import DeltaLedger, IcebergLedger
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.records import CheckpointRecord, ConsumptionRecord, commit_rows
+from tests.test_ledger_source_key import record
 
 OLD_SCHEMA = pa.schema([f for f in s.LEDGER_SCHEMA if f.name not in (s.SOURCE_KEY, s.TOKENS)])
-
-
-def record(step: int) -> CheckpointRecord:
-    return CheckpointRecord(run_id="r", checkpoint_id=f"c{step}", step=step,
-                            parent_id=f"c{step - 1}" if step > 1 else None,
-                            model_location=f"r/step-{step}", manifest={}, reader_state="",
-                            source=None, source_version=None, world_size=1, tags=(),
-                            config_hash="h", wall_time_s=1.0)
 
 
 def old_rows() -> pa.Table:

@@ -242,7 +242,7 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
         detail = json.loads(e[s.DETAIL] or "{}")
         run = e[s.RUN_ID]
         if detail.get("source_key") is not None:  # a Mixture source: keyed (run, source key)
-            run = (run, detail["source_key"])  # type: ignore[assignment]
+            run = (run, detail["source_key"])
         if e[s.EVENT] == "round":
             key = (run, int(detail["segment"]), int(detail["epoch"]))
             out[key] = {"rows": detail.get("rows"), "delivered": detail.get("delivered"),

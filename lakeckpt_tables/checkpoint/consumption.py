@@ -59,7 +59,7 @@ def consumed_between(dataset: Planner[S], before: S | None,
     """
     planner = getattr(dataset, "planner", None)
     if isinstance(planner, TokenPlanner):
-        return _packed_records(planner, before, after)  # type: ignore[arg-type]
+        return _packed_records(planner, before, after)
     return [ConsumptionRecord(*r) for r in consumed_ranges(dataset, before, after)]
 
 
@@ -69,7 +69,7 @@ def segment_events(dataset: Planner[S], before: S | None,
     packed reader's ``round`` and ``undelivered`` tails (NOTE [ packed accounting ])."""
     planner = getattr(dataset, "planner", None)
     if isinstance(planner, TokenPlanner):
-        return _packed_events(planner, before, after)  # type: ignore[arg-type]
+        return _packed_events(planner, before, after)
     return round_events(dataset, before, after)
 
 
@@ -168,7 +168,8 @@ class RowLengths:
             array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
             if pa.types.is_fixed_size_list(array.type):
                 return np.full(len(array), array.type.list_size, dtype=np.int64)
-            return np.diff(array.offsets.to_numpy(zero_copy_only=False)).astype(np.int64)
+            lengths: np.ndarray[Any, Any] = np.diff(array.offsets.to_numpy(zero_copy_only=False))
+            return lengths.astype(np.int64)
 
         return cls([u.rows for u in units], lengths)
 

@@ -73,7 +73,7 @@ def _show(args: argparse.Namespace) -> None:
         total, done = r["rows_in_pass"], r["rows_consumed"]
         r["done"] = ProgressBar(total=float(total), completed=float(done), width=20) \
             if total else None
-    columns = COLUMNS
+    columns: tuple[str, ...] = COLUMNS
     if any(r["tokens_consumed"] is not None for r in rows):  # packed: tokens too
         columns = (*columns[:6], "tokens_consumed", *columns[6:])
     if any(r["source_key"] is not None for r in rows):  # a Mixture run: a row per source

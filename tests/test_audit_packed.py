@@ -231,3 +231,19 @@ def test_progress_shows_each_sources_share_rows_and_tokens(
     shown = capsys.readouterr().out
     assert "tokens_consumed" in shown and "share" in shown
     assert str(tokens["web"]) in shown and str(tokens["code"]) in shown
+
+
+def test_the_consumption_view_names_each_sources_key_table_and_version(
+        tables: dict[str, Any], run: tuple[Path, Any]) -> None:
+    from lakeckpt_tables.audit import connect
+
+    root, _ = run
+    con = connect(str(root), source_catalog=tables["catalog"])
+    got = con.sql("SELECT DISTINCT source_key, source_location, source_table_id, source_version "
+                  "FROM consumption ORDER BY source_key").fetchall()
+    want = []
+    for key in ("code", "web"):
+        snapshot = tables[key]().snapshot(None)
+        identity = snapshot.identity
+        want.append((key, identity.location, identity.table_id, snapshot.version))
+    assert got == want

@@ -83,10 +83,12 @@ PASS_SIZES_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("source_key", pa.string()), ("segment", pa.int64()),
     ("epoch", pa.int64()), ("rows", pa.int64()), ("delivered", pa.int64()),
     ("from_version", pa.int64()), ("to_version", pa.int64()), ("origin", pa.string()),
-    ("tokens", pa.int64()),
+    ("tokens", pa.int64()), ("location", pa.string()), ("table_id", pa.string()),
 ])
 """What ``progress`` divides by, per run, Mixture source and pass: ``rows`` live, ``delivered``
-of them, and ``tokens`` a packed pass delivers (its ``round`` event's; null otherwise)."""
+of them, and ``tokens`` a packed pass delivers (its ``round`` event's; null otherwise); and what
+the ``consumption`` view names the pass's source by: the version read (``to_version``) and the
+table (``location``, ``table_id``: the ``source`` event's)."""
 SOURCE_VERSIONS_SCHEMA = pa.schema([
     ("location", pa.string()), ("latest_version", pa.int64()),
     ("checked_at", pa.timestamp("us", tz="UTC")),
@@ -238,6 +240,7 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
     out: dict[tuple[str, int, int], dict[str, Any]] = {}
     undelivered: dict[tuple[str, int, int], int] = {}
     segments: dict[tuple[str, int], dict[str, Any]] = {}
+    tables: dict[Any, dict[str, Any]] = {}  # run (or (run, source key)) -> its table
     for e in events:
         detail = json.loads(e[s.DETAIL] or "{}")
         run = e[s.RUN_ID]
@@ -251,6 +254,9 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
                         "tokens": detail.get("delivered_tokens")}
         elif e[s.EVENT] == "segment":
             segments[(run, int(detail["segment"]))] = detail
+        elif e[s.EVENT] == "source":
+            tables[run] = {"location": detail.get("location"),
+                           "table_id": detail.get("table_id")}
         elif e[s.EVENT] == "undelivered":
             key = (run, int(detail["segment"]), int(detail["epoch"]))
             undelivered[key] = undelivered.get(key, 0) + int(detail.get("rows", 0))
@@ -266,6 +272,8 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
                                        source_catalog).items():
             size["delivered"] = size["rows"] - undelivered.get(key, 0)
             out[key] = size
+    for key, size in out.items():
+        size.update(tables.get(key[0], {}))
     names = [f.name for f in PASS_SIZES_SCHEMA][4:]
     runs = [k[0] if isinstance(k[0], str) else k[0][0] for k in out]
     source_keys = [None if isinstance(k[0], str) else k[0][1] for k in out]

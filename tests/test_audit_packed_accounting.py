@@ -115,3 +115,25 @@ def test_only_the_units_a_span_cuts_are_read():
     got = [lengths.eos_rows(p) for a, b in slice_stream(plan, 0, 0, plan.per_slice)
            for p in unit_parts(plan, a, b)]
     assert got == [(0, 2), (0, 3), (0, 1)] and asked == [2]  # 27 of 28 delivered
+
+
+def test_a_packed_pass_delivers_its_rows_and_tokens_less_each_distinct_tail() -> None:
+    import json
+
+    import pyarrow as pa
+
+    from lakeckpt_tables.audit.views import pass_sizes
+
+    def event(name: str, **detail: Any) -> dict[str, Any]:
+        return {"run_id": "r", "event": name, "step": 3,
+                "detail": json.dumps({"segment": 0, "epoch": 0, "source_key": "web", **detail})}
+
+    first_tail = event("undelivered", rows=2, tokens=8, ranges=[["f", 0, 5, 7]])
+    events = [event("round", rows=100, delivered=98, tokens=1000, delivered_tokens=992,
+                    version=4),
+              first_tail, first_tail,  # recorded again by a run resumed before it: once
+              event("undelivered", rows=1, tokens=5, ranges=[["f", 1, 0, 1]])]  # a re-plan's
+    table = pa.Table.from_pylist(events)
+    (size,) = pass_sizes(lambda where, columns: table, look_up_sources=False).to_pylist()
+    assert (size["source_key"], size["rows"], size["delivered"], size["tokens"],
+            size["to_version"]) == ("web", 100, 97, 987, 4)

@@ -233,12 +233,16 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
 
     From ``round`` events when the ledger has them; else follow segments from ``segment``
     events, and the pinned snapshot's epochs from the source's metadata (no data is read),
-    less the rows ``undelivered`` events name.
+    less the rows ``undelivered`` events name. A packed pass (its ``round`` event counts
+    ``tokens``) delivers its rows and tokens less every tail its ``undelivered`` events name:
+    an elastic re-plan adds one (NOTE [ packed accounting ] in ``checkpoint/consumption.py``).
+    An event recorded again by a resumed run (the same detail) counts once.
     """
     events = scan(pc.field(s.RECORD) == s.RECORD_EVENT,
                   [s.RUN_ID, s.EVENT, s.DETAIL, s.STEP]).to_pylist()
     out: dict[tuple[str, int, int], dict[str, Any]] = {}
-    undelivered: dict[tuple[str, int, int], int] = {}
+    tails: dict[Any, dict[str, tuple[int, int]]] = {}  # pass -> distinct tails: rows, tokens
+    packed: set[Any] = set()
     segments: dict[tuple[str, int], dict[str, Any]] = {}
     tables: dict[Any, dict[str, Any]] = {}  # run (or (run, source key)) -> its table
     for e in events:
@@ -251,7 +255,9 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
             out[key] = {"rows": detail.get("rows"), "delivered": detail.get("delivered"),
                         "from_version": detail.get("base_version"),
                         "to_version": detail.get("version"), "origin": "round",
-                        "tokens": detail.get("delivered_tokens")}
+                        "tokens": detail.get("tokens")}
+            if detail.get("tokens") is not None:
+                packed.add(key)
         elif e[s.EVENT] == "segment":
             segments[(run, int(detail["segment"]))] = detail
         elif e[s.EVENT] == "source":
@@ -259,7 +265,13 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
                            "table_id": detail.get("table_id")}
         elif e[s.EVENT] == "undelivered":
             key = (run, int(detail["segment"]), int(detail["epoch"]))
-            undelivered[key] = undelivered.get(key, 0) + int(detail.get("rows", 0))
+            tails.setdefault(key, {})[e[s.DETAIL]] = (int(detail.get("rows", 0)),
+                                                      int(detail.get("tokens", 0)))
+    undelivered = {k: sum(r for r, _ in v.values()) for k, v in tails.items()}
+    for key in packed:
+        size = out[key]
+        size["delivered"] = int(size["rows"]) - undelivered.get(key, 0)
+        size["tokens"] = int(size["tokens"]) - sum(n for _, n in tails.get(key, {}).values())
     for (run, segment), detail in segments.items():
         key = (run, segment, 0)
         if key not in out:

@@ -402,7 +402,7 @@ def _figures(table: SyntheticTable, t: ThroughputResult, resume: list[ResumeResu
                f"wall clock, median of {t.rounds} paired rounds ({min(t.round_wall_ratios):.2f}"
                f"-{max(t.round_wall_ratios):.2f}); CPU time {t.cpu_ratio:.2f}x"),
         Figure("reader / raw, shuffle on", t.shuffled_ratio, "x", "", None,
-               "window shuffle: one Arrow take per window, batches sliced from it; CPU time "
+               "window shuffle: numeric columns gathered per window, lists per batch; CPU time "
                f"{statistics.median(t.round_shuffled_ratios):.2f}x"),
     ]
     for r in resume:

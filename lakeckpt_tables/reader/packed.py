@@ -54,7 +54,7 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
     (the reader's cache), ``transform`` is the dataset's."""
     packing, units = planner.packing, planner.snapshot.units
     g, index = cursor.slice_index, cursor.epoch
-    while index < planner.epochs:
+    while planner.epochs is None or index < planner.epochs:
         plan = planner.token_plan(cursor.shape, index, cursor.layouts.get(index))
         if plan.tail and g == 0:
             log.warning("%s epoch %d: %d token(s) (with eos) cannot be split in lockstep into "
@@ -85,7 +85,8 @@ class TokenPlanner:
         """``sizes``: the stream sizes per version, a cache the reader's configuration keeps."""
         self.packing, self.snapshot, self.sizes, self.rounds = packing, snapshot, sizes, rounds
         o = options
-        self.rank, self.epochs, self.seed, self.shuffle = o.rank, o.epochs, o.seed, o.shuffle
+        self.rank, self.seed, self.shuffle = o.rank, o.seed, o.shuffle
+        self.epochs = rounds.epochs  # None: endless (ReaderConfig.cycle)
         self.where = snapshot.describe()
 
     def stream_sizes(self) -> list[int]:
@@ -130,7 +131,7 @@ class TokenPlanner:
             prior = None if before is None else before.slices[g]
             start = (0, 0) if prior is None else prior
             rank, worker = divmod(g, shape[1])
-            for index in range(start[0], min(end[0], self.epochs - 1) + 1):
+            for index in range(start[0], self._last(end[0]) + 1):
                 plan = self.token_plan(shape, index, after.layouts.get(index))
                 lo = start[1] if index == start[0] else 0
                 hi = end[1] if index == end[0] else plan.per_slice
@@ -141,6 +142,10 @@ class TokenPlanner:
                     out.append(Consumed(rank, worker, 0, index, unit.path, unit.row_group,
                                         first, last, last - first))
         return out
+
+    def _last(self, epoch: int) -> int:
+        """The last epoch to look at for slices standing at most in ``epoch``."""
+        return epoch if self.epochs is None else min(epoch, self.epochs - 1)
 
     def batches(self, plan: TokenPlan, batch_size: int) -> int:
         return math.ceil(plan.per_slice / batch_size)
@@ -171,7 +176,7 @@ class TokenPlanner:
             if s is None:
                 continue
             index, position = s
-            if index >= self.epochs:
+            if self.epochs is not None and index >= self.epochs:
                 problems.append(f"slice {g} stands in epoch {index} of a {self.epochs}-epoch "
                                 "pass")
                 continue
@@ -185,6 +190,8 @@ class TokenPlanner:
 
     def pass_finished(self, cursor: Cursor) -> bool:
         """Whether a slice standing at ``cursor`` has delivered its whole pass."""
+        if self.epochs is None:
+            return False
         if cursor.epoch >= self.epochs:
             return True
         plan = self.token_plan(cursor.shape, cursor.epoch, cursor.layouts.get(cursor.epoch))
@@ -198,10 +205,12 @@ class TokenPlanner:
             return held
         done, due = [], []
         origin = min(resume.layouts, default=0)
+        last = self.epochs - 1 if self.epochs is not None else max(
+            s[0] for g in mine if (s := resume.slices[g]) is not None)
         for g in mine:
             epoch, position = resume.slices[g] or (origin, 0)
             d = n = 0
-            for index in range(origin, self.epochs):
+            for index in range(origin, last + 1):
                 plan = self.token_plan(shape, index, resume.layouts.get(index))
                 count = self.batches(plan, shape[2])
                 n += count
@@ -210,7 +219,7 @@ class TokenPlanner:
                 elif index == epoch:
                     d += math.ceil(position / shape[2])
             done.append(d)
-            due.append(n)
+            due.append(n if self.epochs is not None else n + 1)  # endless: never runs dry
         return mine[(worker + next_worker_in_turn(done, due)) % len(mine)]
 
     def reshape(self, state: ReaderState, shape: PlanShape) -> ReaderState:
@@ -225,7 +234,7 @@ class TokenPlanner:
         require_whole(state, shape)
         positions = state.positions()
         first = min(e for e, _ in positions)
-        last = min(max(e for e, _ in positions), self.epochs - 1)
+        last = self._last(max(e for e, _ in positions))
         layouts: dict[int, tuple[Piece, ...]] = {}
         for index in range(first, last + 1):
             plan = self.token_plan(state.plan, index, state.layouts.get(index))

@@ -65,7 +65,8 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
             cursor.epoch, cursor.position = index, 0
         for ids, positions, position, _ in packed_batches(
                 plan, units, g, start, read=read, column=packing.column,
-                seq_len=packing.seq_len, eos_id=packing.eos_id, batch_size=cursor.shape[2]):
+                seq_len=packing.seq_len, eos_id=packing.eos_id, batch_size=cursor.shape[2],
+                read_ahead=planner.read_ahead):
             cursor.epoch, cursor.position = index, position
             batch = Batch(input_ids=torch.from_numpy(ids),
                           position_ids=torch.from_numpy(positions))
@@ -86,6 +87,7 @@ class TokenPlanner:
         self.packing, self.snapshot, self.sizes, self.rounds = packing, snapshot, sizes, rounds
         o = options
         self.rank, self.seed, self.shuffle = o.rank, o.seed, o.shuffle
+        self.read_ahead = o.read_ahead
         self.epochs = rounds.epochs  # None: endless (ReaderConfig.cycle)
         self.where = snapshot.describe()
 

@@ -184,9 +184,6 @@ def test_a_loader_over_another_dataset_is_refused_naming_what_it_reads(tmp_path:
 # the library once (as the chaos campaign does): each a process of its own, with a real gloo
 # process group and a real SIGKILL, for a second or two each instead of a fresh torchrun.
 
-RUN_STEPS = {"cycle": 55}  # a cycling mixture never ends: the job stops there
-
-
 def _sources(spec: dict[str, Any], **kwargs: Any) -> tuple[Any, Any]:
     from lakeckpt_tables import DeltaSource, IcebergSource
     from tests.conftest import ICEBERG_IDENTIFIER, sql_catalog
@@ -205,7 +202,7 @@ def _dataset(spec: dict[str, Any]) -> Any:
         web, _ = _sources(spec, pack_tokens="tokens", seq_len=L, eos_id=EOS, batch_size=B,
                           seed=5, **rank)
         return web
-    web, code = _sources(spec, columns=["id"], batch_size=16, seed=3, **rank)
+    web, code = _sources(spec, columns=["id"], batch_size=32, seed=3, **rank)
     return Mixture({"web": web, "code": code}, weights={"web": 0.7, "code": 0.3}, seed=0,
                    on_exhausted="cycle" if kind == "cycle" else "stop")
 
@@ -218,8 +215,8 @@ def _payload(batch: dict[str, Any]) -> Any:
 
 def _job(spec: dict[str, Any]) -> None:
     """One rank of a job: restore, train (log every batch), save every ``every`` steps;
-    SIGKILL itself at step ``kill`` (before its save), or end at the end of the data (or
-    ``RUN_STEPS``)."""
+    SIGKILL itself at step ``kill`` (before its save), or end at the end of the data (or at
+    step ``until``: a cycling mixture never ends)."""
     import json
     import multiprocessing
     import os
@@ -246,7 +243,7 @@ def _job(spec: dict[str, Any]) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if step % spec["every"] == 0:
                 manager.save(step, dataloader=loader)
-            if step == RUN_STEPS.get(spec["kind"]):
+            if step == spec.get("until"):
                 break
         manager.save(step + 1, dataloader=loader)
     if world > 1:
@@ -264,7 +261,6 @@ def _launch(spec: dict[str, Any], world: int, out: Path) -> list[int | None]:
     import multiprocessing
     import os
 
-    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the server when it starts
     server = multiprocessing.get_context("forkserver")
     server.set_forkserver_preload(_PRELOAD)
     out.mkdir(parents=True, exist_ok=True)
@@ -272,8 +268,16 @@ def _launch(spec: dict[str, Any], world: int, out: Path) -> list[int | None]:
     ranks = [server.Process(target=_job, args=({**spec, "rank": r, "world": world,
                                                   "store": store, "out": str(out)},))
              for r in range(world)]
-    for p in ranks:
-        p.start()
+    threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the server when it starts
+    try:
+        for p in ranks:
+            p.start()
+    finally:
+        if threads is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
     for p in ranks:
         p.join(90)
         if p.exitcode is None:
@@ -282,8 +286,7 @@ def _launch(spec: dict[str, Any], world: int, out: Path) -> list[int | None]:
 
 
 def _trained(out: Path) -> tuple[dict[int, list[Any]], dict[int, int]]:
-    """Per rank: the batches that trained the final model (those after the restored step),
-    and the step each rank restored."""
+    """Per rank of a job: the batches it logged, and the step it restored."""
     import json
 
     batches, restored = {}, {}
@@ -321,14 +324,15 @@ def test_a_cycling_mixture_sigkilled_in_a_sources_second_pass_resumes_row_for_ro
     from lakeckpt_tables.audit import verify
 
     spec = _spec("cycle", delta_table, iceberg_table, tmp_path, rank=0, world=1, workers=2)
-    whole = [_payload(b) for b in itertools.islice(loader_for(_dataset(spec), 2),
-                                                   RUN_STEPS["cycle"])]
-    # web (70% of the draws) runs out first: its second pass (epoch 1) starts near draw 37
-    web_per_pass = -(-delta_table.rows // 16)
-    second_pass = [i for i, (name, _) in enumerate(whole) if name == "web"][web_per_pass]
+    whole = [_payload(b) for b in itertools.islice(loader_for(_dataset(spec), 2), 40)]
+    # web (70% of the draws) runs out first: each of its 2 workers has 7 batches a pass, so
+    # its second pass (epoch 1) starts at its 15th batch, near draw 20
+    second_pass = [i for i, (name, _) in enumerate(whole) if name == "web"][14]
     kill = second_pass + 7  # step second_pass + 1 is the second pass's first batch
+    until = kill + 3
+    whole = whole[:until]
     runs, step = _resumed_run("cycle", delta_table, iceberg_table, tmp_path, worlds=(1, 1),
-                              kill=kill, workers=2)
+                              kill=kill, workers=2, until=until)
     assert second_pass < step < kill  # restored from a checkpoint inside the second pass
     assert runs[0] == whole  # row for row, source for source
     # the ledger: web's rows under the epoch that read them, its first pass whole

@@ -300,3 +300,25 @@ def test_cycle_under_two_workers_resumes_exactly_and_another_worker_count_is_ref
     alone.load_state_dict(saved)
     with pytest.raises(MixtureStateError, match="saved by 2 DataLoader worker"):
         next(iter(alone))
+
+
+def test_a_cycling_mixture_resumed_elastic_in_a_second_pass_gives_each_row_once_an_epoch(
+        delta_table, iceberg_table):
+    from collections import Counter
+
+    mixes = [mixture(delta_table, iceberg_table, rank=r, world_size=3, on_exhausted="cycle")
+             for r in range(3)]
+    heads = [delivered(itertools.islice(m, 20)) for m in mixes]  # web's epoch 1 began
+    saved = mixes[0].source_states([m.state_dict() for m in mixes])
+    assert max(s[0] for s in saved["web"]["slices"]) == 1
+    rest = []
+    for r in range(2):
+        m = mixture(delta_table, iceberg_table, rank=r, world_size=2, on_exhausted="cycle")
+        m.load_state_dict(mixes[r].state_dict() | {"sources": saved})
+        rest.append(delivered(itertools.islice(m, 30)))
+    assert [n for n, _ in rest[0]] == [n for n, _ in rest[1]] == mixes[0].source_of(
+        np.arange(20, 50))
+    web = Counter(i for run in heads + rest for i in per_source(run)["web"])
+    full = sum(web.values()) // delta_table.rows  # epochs delivered whole (the next begun)
+    assert full >= 2 and set(web) == set(delta_table.ids.tolist())
+    assert set(web.values()) <= {full, full + 1}  # each row once per epoch

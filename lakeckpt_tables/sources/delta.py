@@ -9,6 +9,7 @@ read the files with pyarrow alone (:class:`DeltaRowGroupReader`).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import re
@@ -394,8 +395,15 @@ def _deletion_vectors(dt: Any) -> dict[str, Deletes]:
         return {}
     table = pa.table(dt.deletion_vectors())
     out: dict[str, Deletes] = {}
-    for uri, keep in zip(table.column("filepath").to_pylist(),
-                         table.column("selection_vector").to_pylist(), strict=True):
+    selection = table.column("selection_vector").combine_chunks()
+    if selection.null_count:
+        masks: Any = selection.to_pylist()
+    else:  # one bit unpacking, not a Python bool per row (~15 ms a million rows)
+        flat = selection.flatten().to_numpy(zero_copy_only=False)
+        ends = selection.offsets.to_numpy()
+        ends = ends - ends[0]
+        masks = [flat[a:b] for a, b in itertools.pairwise(ends)]
+    for uri, keep in zip(table.column("filepath").to_pylist(), masks, strict=True):
         deletes = Deletes.from_selection(keep)
         if deletes is not None:
             out[local_path_or_uri(uri)] = deletes

@@ -20,13 +20,40 @@ def unit_order(count: int, policy: PlanPolicy, segment: int, epoch: int,
     """The epoch's units in reading order (indices into the canonical order), by
     ``policy``'s shuffle and shuffler; ``groups``: each unit's row group (kept together)."""
     if not policy.shuffle:
-        return np.arange(count, dtype=np.int64)
+        return _small(np.arange(count, dtype=np.int64))
+    seed = derive_seed(policy.seed, segment, epoch, "units")
     if policy.shuffler == BALANCED:
-        return _balanced_permutation(np.arange(count, dtype=np.int64) if groups is None
-                                     else groups, policy.seed, segment, epoch)
+        if groups is None and count > BALANCE_LIMIT:
+            return _inverse(_permutation(count, seed))  # NOTE [ compact plans ] (epoch.py)
+        return _small(_balanced_permutation(np.arange(count, dtype=np.int64) if groups is None
+                                            else groups, policy.seed, segment, epoch))
     if groups is None:
-        return permutation(count, derive_seed(policy.seed, segment, epoch, "units"))
-    return _grouped_permutation(groups, policy.seed, segment, epoch)
+        return _permutation(count, seed)
+    return _small(_grouped_permutation(groups, policy.seed, segment, epoch))
+
+
+def _small(order: Ints) -> np.ndarray[Any, Any]:
+    """An order as ``int32`` when it fits (NOTE [ compact plans ] in ``plan/epoch.py``)."""
+    return order.astype(np.int32) if len(order) < 2**31 else order
+
+
+def _permutation(count: int, seed: int) -> np.ndarray[Any, Any]:
+    """:func:`~lakeckpt_tables.plan.shuffle.permutation` in ``int32`` when it fits, without
+    an ``int64`` copy: ``Generator.shuffle`` of a range draws what ``permutation`` draws."""
+    if count >= 2**31:
+        return permutation(count, seed)
+    out = np.arange(count, dtype=np.int32)
+    np.random.Generator(np.random.PCG64(seed)).shuffle(out)
+    return out
+
+
+def _inverse(key: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The inverse permutation (what ``argsort`` gives), scattered 65,536 at a time."""
+    out = np.empty_like(key)
+    step = 1 << 16
+    for c in range(0, len(key), step):
+        out[key[c:c + step]] = np.arange(c, min(c + step, len(key)), dtype=key.dtype)
+    return out
 
 
 def _grouped_permutation(groups: np.ndarray[Any, np.dtype[np.int64]], seed: int, segment: int,

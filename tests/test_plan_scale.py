@@ -87,3 +87,39 @@ def test_plan_units_are_the_units_of_before(name: str, groups: int, split: bool)
     for values in (units.rows, units.source, units.first):
         h.update(np.asarray(values, dtype=np.int64).tobytes())
     assert h.hexdigest()[:16] == UNITS_GOLDEN[name]
+
+
+def test_compact_index_views_index_like_the_arrays_they_stand_for() -> None:
+    units = [Unit("a", 0, 10), Unit("b", 0, 3), Unit("c", 0, 9)]
+    split = RoundUnits.of(units, unit_rows=4)  # 3 + 1 + 3 parts
+    whole = RoundUnits.of(units, unit_rows=10)  # one part each
+    for ru, source, first in ((split, [0, 0, 0, 1, 2, 2, 2], [0, 3, 6, 0, 0, 3, 6]),
+                              (whole, [0, 1, 2], [0, 0, 0])):
+        for view, values in ((ru.source, source), (ru.first, first)):
+            assert len(view) == len(values) and view.tolist() == values == list(view)
+            assert np.array_equal(np.asarray(view), values)
+            assert view[-1] == values[-1] and view[1] == values[1]
+            assert np.asarray(view)[[2, 0]].tolist() == view[[2, 0]].tolist()
+            assert view[1:3].tolist() == values[1:3]
+            assert view[np.array([], dtype=np.int64)].tolist() == []
+            with pytest.raises(IndexError):
+                view[len(values)]
+            with pytest.raises(IndexError):
+                view[[0, len(values)]]
+    assert split.rows.tolist() == [3, 3, 4, 3, 3, 3, 3] and split.units == units
+    assert [split.at(u, 0, 1)[1] for u in range(7)] == [0, 3, 6, 0, 0, 3, 6]
+
+
+def test_a_rounds_plans_share_its_unit_order_and_pickle_without_it() -> None:
+    import pickle
+
+    units = RoundUnits.of(_units(2000, True))
+    small = PlanPolicy(batch_size=100, world_size=2, workers=2, seed=5)
+    plan = units.plan(small, segment=0, epoch=1, layout=None)
+    again = units.plan(PlanPolicy(batch_size=7, world_size=3, workers=1, seed=5), segment=0,
+                       epoch=1, layout=None)
+    assert again.order is plan.order  # one permutation of the units for both shapes
+    fresh = EpochPlan(units.rows, small, epoch=1, groups=units.source)
+    assert np.array_equal(fresh.order, plan.order) and _digest(fresh) == _digest(plan)
+    assert units.plan(small, segment=0, epoch=2, layout=None).order is not plan.order
+    assert pickle.loads(pickle.dumps(units)).orders == {} and len(units.orders) == 2

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lakeckpt_tables.plan.compact import Orders, Same
+from lakeckpt_tables.plan.compact import Orders, PartsView, Same
 from lakeckpt_tables.plan.order import unit_order
 from lakeckpt_tables.plan.pieces import Piece, Span, coalesce, cut_layout
 from lakeckpt_tables.plan.policy import PlanPolicy, derive_seed
@@ -55,7 +55,7 @@ class EpochPlan:
         segment: int = 0,
         epoch: int = 0,
         layout: Sequence[Piece] | None = None,
-        groups: Sequence[int] | np.ndarray[Any, Any] | Same | None = None,
+        groups: Sequence[int] | np.ndarray[Any, Any] | Same | PartsView | None = None,
         orders: Orders | None = None,
     ) -> None:
         self.policy = policy
@@ -65,11 +65,13 @@ class EpochPlan:
         self._rows = rows if rows.dtype.kind in "iu" else rows.astype(np.int64)
         if isinstance(groups, Same):  # every group one unit: the order of no groups
             groups = None
+        parts = groups.parts if isinstance(groups, PartsView) else None
         key = (policy.shuffle, policy.shuffler, policy.seed, segment, epoch)
         if orders is not None and key in orders:
             self.order, self._kept = orders[key]
         else:
-            self.order = unit_order(len(rows), policy, segment, epoch, None if groups is None
+            self.order = unit_order(len(rows), policy, segment, epoch, parts if parts is not None
+                                    else None if groups is None
                                     else np.asarray(groups, dtype=np.int64))
             self._kept = self._kept_offsets()
             if orders is not None:

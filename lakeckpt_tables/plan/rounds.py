@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lakeckpt_tables.plan.compact import Orders, Same, compact
+from lakeckpt_tables.plan.compact import Orders, Parts, PartsView, Same, compact
 from lakeckpt_tables.plan.epoch import EpochPlan
 from lakeckpt_tables.plan.pieces import Piece
 from lakeckpt_tables.plan.policy import PlanPolicy
@@ -126,8 +126,8 @@ class RoundUnits:
 
     units: Sequence[Unit]
     rows: np.ndarray[Any, Any]
-    source: np.ndarray[Any, Any] | Same
-    first: np.ndarray[Any, Any] | Same
+    source: np.ndarray[Any, Any] | Same | PartsView
+    first: np.ndarray[Any, Any] | Same | PartsView
     reading: Sequence[Unit] = ()
     origins: tuple[Origin, ...] = ()
     origin: Origin = (None, 0)
@@ -162,6 +162,14 @@ class RoundUnits:
         if not groups and (not len(sizes) or int(parts.max()) == 1):
             n = len(sizes)
             return cls(units, compact(sizes), Same(n), Same(n, 0), units, (), origin)
+        if not groups:
+            split = Parts(sizes, parts)
+            rows = np.empty(len(split), dtype=np.int32 if unit_rows < 2**31 else np.int64)
+            for c in range(0, len(rows), 1 << 16):
+                _, lo, hi = split.bounds(np.arange(c, min(c + (1 << 16), len(rows))))
+                rows[c:c + len(lo)] = hi - lo
+            return cls(units, rows, split.view("group"), split.view("first"), units, (),
+                       origin)
         source = first = end = np.zeros(0, dtype=np.int64)
         if len(sizes):
             source = np.repeat(np.arange(len(units), dtype=np.int64), parts)

@@ -123,3 +123,28 @@ def test_a_rounds_plans_share_its_unit_order_and_pickle_without_it() -> None:
     assert np.array_equal(fresh.order, plan.order) and _digest(fresh) == _digest(plan)
     assert units.plan(small, segment=0, epoch=2, layout=None).order is not plan.order
     assert pickle.loads(pickle.dumps(units)).orders == {} and len(units.orders) == 2
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_replan_takes_every_slices_rest_as_its_windows_would_give_it(shuffle: bool) -> None:
+    from lakeckpt_tables.plan import replan
+    from lakeckpt_tables.plan.pieces import coalesce
+    from lakeckpt_tables.plan.replan import rest
+
+    rng = np.random.default_rng(11)
+    rows = rng.integers(0, 300, 400)  # units of no rows among them
+    old = PlanPolicy(batch_size=7, world_size=3, workers=2, seed=2, shuffle=shuffle,
+                     shuffle_window=5)
+    plans = [EpochPlan(rows, old)]
+    positions = [(0, int(e[len(e) // 2])) for e in map(plans[0].batch_ends, range(6))]
+    _, layouts = replan(rows, old, {}, positions)  # a layout of seeded and plain pieces
+    new = PlanPolicy(batch_size=5, world_size=2, workers=3, seed=2, shuffle=shuffle,
+                     shuffle_window=4)
+    plans.append(EpochPlan(rows, new, layout=layouts[0]))
+    assert any(p.seed is not None for p in layouts[0]) == shuffle
+    for plan in plans:
+        for g in range(plan.policy.slices):
+            ends = [0, *plan.batch_ends(g).tolist()]
+            for position in {*ends[::3], ends[-1], plan.delivered_rows(g)}:
+                assert coalesce(rest(plan, g, position)) == coalesce(
+                    plan.remaining(g, position)), (g, position)

@@ -176,19 +176,28 @@ class EpochPlan:
         for i in range(0, len(chunks), k):
             group = chunks[i : i + k]
             window = Piece.plain(group)
-            if self.policy.shuffle:
-                seed = derive_seed(self.policy.seed, self.segment, self.epoch, g,
-                                   first_index + len(out), "window")
-                window = Piece(window.spans, seed, 0, window.size, self.policy.shuffler)
-            out.append(window)
+            out.append(self.window(g, first_index + len(out), window))
         return out
+
+    def window(self, g: int, index: int, rows: Piece) -> Piece:
+        """Slice ``g``'s ``index``-th window, of the plain piece ``rows``: permuted by its own
+        seed when the plan shuffles."""
+        if not self.policy.shuffle:
+            return rows
+        seed = derive_seed(self.policy.seed, self.segment, self.epoch, g, index, "window")
+        return Piece(rows.spans, seed, 0, rows.size, self.policy.shuffler)
+
+    def unit_cuts(self, span: Span) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Where units end strictly inside a base-space span (repeated at units of no
+        rows): the span's chunks run between them."""
+        a, b = span
+        _, offsets = self._offsets_between(a, b)
+        return offsets[(offsets > a) & (offsets < b)]
 
     def _unit_chunks(self, span: Span) -> list[Span]:
         """Cut a base-space span at unit boundaries."""
-        a, b = span
-        _, offsets = self._offsets_between(a, b)
-        cuts = offsets[(offsets > a) & (offsets < b)].tolist()
-        return list(zip([a, *cuts], [*cuts, b], strict=True))
+        cuts = self.unit_cuts(span).tolist()
+        return list(zip([span[0], *cuts], [*cuts, span[1]], strict=True))
 
     def locate(self, spans: Sequence[Span]) -> list[tuple[int, int, int]]:
         """Map base-space spans to ``(canonical unit index, first row, end row)`` chunks.
@@ -224,11 +233,13 @@ class EpochPlan:
         for window in self.windows(g):
             end = offset + window.size
             if end > position:
-                start = max(position - offset, 0)
-                whole = window.lo == 0 and window.hi == sum(b - a for a, b in window.spans)
-                if start == 0 and whole:
-                    out.append(Piece.plain(window.spans))
-                else:
-                    out.append(window.cut(start, window.size))
+                out.extend(self.remaining_of(window, max(position - offset, 0)))
             offset = end
         return out
+
+    @staticmethod
+    def remaining_of(window: Piece, start: int) -> list[Piece]:
+        """A window's rows from emission row ``start`` on: plain when it is whole."""
+        whole = window.lo == 0 and window.hi == sum(b - a for a, b in window.spans)
+        return [Piece.plain(window.spans) if start == 0 and whole
+                else window.cut(start, window.size)]

@@ -15,6 +15,9 @@ def test_bench_scale_reports_every_figure_and_they_add_up() -> None:
     assert len(data["plan_s_each"]) == len(data["plan_mib_each"]) == 3  # first, middle, last
     assert data["plan_s"] == max(data["plan_s_each"]) > 0 and data["plan_mib"] > 0
     assert 0 < data["state_bytes_p50"] <= data["state_bytes_max"] < data["merged_state_bytes"]
+    # a worker's state after the re-plan carries the layout of every old slice's rest
+    assert data["replanned_state_bytes"] > data["state_bytes_max"]
+    assert data["state_kib"] * 1024 == data["replanned_state_bytes"]
     assert len(data["commit_ms"]) == 2 and all(c > g > 0 for c, g in
                                                 zip(data["commit_ms"], data["gather_ms"],
                                                     strict=True))

@@ -80,6 +80,7 @@ class ScaleReport:
     state_bytes_max: int
     state_bytes_p50: int
     merged_state_bytes: int
+    replanned_state_bytes: int
     capture_s: float
     records_per_save: int
     commit_ms: list[float]
@@ -100,7 +101,8 @@ class ScaleReport:
         return {"plan_s": max(self.plan_s_each), "plan_mib": max(self.plan_mib_each),
                 "commit_p50_ms": statistics.median(commits),
                 "commit_p99_ms": commits[min(len(commits) - 1, int(0.99 * len(commits)))],
-                "restore_s": max(self.restore_s_each), "state_kib": self.state_bytes_max / 1024}
+                "restore_s": max(self.restore_s_each),
+                "state_kib": max(self.state_bytes_max, self.replanned_state_bytes) / 1024}
 
     def to_json(self) -> dict[str, Any]:
         figures = self.figures()
@@ -261,8 +263,8 @@ def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
         assert stored is not None
         restored = decode_state(stored.reader_state)
         del readers, shared, plan
-        restore_s, restore_cpu_s, restore_rows = _restore(source, restored, elastic_ranks,
-                                                          workers)
+        restore_s, restore_cpu_s, restore_rows, replanned_bytes = _restore(
+            source, restored, elastic_ranks, workers)
         progress(f"restore on {elastic_ranks} ranks: {max(restore_s):.2f} s "
                  f"({max(restore_cpu_s):.2f} s CPU)")
     consumed_rows = sum(p for _, p in ReaderState.from_dict(restored).positions())
@@ -270,15 +272,17 @@ def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
         ranks, workers, files, row_groups, elastic_ranks, len(units), int(units.rows.sum()),
         listing_mib, plan_s, plan_cpu_s, plan_mib, worker_bytes[-1],
         worker_bytes[len(worker_bytes) // 2], len(json.dumps(final, separators=(",", ":"))),
+        replanned_bytes,
         capture_s, records, commit_ms, commit_cpu_ms, gather_ms, restore_s, restore_cpu_s,
         restore_rows, consumed_rows, recorded, total_saves, ledger_bytes, ledger_files)
 
 
 def _restore(source: SyntheticSource, state: dict[str, Any], ranks: int,
-             workers: int) -> tuple[list[float], list[float], int]:
+             workers: int) -> tuple[list[float], list[float], int, int]:
     """Seconds for one fresh rank (first and last) of ``ranks`` to load ``state`` and stand
-    ready at its first slice's windows; and the rows the re-planned round holds."""
-    times, cpus, rows = [], [], 0
+    ready at its first slice's windows; the rows the re-planned round holds, and the bytes
+    of a worker's ``state_dict()`` there (it carries the re-planned layout)."""
+    times, cpus, rows, size = [], [], 0, 0
     shape: PlanShape = (ranks, workers, BATCH_SIZE)
     for rank in sorted({0, ranks - 1}):
         gc.collect()
@@ -291,7 +295,9 @@ def _restore(source: SyntheticSource, state: dict[str, Any], ranks: int,
         times.append(time.perf_counter() - started)
         cpus.append(time.process_time() - cpu)
         rows = plan.rows
-    return times, cpus, rows
+        dataset._cursor = cursor
+        size = max(size, len(json.dumps(dataset.state_dict(), separators=(",", ":"))))
+    return times, cpus, rows, size
 
 
 def _disk(path: str) -> tuple[int, int]:
@@ -316,8 +322,8 @@ def format_report(report: ScaleReport) -> str:
         f"  plan memory per rank (peak)       {data['plan_mib']:8.1f} MiB  (<= 64: "
         f"{mark['plan_mib']})",
         f"  worker state max / p50            {report.state_bytes_max:8,} / "
-        f"{report.state_bytes_p50:,} B (<= 64 KiB: {mark['state_kib']}); merged "
-        f"{report.merged_state_bytes:,} B",
+        f"{report.state_bytes_p50:,} B; merged {report.merged_state_bytes:,} B; a worker's "
+        f"after the re-plan {report.replanned_state_bytes:,} B (<= 64 KiB: {mark['state_kib']})",
         f"  capture per rank (accounting)     {report.capture_s:8.2f} s",
         f"  commit p50 / p99                  {data['commit_p50_ms']:8.0f} / "
         f"{data['commit_p99_ms']:.0f} ms (<= 200: {mark['commit_p50_ms']}; CPU p50 "

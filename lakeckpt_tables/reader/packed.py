@@ -18,27 +18,18 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import torch
 
 from lakeckpt_tables.errors import PackingError, StateMismatchError
 from lakeckpt_tables.plan import Piece
-from lakeckpt_tables.plan.accounting import Consumed
 from lakeckpt_tables.reader.convert import Batch
 from lakeckpt_tables.reader.loaders import next_worker_in_turn
 from lakeckpt_tables.reader.options import Packing, ReaderOptions
 from lakeckpt_tables.reader.planner import Cursor, rank_slices, require_whole
 from lakeckpt_tables.reader.rounds import Round, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
-from lakeckpt_tables.reader.token_plan import (
-    TokenPlan,
-    consumed_rows,
-    packed_batches,
-    stream_sizes,
-)
+from lakeckpt_tables.reader.token_plan import TokenPlan, packed_batches, stream_sizes
 from lakeckpt_tables.sources.base import Snapshot
-from lakeckpt_tables.types import Unit
 
 __all__ = ["TokenPlanner", "sequences"]
 
@@ -106,41 +97,9 @@ class TokenPlanner:
 
     def round_plan(self, *args: Any, **kwargs: Any) -> Any:
         raise PackingError("a packing LakeDataset has token plans, not row plans: account for "
-                           "it with TokenPlanner.consumed")
+                           "it with checkpoint.consumption (NOTE [ packed accounting ])")
 
     round_at = round_plan
-
-    def consumed(self, before: ReaderState | None, after: ReaderState) -> list[Consumed]:
-        """The rows every slice consumed between two states: a row counts for the state
-        whose range holds its eos (``token_plan.consumed_rows``), so rows split across
-        sequences or checkpoints are counted once. ``before`` (None: the start) is first
-        re-planned to ``after``'s shape, as the reader did on an elastic resume."""
-        shape = after.plan
-        if shape is None:
-            return []
-        if before is not None:
-            before = self.reshape(before, shape)
-        units = self.snapshot.units
-        rows = [u.rows for u in units]
-        lengths = _Lengths(self.snapshot.row_reader(), units, self.packing.column)
-        out: list[Consumed] = []
-        for g, end in enumerate(after.slices):
-            if end is None:
-                continue
-            prior = None if before is None else before.slices[g]
-            start = (0, 0) if prior is None else prior
-            rank, worker = divmod(g, shape[1])
-            for index in range(start[0], min(end[0], self.epochs - 1) + 1):
-                plan = self.token_plan(shape, index, after.layouts.get(index))
-                lo = start[1] if index == start[0] else 0
-                hi = end[1] if index == end[0] else plan.per_slice
-                if lo >= hi:
-                    continue
-                for u, first, last in consumed_rows(plan, g, lo, hi, rows, lengths):
-                    unit = units[u]
-                    out.append(Consumed(rank, worker, 0, index, unit.path, unit.row_group,
-                                        first, last, last - first))
-        return out
 
     def batches(self, plan: TokenPlan, batch_size: int) -> int:
         return math.ceil(plan.per_slice / batch_size)
@@ -234,24 +193,3 @@ class TokenPlanner:
             layouts[index] = (Piece.plain(plan.remaining(delivered)),)
         return ReaderState(state.table, state.version, state.config, shape, layouts,
                            ((first, 0),) * (shape[0] * shape[1]), {}, state.policy)
-
-
-class _Lengths:
-    """Token counts of each live row of a unit, read once per unit (the accounting asks only
-    for the units a checkpoint falls inside)."""
-
-    def __init__(self, reader: Any, units: Sequence[Unit], column: str) -> None:
-        self.reader, self.units, self.column = reader, units, column
-        self.known: dict[int, np.ndarray[Any, Any]] = {}
-
-    def __call__(self, u: int) -> np.ndarray[Any, Any]:
-        if u not in self.known:
-            array = self.reader.read(self.units[u], [self.column]).column(self.column)
-            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
-            if pa.types.is_fixed_size_list(array.type):
-                lengths = np.full(len(array), array.type.list_size, dtype=np.int64)
-            else:
-                offsets = array.offsets.to_numpy(zero_copy_only=False)
-                lengths = np.diff(offsets).astype(np.int64)
-            self.known[u] = lengths
-        return self.known[u]

@@ -43,7 +43,7 @@ from lakeckpt_tables.plan.pieces import cut_spans
 from lakeckpt_tables.reader.packing import PackCarry, pack_array
 from lakeckpt_tables.types import Unit
 
-__all__ = ["TokenPlan", "consumed_rows", "packed_batches", "stream_sizes"]
+__all__ = ["TokenPlan", "packed_batches", "stream_sizes"]
 
 Interval = tuple[int, int]
 CHUNK_TOKENS = 1 << 16
@@ -121,45 +121,6 @@ class TokenPlan:
                 else:
                     out.append((lo, hi))
         return out
-
-
-def consumed_rows(plan: TokenPlan, q: int, before: int, after: int, rows: Sequence[int],
-                  lengths: Callable[[int], np.ndarray[Any, Any]]) -> list[tuple[int, int, int]]:
-    """The rows slice ``q`` consumed between positions ``before`` and ``after`` (sequences):
-    ``(unit, first row, end row)`` ranges. A row is counted by the checkpoint whose range holds
-    its eos, so every row is counted once however sequences and checkpoints cut it.
-
-    Args:
-        plan: the round's token plan.
-        q: the slice.
-        before, after: sequences the slice had delivered at the two checkpoints.
-        rows: live rows of each unit (canonical order).
-        lengths: the token count of each row of unit ``u``, asked only for the units a range
-            starts or ends inside (a unit wholly inside is all of its rows, unread).
-
-    Returns:
-        Ranges of live-row positions in stream order, neighbours merged.
-    """
-    base = q * plan.per_slice * plan.seq_len
-    starts = plan.starts
-    out: list[tuple[int, int, int]] = []
-    for a, b in cut_spans(plan.layout, base + before * plan.seq_len, base + after * plan.seq_len):
-        k = int(np.searchsorted(starts, a, side="right")) - 1
-        while k < len(plan.order) and int(starts[k]) < b:
-            s, e, u = int(starts[k]), int(starts[k + 1]), plan.order[k]
-            if a <= s and e <= b:
-                first, end = 0, rows[u]
-            else:  # the rows whose eos (stream position within the unit) is in [a, b)
-                eos = np.cumsum(np.asarray(lengths(u), dtype=np.int64) + 1) - 1
-                first = int(np.searchsorted(eos, max(a, s) - s, side="left"))
-                end = int(np.searchsorted(eos, min(b, e) - s, side="left"))
-            if first < end:
-                if out and out[-1][0] == u and out[-1][2] == first:
-                    out[-1] = (u, out[-1][1], end)
-                else:
-                    out.append((u, first, end))
-            k += 1
-    return out
 
 
 def stream_sizes(reader: Any, units: Sequence[Unit], column: str) -> list[int]:

@@ -17,6 +17,7 @@ two sorts. The rows and their order are the plan's as before (tests/test_plan_sc
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,10 +95,10 @@ class EpochPlan:
             kept[first + 1:first + 1 + len(sums)] = kept[first] + np.cumsum(sums)
         return kept
 
-    @property
+    @functools.cached_property
     def offsets(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Base-space offset of every position of :attr:`order`, and of the end (O(units)
-        memory: for audits; the plan itself keeps them per block)."""
+        memory, kept once asked for: for audits; the plan itself keeps them per block)."""
         return np.concatenate([[0], np.cumsum(self._rows[self.order], dtype=np.int64)])
 
     def _offsets_between(self, a: int, b: int) -> tuple[int, np.ndarray[Any, Any]]:

@@ -254,7 +254,7 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                 cache: dict[Any, Any] | None = None, source_catalog: Any = None) -> Any:
     """A reader configured as the one that captured ``state`` (never iterated: it plans)."""
     from lakeckpt_tables.audit.sources import open_source, recorded_catalogs
-    from lakeckpt_tables.reader.dataset import LakeDataset
+    from lakeckpt_tables.reader.dataset import LakeDataset, cycling
 
     config = dict(state.config)
     key = (state.table, state.version, repr(sorted(config.items())), state.plan)
@@ -291,6 +291,8 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                           unit_rows=int(config.get("unit_rows", DEFAULT_UNIT_ROWS)), **kwargs)
     # the permutation the run's windows were shuffled with (NOTE [ keyed permutation ])
     dataset.shuffler = str(config.get("shuffler", LEGACY))
+    if config.get("cycle"):  # a cycling Mixture's source: its epochs go on
+        dataset = cycling(dataset)
     if cache is not None:
         cache[key] = dataset
     return dataset

@@ -45,7 +45,7 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
     (the reader's cache), ``transform`` is the dataset's."""
     packing, units = planner.packing, planner.snapshot.units
     g, index = cursor.slice_index, cursor.epoch
-    while index < planner.epochs:
+    while planner.epochs is None or index < planner.epochs:
         plan = planner.token_plan(cursor.shape, index, cursor.layouts.get(index))
         if plan.tail and g == 0:
             log.warning("%s epoch %d: %d token(s) (with eos) cannot be split in lockstep into "
@@ -56,7 +56,8 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
             cursor.epoch, cursor.position = index, 0
         for ids, positions, position, _ in packed_batches(
                 plan, units, g, start, read=read, column=packing.column,
-                seq_len=packing.seq_len, eos_id=packing.eos_id, batch_size=cursor.shape[2]):
+                seq_len=packing.seq_len, eos_id=packing.eos_id, batch_size=cursor.shape[2],
+                read_ahead=planner.read_ahead):
             cursor.epoch, cursor.position = index, position
             batch = Batch(input_ids=torch.from_numpy(ids),
                           position_ids=torch.from_numpy(positions))
@@ -76,7 +77,9 @@ class TokenPlanner:
         """``sizes``: the stream sizes per version, a cache the reader's configuration keeps."""
         self.packing, self.snapshot, self.sizes, self.rounds = packing, snapshot, sizes, rounds
         o = options
-        self.rank, self.epochs, self.seed, self.shuffle = o.rank, o.epochs, o.seed, o.shuffle
+        self.rank, self.seed, self.shuffle = o.rank, o.seed, o.shuffle
+        self.read_ahead = o.read_ahead
+        self.epochs = rounds.epochs  # None: endless (ReaderConfig.cycle)
         self.where = snapshot.describe()
 
     def stream_sizes(self) -> list[int]:
@@ -100,6 +103,10 @@ class TokenPlanner:
                            "it with checkpoint.consumption (NOTE [ packed accounting ])")
 
     round_at = round_plan
+
+    def _last(self, epoch: int) -> int:
+        """The last epoch to look at for slices standing at most in ``epoch``."""
+        return epoch if self.epochs is None else min(epoch, self.epochs - 1)
 
     def batches(self, plan: TokenPlan, batch_size: int) -> int:
         return math.ceil(plan.per_slice / batch_size)
@@ -130,7 +137,7 @@ class TokenPlanner:
             if s is None:
                 continue
             index, position = s
-            if index >= self.epochs:
+            if self.epochs is not None and index >= self.epochs:
                 problems.append(f"slice {g} stands in epoch {index} of a {self.epochs}-epoch "
                                 "pass")
                 continue
@@ -144,6 +151,8 @@ class TokenPlanner:
 
     def pass_finished(self, cursor: Cursor) -> bool:
         """Whether a slice standing at ``cursor`` has delivered its whole pass."""
+        if self.epochs is None:
+            return False
         if cursor.epoch >= self.epochs:
             return True
         plan = self.token_plan(cursor.shape, cursor.epoch, cursor.layouts.get(cursor.epoch))
@@ -157,10 +166,12 @@ class TokenPlanner:
             return held
         done, due = [], []
         origin = min(resume.layouts, default=0)
+        last = self.epochs - 1 if self.epochs is not None else max(
+            s[0] for g in mine if (s := resume.slices[g]) is not None)
         for g in mine:
             epoch, position = resume.slices[g] or (origin, 0)
             d = n = 0
-            for index in range(origin, self.epochs):
+            for index in range(origin, last + 1):
                 plan = self.token_plan(shape, index, resume.layouts.get(index))
                 count = self.batches(plan, shape[2])
                 n += count
@@ -169,7 +180,7 @@ class TokenPlanner:
                 elif index == epoch:
                     d += math.ceil(position / shape[2])
             done.append(d)
-            due.append(n)
+            due.append(n if self.epochs is not None else n + 1)  # endless: never runs dry
         return mine[(worker + next_worker_in_turn(done, due)) % len(mine)]
 
     def reshape(self, state: ReaderState, shape: PlanShape) -> ReaderState:
@@ -184,7 +195,7 @@ class TokenPlanner:
         require_whole(state, shape)
         positions = state.positions()
         first = min(e for e, _ in positions)
-        last = min(max(e for e, _ in positions), self.epochs - 1)
+        last = self._last(max(e for e, _ in positions))
         layouts: dict[int, tuple[Piece, ...]] = {}
         for index in range(first, last + 1):
             plan = self.token_plan(state.plan, index, state.layouts.get(index))

@@ -104,9 +104,8 @@ def read_summary(fs: pa_fs.FileSystem, base: str, data_file: str, size: int) -> 
     return table.replace_schema_metadata(None)
 
 
-SUMMED_COLUMNS: Final = (s.RUN_ID, s.CHECKPOINT_ID, s.STEP, s.SOURCE_KEY, s.SEGMENT, s.EPOCH,
-                         s.COMMITTED_AT, s.ROWS)
-"""The columns of consumption rows :func:`summarize` needs."""
+SUMMED_COLUMNS: Final = tuple(c for c in SUMMARY_SCHEMA.names if c in s.LEDGER_SCHEMA.names)
+"""The columns of consumption rows :func:`summarize` needs: the summary's own."""
 
 
 def consumed(files: Iterable[tuple[str, int]],

@@ -25,7 +25,7 @@ FILE_ROWS = 262_144
 """At most this many rows per file a compaction writes: what it holds in memory at once (a
 step with more rows than this alone makes a file of its own)."""
 
-SLICE_ROWS = 65_536
+SLICE_ROWS = 131_072
 """About this many rows per read of a compaction."""
 
 Slice = tuple[str, str, int, int]

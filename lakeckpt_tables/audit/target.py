@@ -212,7 +212,15 @@ def _iceberg(identifier: str, catalog: Any) -> LedgerSnapshot:
     if current is None:
         return LedgerSnapshot(f"iceberg:{identifier}", None, s.LEDGER_SCHEMA.empty_table(),
                               catalog)
+    from lakeckpt_tables.ledger.iceberg_files import IcebergFiles, snapshot_files
+
     try:
+        # lazy, as a Delta ledger's, unless delete files need pyiceberg's own scan
+        files, lazy = snapshot_files(table, current.snapshot_id), IcebergFiles.of(table)
+        if files is not None and lazy is not None:
+            return LedgerSnapshot(f"iceberg:{identifier}", int(current.snapshot_id),
+                                  catalog=catalog, dataset=lazy.dataset(files),
+                                  consumed=functools.partial(lazy.consumed, files))
         rows = table.scan(snapshot_id=current.snapshot_id).to_arrow()
     except OSError as e:
         raise LedgerError(f"ledger {where} could not be read: {e}") from e

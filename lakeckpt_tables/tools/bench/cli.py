@@ -131,14 +131,33 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "(default: a temporary directory, removed afterwards)")
     follow.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    from lakeckpt_tables.tools.bench.audit import DEFAULT_CHECKPOINTS, QUICK_CHECKPOINTS
+    from lakeckpt_tables.tools.bench.audit import (
+        BATCH,
+        DEFAULT_CHECKPOINTS,
+        LEDGERS,
+        QUICK_CHECKPOINTS,
+        RECORDS,
+    )
 
-    audit = sub.add_parser("audit", help="progress, verify and commit latency on a big ledger",
+    audit = sub.add_parser("audit", help="progress, verify, maintain and commit latency on a "
+                           "big ledger",
                            description="A ledger of 100,000 checkpoints x 64 consumption "
-                           "records: maintain, then time progress, verify of one run, and "
-                           "commit latency.")
+                           "records (or --records in all): maintain, then time progress, verify "
+                           "of one run, and commit latency; the CLI's wall time, CPU time and "
+                           "peak memory for each command.")
     audit.add_argument("--checkpoints", type=_positive, default=DEFAULT_CHECKPOINTS,
                        help=f"checkpoints in the ledger (default {DEFAULT_CHECKPOINTS:,})")
+    audit.add_argument("--records", type=_positive, default=None,
+                       help="consumption records in all (sets --checkpoints to RECORDS / "
+                       "--per-checkpoint), e.g. 1000000")
+    audit.add_argument("--per-checkpoint", type=_positive, default=None,
+                       help=f"consumption records per checkpoint (default {RECORDS}; 100 with "
+                       "--records)")
+    audit.add_argument("--ledger", choices=LEDGERS, default="delta",
+                       help="the ledger's table format (default delta)")
+    audit.add_argument("--batch", type=_positive, default=BATCH,
+                       help=f"checkpoints per commit while building (default {BATCH}): the "
+                       "files maintain compacts")
     audit.add_argument("--quick", action="store_const", dest="checkpoints",
                        const=QUICK_CHECKPOINTS, help=f"{QUICK_CHECKPOINTS:,} checkpoints")
     audit.add_argument("--dir", metavar="PATH", default=None,
@@ -357,9 +376,12 @@ def _follow(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from lakeckpt_tables.tools.bench.audit import format_report, run_audit_bench
+    from lakeckpt_tables.tools.bench.audit import RECORDS, format_report, run_audit_bench
 
-    report = run_audit_bench(checkpoints=args.checkpoints, root=args.dir, progress=_progress)
+    per = args.per_checkpoint or (100 if args.records else RECORDS)
+    checkpoints = args.records // per if args.records else args.checkpoints
+    report = run_audit_bench(checkpoints=checkpoints, records=per, ledger=args.ledger,
+                             batch=args.batch, root=args.dir, progress=_progress)
     return _emit(report, args.json, format_report)
 
 

@@ -59,3 +59,26 @@ def test_iceberg_ledger_commits_and_reads_back_through_the_roots_storage_options
                            storage=Storage(f"s3://{bucket}/warehouse", s3.options()))
     assert direct.latest("r") is not None and direct.latest("r").step == 2
     assert not any(key.startswith("s3.") for key in plain.properties)
+
+
+@pytest.mark.timeout(60)
+def test_reading_an_iceberg_ledger_takes_the_storage_options_given_to_the_read(
+        s3: S3Server, shadow_env: S3Server, tmp_path: Path) -> None:
+    """`lakeckpt progress/verify/audit iceberg:... --storage-options` read the ledger with
+    them, not with the environment's (which points at another server here)."""
+    from lakeckpt_tables.audit.target import read_ledger
+    from lakeckpt_tables.audit.views import connect
+
+    bucket = s3.bucket("ledger")
+    catalog = SqlCatalog("lakeckpt", uri=f"sqlite:///{tmp_path}/catalog.db",
+                         warehouse=f"s3://{bucket}/warehouse")
+    writer = IcebergLedger("ml.ledger", catalog=catalog,
+                           storage=Storage(f"s3://{bucket}/warehouse", s3.options()))
+    writer.commit(_checkpoint(1), [ConsumptionRecord(0, 0, 0, 0, "part-0.parquet", 0, 0, 10)])
+
+    snapshot = read_ledger("iceberg:ml.ledger", catalog=catalog, storage_options=s3.options())
+    assert snapshot.version is not None  # the table's snapshot was read, from the server
+    with connect("iceberg:ml.ledger", catalog=catalog, storage_options=s3.options()) as con:
+        assert con.execute("select sum(rows) from consumption").fetchall() == [(10,)]
+    assert shadow_env.requests() == []
+    assert not any(key.startswith("s3.") for key in catalog.properties)

@@ -100,8 +100,9 @@ def read_ledger(target: Any, *, catalog: Any = None,
         target: a checkpoint root (its ``_ledger`` directory, or the ledger directory
             itself), ``"delta:<uri>"``, ``"iceberg:<namespace.table>"``, or a ledger object.
         catalog: the pyiceberg catalog of an ``iceberg:`` spec; the default catalog when None.
-        storage_options: storage options of a Delta ledger (NOTE [ storage options ] in
-            :mod:`lakeckpt_tables.io.options`).
+        storage_options: storage options of the ledger's store (NOTE [ storage options ] in
+            :mod:`lakeckpt_tables.io.options`); for an Iceberg ledger, of its catalog's
+            warehouse (NOTE [ iceberg ledger store ] in :mod:`lakeckpt_tables.ledger.iceberg`).
 
     Returns:
         The ledger's rows at its newest version.
@@ -117,7 +118,7 @@ def read_ledger(target: Any, *, catalog: Any = None,
     text = os.fspath(target)
     kind, _, rest = text.partition(":")
     if kind == "iceberg" and rest:
-        return _iceberg(rest, catalog)
+        return _iceberg(rest, catalog, storage_options)
     if kind == "delta" and rest:
         return _delta(rest, storage_options)
     root = text.rstrip("/")
@@ -195,13 +196,19 @@ def damage_error(target: Any, cause: Exception, *,
     return LedgerCorruptError(f"ledger {target} could not be read: {cause}")
 
 
-def _iceberg(identifier: str, catalog: Any) -> LedgerSnapshot:
+def _iceberg(identifier: str, catalog: Any,
+             storage_options: Mapping[str, str] | None = None) -> LedgerSnapshot:
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    from lakeckpt_tables.ledger.iceberg import with_store
 
     if catalog is None:
         from lakeckpt_tables.sources.iceberg import default_catalog
 
         catalog = default_catalog()
+    warehouse = catalog.properties.get("warehouse")
+    if storage_options and warehouse:
+        catalog = with_store(catalog, Storage(warehouse, storage_options))
     where = f"iceberg:{identifier} (catalog {catalog.name})"
     try:
         table = catalog.load_table(identifier)

@@ -43,6 +43,7 @@ from lakeckpt_tables.sources.base import (
     units_from_files,
 )
 from lakeckpt_tables.sources.commits import Commit, read_delta_commit
+from lakeckpt_tables.sources.lazy import checked_units
 from lakeckpt_tables.types import TableIdentity, Unit
 
 __all__ = ["READABLE_READER_FEATURES", "DeltaRowGroupReader", "DeltaSource"]
@@ -72,16 +73,21 @@ class DeltaSource:
         storage_options: for object stores; the log (delta-rs), the data files and follow
             mode's log polling all go through them, and nothing falls back to ``AWS_*``
             environment variables when they are given (:class:`~lakeckpt_tables.io.Storage`).
+        units: ``"row_groups"`` (every file's footer read when pinned) or ``"files"`` (a file
+            whose log entry gives its row count is one unit, its footer read by the reader
+            that reads it: NOTE [ lazy footers ] in ``sources/lazy.py``).
     """
 
     def __init__(self, uri: str | os.PathLike[str], *,
-                 storage_options: dict[str, str] | None = None) -> None:
+                 storage_options: dict[str, str] | None = None,
+                 units: str = "row_groups") -> None:
         if not isinstance(uri, str | os.PathLike) or not str(os.fspath(uri)).strip():
             raise SourceArgumentError(
                 f"DeltaSource(uri={uri!r}): a Delta table is named by its root directory, a "
                 "local path or a URI such as 's3://bucket/table'; for an Iceberg table in a "
                 "catalog use IcebergSource('namespace.table')")
         self.uri = str(os.fspath(uri))
+        self.units = checked_units(units, f"DeltaSource({self.uri!r})")
         self.storage_options = dict(storage_options or {})
         self._storage = Storage(self.uri, storage_options or None)
         self._snapshots: dict[int, Snapshot] = {}
@@ -176,9 +182,10 @@ class DeltaSource:
             raise TableMetadataError(
                 f"{where}: cannot list its files: {type(exc).__name__}: {_message(exc)}"
             ) from exc
-        units, _ = units_from_files(identity, pinned, files, self._storage)
+        units, _ = units_from_files(identity, pinned, files, self._storage, self.units)
         columns = {f.path: tuple(reader.schema.names) for f in files}  # missing ones read null
-        snap = Snapshot(identity, pinned, reader.schema, units, columns, types, reader)
+        snap = Snapshot(identity, pinned, reader.schema, units, columns, types, reader,
+                        whole_files=self.units == "files")
         with self._lock:
             self._snapshots[pinned] = snap
         return snap

@@ -183,7 +183,8 @@ class DeltaSource:
                 f"{where}: cannot list its files: {type(exc).__name__}: {_message(exc)}"
             ) from exc
         units, _ = units_from_files(identity, pinned, files, self._storage, self.units)
-        columns = {f.path: tuple(reader.schema.names) for f in files}  # missing ones read null
+        names = tuple(reader.schema.names)
+        columns = {f.path: names for f in files}  # missing ones read null
         snap = Snapshot(identity, pinned, reader.schema, units, columns, types, reader,
                         whole_files=self.units == "files")
         with self._lock:
@@ -377,16 +378,16 @@ def _data_files(dt: Any, root: str, reader: DeltaRowGroupReader) -> list[DataFil
     for i, rel in enumerate(paths):
         full = rel if "://" in rel else f"{root}/{unquote(rel)}"
         partition = tuple(sorted((parts[i] or {}).items())) if parts is not None else ()
-        missing = reader.partitions - {name for name, _ in partition}
+        missing = reader.partitions and reader.partitions - {name for name, _ in partition}
         if missing:
             raise TableMetadataError(
                 f"{reader.describe()}: the log gives data file {full} no value for partition "
                 f"column(s) {sorted(missing)}; the log is corrupt")
         counts = tuple(sorted((logical[k], int(v)) for k, v in (nulls[i] or {}).items()
                               if k in logical and isinstance(v, int)))
-        out.append(DataFile(full, sizes[i], None if rows is None else rows[i],
-                            deletes.pop(local_path_or_uri(full), None), partition,
-                            null_counts=counts or None))
+        deleted = deletes.pop(local_path_or_uri(full), None) if deletes else None
+        out.append(DataFile(full, sizes[i], None if rows is None else rows[i], deleted,
+                            partition, null_counts=counts or None))
     if deletes:  # never read a file without its deletion vector
         raise TableMetadataError(
             f"{reader.describe()}: deletion vectors name data file(s) the log does not list as "

@@ -204,3 +204,32 @@ def test_a_read_of_parts_decodes_the_row_groups_they_overlap_never_the_whole_fil
     ids = live[:5] + [i for (t, f, n), _ in cuts for i in t.slice(f, n)["id"].to_pylist()]
     assert ids == live
     assert sorted(set(decoded)) == list(range(10)) and WHOLE_FILE not in decoded
+
+
+def test_the_ledger_and_the_audit_name_the_rows_of_whole_file_units(tmp_path: Path) -> None:
+    from lakeckpt_tables.audit import rows, verify
+    from lakeckpt_tables.checkpoint import CheckpointManager
+    from lakeckpt_tables.ledger import DeltaLedger
+
+    write_delta(tmp_path / "t", [(0, 90), (90, 151)])  # row groups of 17 rows
+    dataset = LakeDataset(DeltaSource(str(tmp_path / "t"), units="files"), columns=["id"],
+                          batch_size=10, seed=2, unit_rows=25)
+    loader = loader_for(dataset, 0)
+    manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run")
+    delivered: list[list[int]] = []
+    for step, batch in enumerate(loader, 1):
+        delivered.append(batch["id"].tolist())
+        if step % 4 == 0 or step == 16:
+            manager.save(step, dataloader=loader)
+    assert sorted(i for b in delivered for i in b) == list(range(151))
+    records = DeltaLedger(str(tmp_path / "ckpt" / "_ledger")).checkpoints("run")
+    assert [r.step for r in records] == [4, 8, 12, 16]
+    offset = {u.path: 0 if u.rows == 90 else 90 for u in dataset.snapshot.units}
+    for record, first in zip(records, (0, 4, 8, 12), strict=True):
+        got = rows(str(tmp_path / "ckpt"), checkpoint=record.checkpoint_id)
+        assert set(got["row_group"].to_pylist()) == {WHOLE_FILE}  # rows: live rows of a file
+        ids = [offset[f] + r for f, r in zip(got["file"].to_pylist(), got["row"].to_pylist(),
+                                              strict=True)]
+        assert sorted(ids) == sorted(i for b in delivered[first:record.step] for i in b)
+    [verdict] = verify(str(tmp_path / "ckpt"))
+    assert verdict.violations == [] and verdict.rows == 151 and verdict.finished_passes

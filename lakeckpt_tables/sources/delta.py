@@ -96,6 +96,12 @@ class DeltaSource:
     def __repr__(self) -> str:
         return f"DeltaSource({self.uri!r})"
 
+    def with_units(self, units: str) -> DeltaSource:
+        """This table pinned with ``units`` (a reader state's: NOTE [ lazy footers ])."""
+        if units == self.units:
+            return self
+        return DeltaSource(self.uri, storage_options=self.storage_options or None, units=units)
+
     def _open(self, version: int | None) -> Any:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError

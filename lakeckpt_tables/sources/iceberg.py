@@ -108,6 +108,12 @@ class IcebergSource:
     def __repr__(self) -> str:
         return f"IcebergSource({self.identifier!r})"
 
+    def with_units(self, units: str) -> IcebergSource:
+        """This table pinned with ``units`` (a reader state's: NOTE [ lazy footers ])."""
+        if units == self.units:
+            return self
+        return IcebergSource(self.identifier, catalog=self._catalog_here(), units=units)
+
     def load_table(self) -> Any:
         """The table's current metadata (main process only)."""
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, ValidationError

@@ -233,3 +233,23 @@ def test_the_ledger_and_the_audit_name_the_rows_of_whole_file_units(tmp_path: Pa
         assert sorted(ids) == sorted(i for b in delivered[first:record.step] for i in b)
     [verdict] = verify(str(tmp_path / "ckpt"))
     assert verdict.violations == [] and verdict.rows == 151 and verdict.finished_passes
+
+
+def test_a_follower_of_whole_files_reads_appended_files_by_row_groups_exactly_once(
+        tmp_path: Path) -> None:
+    write_delta(tmp_path / "t", [(0, 50)])
+    write_delta(tmp_path / "t", [(50, 90), (90, 100)])  # versions 1 and 2
+
+    def dataset(**kw: Any) -> LakeDataset:
+        return LakeDataset(DeltaSource(str(tmp_path / "t"), units="files"), columns=["id"],
+                           batch_size=3, rank=kw.pop("rank", 0), world_size=2, seed=4,
+                           version=0, follow=True, until_version=2, min_segment_rows=10,
+                           unit_rows=8, **kw)
+
+    runs = [[b["id"].tolist() for b in loader_for(dataset(rank=r), 0)] for r in range(2)]
+    assert sorted(i for run in runs for b in run for i in b) == list(range(100))
+    loader = loader_for(dataset(rank=1), 0)
+    head = [b["id"].tolist() for b in itertools.islice(loader, 9)]  # into the first segment
+    resumed = loader_for(dataset(rank=1), 0)
+    resumed.load_state_dict(loader.state_dict())
+    assert head + [b["id"].tolist() for b in resumed] == runs[1]

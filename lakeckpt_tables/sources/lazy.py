@@ -22,11 +22,17 @@ deleted rows of each). A data file is immutable and checked, so every process ma
 same rows. Decoded row groups are cached per real row group (``reader/_cache.py``): a part never
 decodes a whole file, and the parts of one row group decode it once.
 
+Consumption records of a whole-file unit name row group ``WHOLE_FILE`` (-1) and a range of
+the file's live rows; the audit replays them with the source pinned as the state says.
 Follow segments (files appended after the pin) keep row-group units: their footers are read
-when the segment is listed, as before. A reader state records ``"units": "files"`` in its
-configuration when its snapshot was pinned so; states without the key (every state written
-before whole-file units existed) mean row-group units, and a reader resumes one only with a
-source pinned the same way (a mismatch is refused, naming the key, never read differently).
+when the segment is listed, as before. A packing reader (token counts per row group) refuses
+whole-file units by name.
+
+Compatibility: a reader state records ``"units": "files"`` in its configuration when its
+snapshot was pinned so; states without the key (every state written before whole-file units
+existed) mean row-group units, the default, and resume exactly as before. A reader resumes a
+state only with a source pinned the same way: a mismatch is refused naming the key
+(``StateMismatchError``), never read differently.
 """
 
 from __future__ import annotations

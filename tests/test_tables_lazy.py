@@ -181,14 +181,15 @@ def test_an_unknown_kind_of_unit_is_refused_by_name() -> None:
 
 def test_a_read_of_parts_decodes_the_row_groups_they_overlap_never_the_whole_file(
         tmp_path: Path) -> None:
-    from lakeckpt_tables.plan import EpochPlan, PlanPolicy
-    from lakeckpt_tables.plan.rounds import RoundUnits
+    from lakeckpt_tables.plan import PlanPolicy
+    from lakeckpt_tables.plan.rounds import Round, RoundUnits, Tails
     from lakeckpt_tables.reader.loop import batches
 
     catalog, live = _iceberg_with_deletes(tmp_path)
     snap = IcebergSource("ns.parted", catalog=catalog, units="files").snapshot()
     units = RoundUnits.of(snap.units, 5)  # 34 live rows: 7 parts
-    plan = EpochPlan(units.rows, PlanPolicy(batch_size=5, shuffle=False), groups=units.source)
+    plan = Tails(PlanPolicy(batch_size=5, shuffle=False), {}).plan(
+        Round(0, 0, 0, None, snap.version), units)
     reader = snap.row_reader()
     decoded: list[int] = []
 

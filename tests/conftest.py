@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -251,3 +252,21 @@ def tail_ids(plan: EpochPlan, unit_ids: Sequence[np.ndarray[Any, Any]]) -> list[
     """Ids the plan reports as the epoch's undelivered tail."""
     ids = base_ids(plan, unit_ids)
     return [int(i) for piece in plan.tail() for i in ids[piece.rows()]]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants: torchrun starts each rank in a session of its own, so
+    killing an agent's process group would leave its ranks running."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):  # the task ended meanwhile
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return [pid] + [p for child in children for p in process_tree(child)]
+
+
+def lose_machine(pid: int) -> None:
+    """SIGKILL ``pid`` (a torchrun agent, say) and every process under it at once, as a lost
+    machine would."""
+    for each in process_tree(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGKILL)

@@ -10,7 +10,6 @@ records add up to every row group once, and it names every segment and the skipp
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import loader_for, take
+from conftest import loader_for, lose_machine, take
 from test_follow import (
     Written,
     assert_segment_events,
@@ -63,28 +62,11 @@ def _start(table: Path, root: Path, out: Path, *extra: str,
         return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
 
-def _job_pids(pid: int) -> list[int]:
-    """``pid`` and its descendants: torchrun starts each rank in a session of its own, so
-    killing torchrun's process group would leave the ranks running."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):  # the task ended meanwhile
-            children += [int(c) for c in (task / "children").read_text().split()]
-    return [pid] + [p for child in children for p in _job_pids(child)]
-
-
-def _kill_job(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL torchrun and every rank at once, as a lost machine would."""
-    for pid in _job_pids(proc.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def _finish(proc: subprocess.Popen[bytes], out: Path, timeout: float = 120) -> int:
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_job(proc)
+        lose_machine(proc.pid)
         proc.wait()
         raise
     if proc.returncode not in (0, 1, -signal.SIGKILL):
@@ -142,7 +124,7 @@ def test_a_follower_killed_three_times_while_a_writer_appends_trains_like_one_ne
         # step 11; the writer holds back its last appends, so the job is still following
         job = _start(table, root, out, workers=workers)
         _wait_for_step(job, out, 11)
-        _kill_job(job)
+        lose_machine(job.pid)
         assert _finish(job, out) == -signal.SIGKILL
         # 3: resumed again, killed after step 19, past the OPTIMIZE, while appends go on
         release.touch()

@@ -2,7 +2,9 @@
 
 The protocol runs on its own gloo group: metadata travels as Python objects (gloo handles them on
 CPU whatever the training backend is), and a background async save never shares a group with
-training collectives.
+training collectives. The group keeps the timeout the job gave ``init_process_group``: a new
+group would otherwise wait gloo's default 30 minutes for a peer that hangs or whose machine is
+gone without closing its connections.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -32,6 +35,20 @@ def one_process() -> Iterator[None]:
         yield
 
 
+def _job_timeout() -> timedelta | None:
+    """The collective timeout of the default process group (None: torch's default); read
+    through torch internals, which have no public accessor, so any change there means None."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        for device in group._device_types:
+            timeout = getattr(group._get_backend(device).options, "_timeout", None)
+            if isinstance(timeout, timedelta):
+                return timeout
+    except (AttributeError, RuntimeError):
+        pass
+    return None
+
+
 class World:
     """This process's place among the ranks; collective methods must be called by all ranks."""
 
@@ -40,7 +57,7 @@ class World:
         if self.distributed:
             self.rank = dist.get_rank()
             self.size = dist.get_world_size()
-            self.group: Any = dist.new_group(backend="gloo")
+            self.group: Any = dist.new_group(backend="gloo", timeout=_job_timeout())
         else:
             self.rank, self.size, self.group = 0, 1, None
 

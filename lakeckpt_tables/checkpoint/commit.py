@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from lakeckpt_tables import errors
@@ -60,19 +60,20 @@ def failed(exc: BaseException) -> Prepared:
     return Prepared(False, error=describe_failure(exc), write=is_write_failure(exc))
 
 
+@dataclass
 class Committer:
     """Rank 0's commit decision for one run."""
 
-    def __init__(self, ledger: Ledger, storage: CheckpointStorage, retention: Retention, *,
-                 run_id: str, owner: str, config_hash: str) -> None:
-        self.ledger = ledger
-        self.storage = storage
-        self.retention = retention
-        self.run_id = run_id
-        self.owner = owner
-        self.config_hash = config_hash
-        self._started = time.monotonic()
-        self._pushed_out: list[CheckpointRecord] = []  # by the commit in flight
+    ledger: Ledger
+    storage: CheckpointStorage
+    retention: Retention
+    _: KW_ONLY
+    run_id: str
+    owner: str
+    config_hash: str
+    _started: float = field(init=False, default_factory=time.monotonic)
+    _pushed_out: list[CheckpointRecord] = field(init=False, default_factory=list)
+    """Checkpoints pushed out of retention by the commit in flight."""
 
     def decide(self, attempt: Attempt, reports: list[Prepared], head: CheckpointRecord | None,
                world_size: int) -> CheckpointRecord | errors.LakeckptError:

@@ -27,7 +27,7 @@ import socket
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -70,6 +70,7 @@ class Choice:
     check_head: bool = True
 
 
+@dataclass
 class RestorePolicy:
     """Rank 0's side of restore for one run (NOTE [ what restore skips ]).
 
@@ -86,17 +87,15 @@ class RestorePolicy:
         progress: the run's heartbeat, for the step the previous job reached.
     """
 
-    def __init__(self, ledger: Ledger, storage: CheckpointStorage, run_id: str, owner: str, *,
-                 keep_last: int, takeover: Takeover = "fence",
-                 live_for: float | None = None, progress: Progress | None = None) -> None:
-        self.ledger = ledger
-        self.storage = storage
-        self.run_id = run_id
-        self.owner = owner
-        self.keep_last = keep_last
-        self.takeover = takeover
-        self.live_for = live_for
-        self.progress = progress
+    ledger: Ledger
+    storage: CheckpointStorage
+    run_id: str
+    owner: str
+    _: KW_ONLY
+    keep_last: int
+    takeover: Takeover = "fence"
+    live_for: float | None = None
+    progress: Progress | None = None
 
     # ---------------------------------------------------------------------------- choose
 

@@ -357,29 +357,23 @@ class _ParquetFile(pq.ParquetFile):  # type: ignore[misc]
                                                       **self._kwargs)
         return clone
 
-    def read_row_group(self, *args: Any, **kwargs: Any) -> Any:
+    def _retried(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``ParquetFile.<name>(*args, **kwargs)`` on this thread's file, retried."""
         def run() -> Any:
             clone = self._here()
             if clone is not None:
-                return clone.read_row_group(*args, **kwargs)
-            return super(_ParquetFile, self).read_row_group(*args, **kwargs)
+                return getattr(clone, name)(*args, **kwargs)
+            return getattr(super(_ParquetFile, self), name)(*args, **kwargs)
         return self._call(run)
+
+    def read_row_group(self, *args: Any, **kwargs: Any) -> Any:
+        return self._retried("read_row_group", *args, **kwargs)
 
     def read_row_groups(self, *args: Any, **kwargs: Any) -> Any:
-        def run() -> Any:
-            clone = self._here()
-            if clone is not None:
-                return clone.read_row_groups(*args, **kwargs)
-            return super(_ParquetFile, self).read_row_groups(*args, **kwargs)
-        return self._call(run)
+        return self._retried("read_row_groups", *args, **kwargs)
 
     def read(self, *args: Any, **kwargs: Any) -> Any:
-        def run() -> Any:
-            clone = self._here()
-            if clone is not None:
-                return clone.read(*args, **kwargs)
-            return super(_ParquetFile, self).read(*args, **kwargs)
-        return self._call(run)
+        return self._retried("read", *args, **kwargs)
 
     def iter_batches(self, *args: Any, **kwargs: Any) -> Any:
         with self._store_errors():

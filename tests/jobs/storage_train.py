@@ -2,9 +2,12 @@
 
 Run alone or under ``torchrun``. Storage options come as JSON in ``LAKECKPT_TEST_OPTIONS``
 (none: local). ``LAKECKPT_TEST_ROOT_RANK<r>`` overrides ``--root`` for rank r: a per-node
-local directory, as on nodes without a shared disk. Each rank appends ``<step> <ids>`` per
-batch to ``<out>/rank<r>.log`` (lines after the restored step are dropped on restore); the
-exit code is 0, or 3 with the error's class name on stderr when the manager raised.
+local directory, as on nodes without a shared disk. ``--hold-after-step N``: after step N
+(and its save) the rank writes ``<out>/held`` and waits to be killed, a node lost at a known
+point; collectives time out after ``--collective-timeout`` seconds. Each rank appends
+``<step> <ids>`` per batch to ``<out>/rank<r>.log`` (lines after the restored step are dropped
+on restore); the exit code is 0, or 3 with the error's class name on stderr when the manager
+raised.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import json
 import os
 import signal
 import sys
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -32,9 +37,11 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--kill-after-step", type=int, default=None)
+    p.add_argument("--hold-after-step", type=int, default=None)
+    p.add_argument("--collective-timeout", type=float, default=1800)
     a = p.parse_args()
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=a.collective_timeout))
     rank = dist.get_rank() if dist.is_initialized() else 0
     options = json.loads(os.environ.get("LAKECKPT_TEST_OPTIONS", "null"))
     root = os.environ.get(f"LAKECKPT_TEST_ROOT_RANK{rank}", a.root)
@@ -66,6 +73,9 @@ def main() -> int:
                     manager.save(step, model=model, optimizer=optimizer, dataloader=loader)
                 if a.kill_after_step == step and rank == 0:
                     os.kill(os.getpid(), signal.SIGKILL)
+                if a.hold_after_step == step:
+                    open(os.path.join(a.out, "held"), "w").close()
+                    time.sleep(3600)
         manager.save(step + 1, model=model, optimizer=optimizer, dataloader=loader,
                      tags=("final",))
     except LakeckptError as exc:

@@ -254,3 +254,34 @@ def test_a_follower_of_whole_files_reads_appended_files_by_row_groups_exactly_on
     resumed = loader_for(dataset(rank=1), 0)
     resumed.load_state_dict(loader.state_dict())
     assert head + [b["id"].tolist() for b in resumed] == runs[1]
+
+
+@pytest.mark.parametrize("keep_file", [True, False])
+def test_a_shuffled_pass_of_whole_files_decodes_each_row_group_once(
+        tmp_path: Path, keep_file: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lakeckpt_tables.plan import PlanPolicy
+    from lakeckpt_tables.plan.rounds import Round, RoundUnits, Tails
+    from lakeckpt_tables.reader import _cache
+    from lakeckpt_tables.reader.loop import batches
+
+    if not keep_file:  # what the file's row groups kept is for: without it, decoded again
+        monkeypatch.setattr(_cache, "FILE_KEEP_BYTES", 0)
+    catalog, live = _iceberg_with_deletes(tmp_path)
+    snap = IcebergSource("ns.parted", catalog=catalog, units="files").snapshot()
+    units = RoundUnits.of(snap.units, 2)  # 17 parts over 10 row groups, in a seeded order
+    plan = Tails(PlanPolicy(batch_size=4, seed=7, shuffle_window=1), {}).plan(
+        Round(0, 0, 0, None, snap.version), units)
+    reader = snap.row_reader()
+    decoded: list[int] = []
+
+    def read(unit: Unit) -> pa.Table:
+        decoded.append(unit.row_group)
+        return reader.read(unit, ["id"])
+
+    cache = _cache.RowGroupCache(read)
+    ids = [i for (t, f, n), _ in batches(plan, units, 0, 0, row_group=cache.get,
+                                         row_ranges=reader.parts, expect=lambda _: None,
+                                         read_ahead=0, unit_rows=2)
+           for i in t.slice(f, n)["id"].to_pylist()]
+    assert sorted(ids) == live and ids != live
+    assert (sorted(decoded) == list(range(10))) == keep_file

@@ -106,11 +106,13 @@ class RowGroupCache:
                 del self._reading[key]
             done.set()
             raise
+        # a whole file's row group: its file was pinned without its footer's row groups
+        whole = getattr(getattr(unit, "file", None), "row_group_rows", ()) is None
         with self._lock:
             del self._reading[key]
             self._held[key] = table
             self._keep(key, table)
-            if getattr(unit.file, "row_group_rows", ()) is None:  # a whole file's row group
+            if whole:
                 self._keep_file(key, table)
         done.set()
         return table

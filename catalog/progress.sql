@@ -2,24 +2,28 @@
 -- the rows the pass delivers. Pass sizes come from 'round' events, else from 'segment' events
 -- (follow segments) or the pinned snapshot's metadata (the _pass_sizes table connect() builds);
 -- null when none is known. state: 'done' (the pass is consumed), else its run's state from
--- _run_activity ('running', 'stale' or 'finished'); only a 'running' pass has an ETA.
+-- _run_activity ('running', 'stale' or 'finished'); only a 'running' pass has an ETA. Packed
+-- readers count tokens too (null otherwise); a Mixture source's share is its part of the run's
+-- tokens (rows when one of its sources is not packed).
 CREATE OR REPLACE VIEW progress AS
 WITH per_checkpoint AS (  -- _consumed: the consumption view's totals per checkpoint, from the
                          -- summaries `maintain` writes (not every consumption row)
     SELECT k.run_id, k.source_key, k.segment, k.epoch, k.step, min(k.committed_at) AS committed_at,
-           CAST(sum(k.rows) AS BIGINT) AS rows
+           CAST(sum(k.rows) AS BIGINT) AS rows, CAST(sum(k.tokens) AS BIGINT) AS tokens
     FROM _consumed k
     JOIN _checkpoint_status c USING (run_id, checkpoint_id)
     WHERE c.status = 'committed'
     GROUP BY ALL
 ),
 running AS (
-    SELECT *, CAST(sum(rows) OVER (PARTITION BY run_id, source_key, segment, epoch ORDER BY step) AS BIGINT) AS consumed
+    SELECT *, CAST(sum(rows) OVER (PARTITION BY run_id, source_key, segment, epoch ORDER BY step) AS BIGINT) AS consumed,
+              CAST(sum(tokens) OVER (PARTITION BY run_id, source_key, segment, epoch ORDER BY step) AS BIGINT) AS tokens_consumed
     FROM per_checkpoint
 ),
 per_pass AS (
     SELECT run_id, source_key, segment, epoch,
            max(consumed)                  AS rows_consumed,
+           max(tokens_consumed)           AS tokens_consumed,
            arg_min(consumed, step)        AS consumed_first,
            count(*)                       AS checkpoints,
            min(step)                      AS first_step,
@@ -36,6 +40,8 @@ passes AS (
            coalesce(c.epoch, p.epoch)     AS epoch,
            coalesce(c.rows_consumed, 0)   AS rows_consumed,
            p.delivered                    AS rows_in_pass,
+           coalesce(c.tokens_consumed, CASE WHEN p.tokens IS NOT NULL THEN 0 END) AS tokens_consumed,
+           p.tokens                       AS tokens_in_pass,
            p.rows                         AS live_rows,
            p.from_version, p.to_version,
            c.consumed_first, c.checkpoints, c.first_step, c.last_step, c.first_at, c.last_at
@@ -51,6 +57,20 @@ rated AS (
                 THEN (rows_consumed - consumed_first)
                      / (date_diff('microsecond', first_at, last_at) / 1e6) END AS rows_per_s
     FROM passes
+),
+totals AS (  -- each Mixture source's consumption over the run's passes
+    SELECT run_id, source_key, sum(rows_consumed) AS rows_all, sum(tokens_consumed) AS tokens_all
+    FROM passes
+    WHERE source_key IS NOT NULL
+    GROUP BY ALL
+),
+shares AS (
+    SELECT run_id, source_key,
+           round(CASE WHEN count(tokens_all) OVER w = count(*) OVER w
+                      THEN 100.0 * tokens_all / nullif(sum(tokens_all) OVER w, 0)
+                      ELSE 100.0 * rows_all / nullif(sum(rows_all) OVER w, 0) END, 2) AS share
+    FROM totals
+    WINDOW w AS (PARTITION BY run_id)
 ),
 stated AS (  -- a pass not done is as alive as its run: no ETA once the run is stale
     SELECT r.*,
@@ -78,6 +98,10 @@ SELECT run_id,
        last_step,
        first_at,
        last_at,
-       source_key
+       source_key,
+       tokens_consumed,
+       tokens_in_pass,
+       share
 FROM stated
+LEFT JOIN shares USING (run_id, source_key)  -- null source keys match nothing: no share
 ORDER BY run_id, source_key NULLS FIRST, segment, epoch;

@@ -1,7 +1,7 @@
 """``Mixture``: several datasets mixed by weight, the schedule a pure function of (seed, draw).
 
-NOTE [ mixture schedule ] (in ``plan/schedule.py``): which source supplies draw ``i`` is a
-pure function of the seed and ``i``, computed alone by every rank and worker.
+NOTE [ mixture schedule ] (``plan/schedule.py``): draw ``i``'s source is a pure function of
+(seed, ``i``), computed alone by every rank and worker.
 
 DataLoader workers: worker ``w`` of ``W`` takes draws ``w, w + W, w + 2W, ...``. torchdata's
 loader polls workers round-robin, so the loader yields draws in order and the global schedule
@@ -11,9 +11,16 @@ of a source run out together.
 
 Exhaustion: ``on_exhausted="stop"`` ends the mixture (in that worker) at the first draw whose
 source has no batch left; the other sources' rows not read are not delivered in this pass (a
-resume from a finished mixture stays finished). ``"cycle"`` starts that source's next pass
-(``iter(source)`` again: a :class:`~lakeckpt_tables.LakeDataset` built with ``epochs=k`` reads k
-epochs per pass) and counts the passes in the state.
+resume from a finished mixture stays finished). ``"cycle"`` starts that source's next pass.
+
+NOTE [ cycling sources ]
+A :class:`~lakeckpt_tables.LakeDataset`'s next pass is its next epochs: the mixture reads
+:func:`~lakeckpt_tables.reader.dataset.cycling` copies, which never end (``epochs=k``: epochs
+``0..k-1`` are the first pass, ``k..2k-1`` the second...), each epoch its own permutation. The
+pass is in the source's own state (its slices' epochs): a resume seeks, an elastic change
+re-plans, the ledger names the epoch that read each row. A slice that would get no batch in an
+epoch is refused at the start (it would be read for ever). Any other source starts its next
+pass with ``iter(source)`` again, and the position counts those restarts (``passes``).
 
 NOTE [ mixture resume ]
 A worker's draws and its slices of the sources stay paired: the worker that takes old worker
@@ -26,10 +33,9 @@ delivered its whole pass is exhausted at the mixture's next draw of it, as witho
 world size the sources' merged states are re-planned by the sources (elastic) and every rank
 goes on from the same draw; the number of DataLoader workers per rank must stay.
 
-State (JSON-clean, ``format`` = :data:`MIXTURE_FORMAT`): the configuration (seed, weights,
-policy), per worker its next draw, the passes of each source and whether it ended, each
-source's table identity, and each source's own state. Every row of every source is delivered
-exactly once per pass of that source, by that source's own accounting.
+State (JSON-clean, ``format`` = :data:`MIXTURE_FORMAT`): the schedule's configuration, per
+worker its next draw, restarts (``passes``) and end, each source's table and own state: every
+row of a source is delivered once per pass, by that source's own accounting.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import MixtureError, MixtureStateError, StateMismatchError
 from lakeckpt_tables.plan.schedule import schedule, scheduled, thresholds
+from lakeckpt_tables.reader.dataset import LakeDataset, cycling
+from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
 
 __all__ = [
     "MIXTURE_FORMAT",
@@ -60,8 +68,7 @@ SOURCE_KEY = "source"
 """The key naming the source of each batch."""
 
 OnExhausted = Literal["stop", "cycle"]
-_POLICIES = ("stop", "cycle")
-_BLOCK = 4096  # draws computed at once
+_POLICIES, _BLOCK = ("stop", "cycle"), 4096  # _BLOCK: draws computed at once
 
 KEY_FORMAT, KEY_CONFIG, KEY_WORKERS = "format", "config", "workers"
 KEY_POSITIONS, KEY_TABLES, KEY_SOURCES = "positions", "tables", "sources"
@@ -106,11 +113,11 @@ class Mixture(IterableDataset[dict[str, Any]]):
         weights: name -> positive weight (normalized; the names must be those of ``sources``).
         seed: the schedule's seed.
         on_exhausted: ``"stop"`` ends the mixture when a source runs out; ``"cycle"`` starts
-            that source's next pass.
+            that source's next pass (a LakeDataset's next epochs: NOTE [ cycling sources ]).
 
     Raises:
         MixtureError: weights not positive, or not naming exactly the sources; an unknown
-            ``on_exhausted``.
+            ``on_exhausted``; ``"cycle"`` over a follower or a ``refresh="epoch"`` reader.
     """
 
     def __init__(self, sources: Mapping[str, Any], *, weights: Mapping[str, float],
@@ -133,7 +140,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise MixtureError(f"seed={seed!r}: pass an int")
         self.names = sorted(sources)
-        self.sources = {n: sources[n] for n in self.names}
+        self.sources = {n: _cycling(n, sources[n]) if on_exhausted == "cycle" else sources[n]
+                        for n in self.names}
         self.weights = {n: float(weights[n]) for n in self.names}
         self.seed, self.on_exhausted = seed, on_exhausted
         self._thresholds = thresholds([self.weights[n] for n in self.names])
@@ -161,6 +169,9 @@ class Mixture(IterableDataset[dict[str, Any]]):
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         position = self._start(workers, worker)
         self._live = (workers, worker, position)
+        if self.on_exhausted == "cycle":
+            for name, source in self.sources.items():
+                _check_epoch_delivers(name, source, workers, worker)
         iterators: dict[str, Iterator[Any]] = {}
         first, block = 0, np.empty(0, dtype=np.int64)
         while not position.ended:
@@ -255,8 +266,6 @@ class Mixture(IterableDataset[dict[str, Any]]):
             StateMismatchError: another schedule (seed, weights, policy), another format, or
                 a damaged state; a source's own state refused by that source.
         """
-        from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
-
         states: list[Mapping[str, Any]]
         if is_loader_state(state_dict) and state_dict.get(KEY_FORMAT) != MIXTURE_FORMAT:
             states = list(states_from_loader(state_dict))
@@ -264,7 +273,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
             states = [state_dict]
         for state in states:
             _check_state(self, state)
-        workers, positions = self._merge_positions(states)
+        workers, positions = _merge_positions(self.names, states)
         sources = {n: [s[KEY_SOURCES][n] for s in states] for n in self.names}
         if get_worker_info() is None:
             # checked (and a version adopted) here; each worker resumes its own part as it
@@ -284,8 +293,6 @@ class Mixture(IterableDataset[dict[str, Any]]):
         Raises:
             MixtureStateError, StateMismatchError: as :meth:`load_state_dict`.
         """
-        from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
-
         given = state_dict if isinstance(state_dict, list) else [state_dict]
         states: list[Mapping[str, Any]] = []
         for one in given:
@@ -296,10 +303,6 @@ class Mixture(IterableDataset[dict[str, Any]]):
         for state in states:
             _check_state(self, state)
         return {n: _merged(n, [s[KEY_SOURCES][n] for s in states]) for n in self.names}
-
-    def _merge_positions(self, states: list[Mapping[str, Any]]
-                         ) -> tuple[int | None, list[_Position | None]]:
-        return _merge_positions(self.names, states)
 
 
 def merge_mixture_states(states: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -451,9 +454,34 @@ def _resume_source(name: str, source: Any, states: list[Any], workers: int, old:
             raise
 
 
+def _cycling(name: str, source: Any) -> Any:
+    """``source`` as a cycling mixture reads it (NOTE [ cycling sources ])."""
+    try:
+        return cycling(source) if isinstance(source, LakeDataset) else source
+    except ValueError as exc:
+        raise MixtureError(f"source {name!r}: {exc}; or use on_exhausted='stop'") from None
+
+
+def _check_epoch_delivers(name: str, source: Any, workers: int, worker: int) -> None:
+    """Refuse a cycling source of which this worker gets no batch per epoch (read for ever)."""
+    planner = getattr(source, "planner", None)
+    if planner is None or getattr(planner, "epochs", 0) is not None:
+        return  # not a cycling LakeDataset
+    shape, g = (source.world_size, workers, source.batch_size), source.rank * workers + worker
+    if hasattr(planner, "token_plan"):  # packed: every slice gets the same sequences
+        batches = planner.token_plan(shape, 0, None).per_slice
+    else:
+        plan = planner.plan(planner.policy(shape), planner.rounds.get(0, {}, wait=False), None)
+        batches = plan.batch_count(g)
+    if batches == 0:
+        raise MixtureError(f"source {name!r} gives no batch per epoch to rank {source.rank} "
+                           f"DataLoader worker {worker} of {workers}: cycling it would read it "
+                           "for ever. Give it more rows or fewer ranks x workers, or use "
+                           "on_exhausted='stop'")
+
+
 def _identity(source: Any) -> dict[str, str] | None:
-    snapshot = getattr(source, "snapshot", None)
-    identity = getattr(snapshot, "identity", None)
+    identity = getattr(getattr(source, "snapshot", None), "identity", None)
     return None if identity is None else identity.to_json()
 
 

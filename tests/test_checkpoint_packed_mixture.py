@@ -4,6 +4,7 @@ count every row once (a packed row by its eos; a Mixture's rows named by source 
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,6 @@ def test_verify_and_progress_check_every_source_of_a_mixture_by_its_key(
     from lakeckpt_tables.audit import connect, verify
     from lakeckpt_tables.audit import rows as audit_rows
     from lakeckpt_tables.cli import main
-    from lakeckpt_tables.errors import StateMismatchError
 
     rows = _mixture_run(delta_table, iceberg_table, tmp_path)
     (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
@@ -158,8 +158,9 @@ def test_verify_and_progress_check_every_source_of_a_mixture_by_its_key(
     shown = capsys.readouterr().out
     assert "source_key" in shown and "web" in shown and "code" in shown
     last = DeltaLedger(str(tmp_path / "_ledger")).checkpoints("v")[-1]
-    with pytest.raises(StateMismatchError, match=r"Mixture or packed .* consumption view"):
-        audit_rows(str(tmp_path), checkpoint=last.checkpoint_id)
+    replayed = audit_rows(str(tmp_path), checkpoint=last.checkpoint_id, cumulative=True,
+                          source_catalog=iceberg_table.extra["catalog"])
+    assert Counter(replayed["source_key"].to_pylist()) == rows  # each source's rows, by key
     copy = consumption.filter(pc.field("source_key") == "code").slice(0, 1)
     write_deltalake(uri, copy, mode="append")
     (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
@@ -177,15 +178,219 @@ def test_a_loader_over_another_dataset_is_refused_naming_what_it_reads(tmp_path:
         CheckpointManager(tmp_path, "x").save(1, dataloader=loader)
 
 
-def test_a_cycling_mixture_is_refused_by_name_and_nothing_is_committed(
-        delta_table: Table, iceberg_table: Table, tmp_path: Path) -> None:
-    from lakeckpt_tables.errors import CheckpointError
+# ------------------------------------------------------------ jobs in real processes
+#
+# A job's ranks are real processes forked from a server that imported torch, deltalake and
+# the library once (as the chaos campaign does): each a process of its own, with a real gloo
+# process group and a real SIGKILL, for a second or two each instead of a fresh torchrun.
 
-    sources = {"web": delta_table.dataset(batch_size=50), "code": iceberg_table.dataset()}
-    loader = loader_for(Mixture(sources, weights={"web": 1, "code": 1}, on_exhausted="cycle"),
-                        0)
-    next(iter(loader))
-    manager = CheckpointManager(tmp_path, "c")
-    with pytest.raises(CheckpointError, match=r"on_exhausted='cycle' .* epochs=N"):
-        manager.save(1, dataloader=loader)
-    assert manager.checkpoints() == []
+def _sources(spec: dict[str, Any], **kwargs: Any) -> tuple[Any, Any]:
+    from lakeckpt_tables import DeltaSource, IcebergSource
+    from tests.conftest import ICEBERG_IDENTIFIER, sql_catalog
+
+    web = LakeDataset(DeltaSource(spec["delta"]), **kwargs)
+    code = LakeDataset(IcebergSource(ICEBERG_IDENTIFIER,
+                                     catalog=sql_catalog(Path(spec["iceberg"]))), **kwargs)
+    return web, code
+
+
+def _dataset(spec: dict[str, Any]) -> Any:
+    """What job ``spec["kind"]`` reads (the same in the job and in its reference run)."""
+    kind = spec["kind"]
+    rank = {"rank": spec["rank"], "world_size": spec["world"]}
+    if kind == "packed":
+        web, _ = _sources(spec, pack_tokens="tokens", seq_len=L, eos_id=EOS, batch_size=B,
+                          seed=5, **rank)
+        return web
+    web, code = _sources(spec, columns=["id"], batch_size=32, seed=3, **rank)
+    return Mixture({"web": web, "code": code}, weights={"web": 0.7, "code": 0.3}, seed=0,
+                   on_exhausted="cycle" if kind == "cycle" else "stop")
+
+
+def _payload(batch: dict[str, Any]) -> Any:
+    if "input_ids" in batch:
+        return batch["input_ids"].tolist()
+    return [batch["source"], batch["id"].tolist()]
+
+
+def _job(spec: dict[str, Any]) -> None:
+    """One rank of a job: restore, train (log every batch), save every ``every`` steps;
+    SIGKILL itself at step ``kill`` (before its save), or end at the end of the data (or at
+    step ``until``: a cycling mixture never ends)."""
+    import json
+    import multiprocessing
+    import os
+    import signal
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    multiprocessing.set_start_method("fork", force=True)  # DataLoader workers, as in a job
+    rank, world = spec["rank"], spec["world"]
+    if world > 1:
+        dist.init_process_group("gloo", init_method=spec["store"], rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+    loader = loader_for(_dataset(spec), spec["workers"])
+    manager = CheckpointManager(spec["root"], spec["kind"])
+    step = manager.restore(dataloader=loader) or 0
+    with open(Path(spec["out"]) / f"rank{rank}.jsonl", "w") as log:
+        log.write(json.dumps({"restored": step}) + "\n")
+        for batch in loader:
+            step += 1
+            log.write(json.dumps({"step": step, "batch": _payload(batch)}) + "\n")
+            log.flush()
+            if step == spec.get("kill"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step % spec["every"] == 0:
+                manager.save(step, dataloader=loader)
+            if step == spec.get("until"):
+                break
+        manager.save(step + 1, dataloader=loader)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint",
+            "torchdata.stateful_dataloader", "pyarrow.parquet", "deltalake",
+            "pyiceberg.catalog.sql", "lakeckpt_tables.checkpoint", "lakeckpt_tables.reader",
+            "lakeckpt_tables.mixture", __name__]
+
+
+def _launch(spec: dict[str, Any], world: int, out: Path) -> list[int | None]:
+    """Run ``spec``'s job on ``world`` ranks; their exit codes (-9: SIGKILLed)."""
+    import multiprocessing
+    import os
+
+    server = multiprocessing.get_context("forkserver")
+    server.set_forkserver_preload(_PRELOAD)
+    out.mkdir(parents=True, exist_ok=True)
+    store = f"file://{out}/store"
+    ranks = [server.Process(target=_job, args=({**spec, "rank": r, "world": world,
+                                                  "store": store, "out": str(out)},))
+             for r in range(world)]
+    threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the server when it starts
+    try:
+        for p in ranks:
+            p.start()
+    finally:
+        if threads is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
+    for p in ranks:
+        p.join(90)
+        if p.exitcode is None:
+            p.kill()
+    return [p.exitcode for p in ranks]
+
+
+def _trained(out: Path) -> tuple[dict[int, list[Any]], dict[int, int]]:
+    """Per rank of a job: the batches it logged, and the step it restored."""
+    import json
+
+    batches, restored = {}, {}
+    for path in sorted(out.glob("rank*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        rank = int(path.stem[4:])
+        restored[rank] = lines[0]["restored"]
+        batches[rank] = [line["batch"] for line in lines[1:]]
+    return batches, restored
+
+
+def _spec(kind: str, delta: Table, iceberg: Table, root: Path, **kwargs: Any) -> dict[str, Any]:
+    return {"kind": kind, "delta": delta.location, "iceberg": iceberg.location,
+            "root": str(root), "workers": 0, "every": 5, **kwargs}
+
+
+def _resumed_run(kind: str, delta: Table, iceberg: Table, root: Path, *, worlds: tuple[int, int],
+                 kill: int, **kwargs: Any) -> tuple[dict[int, list[Any]], int]:
+    """A job SIGKILLed after step ``kill`` on ``worlds[0]`` ranks, then restored on
+    ``worlds[1]``: per rank of the second, what trained the final model in order (the first
+    job's batches up to the restored step, then the second's), and the restored step."""
+    spec = _spec(kind, delta, iceberg, root, **kwargs)
+    assert _launch({**spec, "kill": kill}, worlds[0], root / "job1") == [-9] * worlds[0]
+    assert _launch(spec, worlds[1], root / "job2") == [0] * worlds[1]
+    first, _ = _trained(root / "job1")
+    second, restored = _trained(root / "job2")
+    (step,) = set(restored.values())
+    return {r: [*first.get(r, [])[:step], *second[r]] for r in second} | {
+        r: first[r][:step] for r in first if r not in second}, step
+
+
+@pytest.mark.timeout(120)
+def test_a_cycling_mixture_sigkilled_in_a_sources_second_pass_resumes_row_for_row(
+        delta_table: Table, iceberg_table: Table, tmp_path: Path) -> None:
+    from lakeckpt_tables.audit import verify
+
+    spec = _spec("cycle", delta_table, iceberg_table, tmp_path, rank=0, world=1, workers=2)
+    whole = [_payload(b) for b in itertools.islice(loader_for(_dataset(spec), 2), 40)]
+    # web (70% of the draws) runs out first: each of its 2 workers has 7 batches a pass, so
+    # its second pass (epoch 1) starts at its 15th batch, near draw 20
+    second_pass = [i for i, (name, _) in enumerate(whole) if name == "web"][14]
+    kill = second_pass + 7  # step second_pass + 1 is the second pass's first batch
+    until = kill + 3
+    whole = whole[:until]
+    runs, step = _resumed_run("cycle", delta_table, iceberg_table, tmp_path, worlds=(1, 1),
+                              kill=kill, workers=2, until=until)
+    assert second_pass < step < kill  # restored from a checkpoint inside the second pass
+    assert runs[0] == whole  # row for row, source for source
+    # the ledger: web's rows under the epoch that read them, its first pass whole
+    records = DeltaLedger(str(tmp_path / "_ledger")).consumption(run_id="cycle").to_pylist()
+    rows: Counter[tuple[str, int]] = Counter()
+    for rec in records:
+        rows[(rec["source_key"], rec["epoch"])] += rec["rows"]
+    delivered = Counter(name for name, ids in whole for _ in ids)
+    assert rows[("web", 0)] == delta_table.rows
+    assert rows[("web", 0)] + rows[("web", 1)] == delivered["web"]
+    assert rows[("code", 0)] == delivered["code"] and len(rows) == 3
+    # and verify finds each row group of web's finished epoch 0 given once, no overlap
+    (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
+    assert verdict.violations == [] and verdict.finished_passes == [(0, 0)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["packed", "mixture"])
+def test_an_elastic_three_to_two_rank_resume_delivers_each_token_once(
+        delta_table: Table, iceberg_table: Table, tmp_path: Path, kind: str) -> None:
+    """3 ranks SIGKILLed at step 4 (checkpoint at 3), restored on 2 ranks: what the run
+    trained, per source, is the uninterrupted 3-rank run's, each token once. The order after
+    the re-plan differs (the rest is split again among 2 ranks); a packed reader leaves out at
+    most the re-plan's own lockstep tail (fewer than 2 x seq_len tokens, whole sequences),
+    which the uninterrupted run delivered."""
+    spec = _spec(kind, delta_table, iceberg_table, tmp_path, every=3)
+    whole = [[_payload(b) for b in _dataset({**spec, "rank": r, "world": 3})]
+             for r in range(3)]
+    runs, step = _resumed_run(kind, delta_table, iceberg_table, tmp_path, worlds=(3, 2),
+                              kill=4, every=3)
+    assert step == 3
+    assert len({len(runs[r]) - step for r in (0, 1)}) == 1  # the 2 ranks in lockstep
+    if kind == "packed":
+        def sequences(batches: list[Any]) -> Counter[tuple[int, ...]]:
+            return Counter(tuple(seq) for batch in batches for seq in batch)
+
+        got = sum((sequences(b) for b in runs.values()), Counter())
+        want = sum((sequences(b) for b in whole), Counter())
+        assert not got - want  # each sequence one of the uninterrupted run's, none twice
+        assert sum((want - got).values()) <= 1  # the 2-rank tail: < 2 x seq_len tokens
+        seen = consumed_rows(DeltaLedger(str(tmp_path / "_ledger")), kind)
+        assert max(seen.values()) == 1
+        assert sum(seen.values()) == sum(seq.count(EOS) for seq in got.elements())
+        return
+    def rows(runs: Any) -> dict[str, Counter[int]]:
+        out: dict[str, Counter[int]] = {"web": Counter(), "code": Counter()}
+        for batches in runs:
+            for name, ids in batches:
+                out[name].update(ids)
+        return out
+
+    got, want = rows(runs.values()), rows(whole)
+    assert max(got["web"].values()) == max(got["code"].values()) == 1
+    # web ran out in both runs: every row of it once (no lockstep remainder at 3 or 2 ranks)
+    assert got["web"] == want["web"] == Counter(delta_table.ids.tolist())
+    # code did not run out: it gave more batches in the 2-rank run (the mixture ended at a
+    # later draw), each row once, and the ledger names exactly the rows delivered
+    records = DeltaLedger(str(tmp_path / "_ledger")).consumption(run_id=kind).to_pylist()
+    for name in ("web", "code"):
+        assert sum(r["rows"] for r in records if r["source_key"] == name) == sum(
+            got[name].values())

@@ -1,6 +1,7 @@
-"""Mixture (NOTE [ mixture schedule ] in lakeckpt_tables/plan/schedule.py): a schedule that is a pure
-function of (seed, draw) within 1% of the weights in every window, each source's rows exactly
-once across resumes (dataset and loader paths, 0 and 2 workers, 3 ranks), named errors."""
+"""Mixture (NOTE [ mixture schedule ] in lakeckpt_tables/plan/schedule.py): a schedule that is
+a pure function of (seed, draw) within 1% of the weights in every window, each source's rows
+exactly once across resumes (dataset and loader paths, 0 and 2 workers, 3 ranks), a cycling
+source's next pass its next epochs, named errors."""
 
 from __future__ import annotations
 
@@ -104,16 +105,33 @@ def test_each_batch_names_its_source_and_follows_the_schedule(delta_table, icebe
     assert 0 < len(ids["code"]) < iceberg_table.rows and ids["code"] == code[:len(ids["code"])]
 
 
-def test_cycle_starts_a_sources_next_pass_and_counts_it(delta_table, iceberg_table):
-    mix = mixture(delta_table, iceberg_table, on_exhausted="cycle")
-    run = delivered(itertools.islice(mix, 80))
+def test_cycle_reads_a_sources_next_epochs_as_its_next_pass(delta_table, iceberg_table):
+    mix = mixture(delta_table, iceberg_table, on_exhausted="cycle", epochs=2)
+    run = delivered(itertools.islice(mix, 100))
     ids = per_source(run)
     rows = delta_table.rows
-    assert len(ids["web"]) > rows  # a second pass started
-    assert sorted(ids["web"][:rows]) == delta_table.ids.tolist()
-    per_pass = -(-rows // 16)
-    web_batches = sum(name == "web" for name, _ in run)
-    assert mix.state_dict()["positions"][0]["passes"]["web"] == (web_batches - 1) // per_pass
+    assert len(ids["web"]) > 2 * rows  # a second pass (epochs 2 and 3) started
+    # the passes are the source's epochs 0, 1, 2, ...: each its own permutation of every row
+    epochs = [i for b in delta_table.dataset(batch_size=16, seed=3, epochs=4)
+              for i in b["id"].tolist()]
+    assert ids["web"] == epochs[:len(ids["web"])]
+    assert ids["web"][2 * rows:3 * rows] != ids["web"][:rows]
+    state = mix.state_dict()
+    assert state["positions"][0]["passes"] == {}  # the pass is in the source's own state
+    assert state["sources"]["web"]["slices"][0][0] == 2
+    assert state["sources"]["web"]["config"]["cycle"] is True
+    with pytest.raises(StateMismatchError, match="cycle"):  # not a 2-epoch reader's position
+        delta_table.dataset(batch_size=16, seed=3, epochs=2).load_state_dict(
+            state["sources"]["web"])
+    with pytest.raises(MixtureError, match=r"'web'.*follow=True.*on_exhausted='stop'"):
+        Mixture({"web": delta_table.dataset(follow=True, max_idle=0.1)}, weights={"web": 1},
+                on_exhausted="cycle")
+
+
+def test_a_cycling_source_with_no_batch_per_epoch_for_a_worker_is_refused(delta_table):
+    few = delta_table.dataset(batch_size=512, drop_last=True)
+    with pytest.raises(MixtureError, match=r"'web' gives no batch per epoch.*for ever"):
+        next(iter(Mixture({"web": few}, weights={"web": 1}, on_exhausted="cycle")))
 
 
 @pytest.mark.parametrize("on_exhausted", ["stop", "cycle"])
@@ -282,3 +300,25 @@ def test_cycle_under_two_workers_resumes_exactly_and_another_worker_count_is_ref
     alone.load_state_dict(saved)
     with pytest.raises(MixtureStateError, match="saved by 2 DataLoader worker"):
         next(iter(alone))
+
+
+def test_a_cycling_mixture_resumed_elastic_in_a_second_pass_gives_each_row_once_an_epoch(
+        delta_table, iceberg_table):
+    from collections import Counter
+
+    mixes = [mixture(delta_table, iceberg_table, rank=r, world_size=3, on_exhausted="cycle")
+             for r in range(3)]
+    heads = [delivered(itertools.islice(m, 20)) for m in mixes]  # web's epoch 1 began
+    saved = mixes[0].source_states([m.state_dict() for m in mixes])
+    assert max(s[0] for s in saved["web"]["slices"]) == 1
+    rest = []
+    for r in range(2):
+        m = mixture(delta_table, iceberg_table, rank=r, world_size=2, on_exhausted="cycle")
+        m.load_state_dict(mixes[r].state_dict() | {"sources": saved})
+        rest.append(delivered(itertools.islice(m, 30)))
+    assert [n for n, _ in rest[0]] == [n for n, _ in rest[1]] == mixes[0].source_of(
+        np.arange(20, 50))
+    web = Counter(i for run in heads + rest for i in per_source(run)["web"])
+    full = sum(web.values()) // delta_table.rows  # epochs delivered whole (the next begun)
+    assert full >= 2 and set(web) == set(delta_table.ids.tolist())
+    assert set(web.values()) <= {full, full + 1}  # each row once per epoch

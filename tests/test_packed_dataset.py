@@ -194,3 +194,19 @@ def test_packing_options_without_pack_tokens_or_with_half_of_them_are_refused(de
         LakeDataset(delta_table.make_source(), pack_tokens="tokens", seq_len=8)
     with pytest.raises(PackingError, match="not Arrow tables"):
         packed(delta_table)._tables()
+
+
+def test_reading_ahead_packs_the_same_batches_while_threads_read(delta_table):
+    import threading
+
+    alone = rows(packed(delta_table, read_ahead=0))
+    ds = packed(delta_table, read_ahead=2)
+    read, names = ds._reader.cache.get, set()
+
+    def recorded(unit: Any) -> Any:
+        names.add(threading.current_thread().name)
+        return read(unit)
+
+    ds._reader.cache.get = recorded
+    assert rows(ds) == alone
+    assert names and all(n.startswith("lakeckpt-readahead") for n in names)

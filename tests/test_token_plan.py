@@ -11,14 +11,11 @@ import warnings
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from lakeckpt_tables.errors import EosInDocumentWarning
 from lakeckpt_tables.reader.token_plan import (
     TokenPlan,
     _footer_tokens,
-    consumed_rows,
     packed_batches,
     stream_sizes,
 )
@@ -152,51 +149,3 @@ def test_packing_a_unit_in_several_calls_gives_the_same_batches(source, monkeypa
         assert [(b[0].tolist(), b[1].tolist(), b[2]) for b in again] == [
             (b[0].tolist(), b[1].tolist(), b[2]) for b in whole[q]]
         assert all(len(b[0]) == 5 for b in again[:-1])
-
-
-@settings(max_examples=60, deadline=None)
-@given(doc_lengths=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=8), min_size=1,
-                            max_size=8),
-       slices=st.integers(1, 3), cuts=st.lists(st.integers(0, 40), max_size=4),
-       seed=st.integers(0, 3))
-def test_consumed_rows_count_each_row_whose_eos_was_delivered_once(doc_lengths, slices, cuts,
-                                                                   seed):
-    """Rows consumed over any checkpoints = the rows whose eos lies in delivered sequences."""
-    sizes = [sum(n + 1 for n in unit) for unit in doc_lengths]
-    plan = TokenPlan.of(sizes, slices=slices, seq_len=3, seed=seed, epoch=0, shuffle=True)
-    rows = [len(unit) for unit in doc_lengths]
-    asked: set[int] = set()
-
-    def lengths(u: int) -> np.ndarray:
-        asked.add(u)
-        return np.array(doc_lengths[u])
-
-    counted: list[tuple[int, int]] = []
-    for q in range(slices):
-        marks = sorted({0, plan.per_slice, *(min(c, plan.per_slice) for c in cuts)})
-        for before, after in itertools.pairwise(marks):
-            for u, first, end in consumed_rows(plan, q, before, after, rows, lengths):
-                counted += [(u, r) for r in range(first, end)]
-    assert len(counted) == len(set(counted))  # none twice
-    delivered_end = slices * plan.per_slice * 3  # the tail is not delivered
-    expected = []
-    offset = 0
-    for u in plan.order:
-        for r, n in enumerate(doc_lengths[u]):
-            offset += n + 1
-            if offset - 1 < delivered_end:  # its eos was delivered
-                expected.append((u, r))
-    assert sorted(counted) == sorted(expected)
-
-
-def test_consumed_rows_read_lengths_only_where_a_range_cuts_a_unit():
-    doc_lengths = [[2, 2], [5, 5, 5], [1, 1]]  # stream sizes 6, 18, 4: 28 = 9 sequences of 3
-    plan = TokenPlan.of([6, 18, 4], slices=1, seq_len=3, seed=0, epoch=0, shuffle=False)
-    asked: list[int] = []
-
-    def lengths(u: int) -> np.ndarray:
-        asked.append(u)
-        return np.array(doc_lengths[u])
-
-    got = consumed_rows(plan, 0, 0, plan.per_slice, [2, 3, 2], lengths)
-    assert got == [(0, 0, 2), (1, 0, 3), (2, 0, 1)] and asked == [2]  # 27 of 28 delivered

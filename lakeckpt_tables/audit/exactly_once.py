@@ -15,15 +15,17 @@ checkpoint's reader state over the source table's metadata (no data is read).
 
 A Mixture run is checked source by source: its records name their source (``source_key``) and
 its checkpoint's reader state holds each source's own state, whose finished passes are checked
-for gaps. A packed source (``pack_tokens``) is checked for overlaps only: its rows count by
-their eos, and the rows of a pass's undelivered tail are not in its plan's row counts.
+for gaps. A packed source (``pack_tokens``) is checked the same way: its records count a row by
+its eos, so a document cut between two checkpoints is counted once, and every row of each
+finished epoch is expected but those whose eos lies in the epoch's lockstep tail (its
+``undelivered`` events; NOTE [ packed accounting ] in ``checkpoint/consumption.py``).
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,7 @@ class Verdict:
         checkpoints: checkpoints in its lineage, whose records were checked.
         records: consumption records checked.
         rows: rows they consumed.
+        tokens: tokens they consumed (packed readers), None when no record counts tokens.
         finished_passes: passes (segment, epoch) the reader state shows finished, each
             checked for gaps.
         violations: what breaks exactly-once, the first one first; empty when proved.
@@ -61,6 +64,7 @@ class Verdict:
     checkpoints: int = 0
     records: int = 0
     rows: int = 0
+    tokens: int | None = None
     finished_passes: list[tuple[int, int]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
@@ -71,7 +75,7 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "checkpoint_id": self.checkpoint_id, "step": self.step,
                 "ok": self.ok, "checkpoints": self.checkpoints, "records": self.records,
-                "rows": self.rows,
+                "rows": self.rows, "tokens": self.tokens,
                 "finished_passes": [{"segment": seg, "epoch": ep}
                                     for seg, ep in self.finished_passes],
                 "violations": self.violations}
@@ -151,6 +155,15 @@ def _retired(snapshot: LedgerSnapshot) -> set[str]:
 
 
 Key = tuple[str | None, int, int, str, int]  # source key, segment, epoch, file, row group
+Pass = tuple[str | None, int, int]  # source key, segment, epoch
+
+
+@dataclass
+class _Consumed:
+    """A lineage's records: ranges per row group, tokens per pass."""
+
+    ranges: dict[Key, list[tuple[int, int, int, int]]]
+    tokens: dict[Pass, int]
 
 
 def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
@@ -160,23 +173,27 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
     steps = {r.checkpoint_id: r.step for r in chain}
     verdict = Verdict(head.run_id, head.checkpoint_id, head.step, checkpoints=len(chain))
     names = [s.CHECKPOINT_ID, s.SOURCE_KEY, s.SEGMENT, s.EPOCH, s.FILE, s.ROW_GROUP,
-             s.ROW_START, s.ROW_END, s.ROWS]
+             s.ROW_START, s.ROW_END, s.ROWS, s.TOKENS]
     consumed = snapshot.scan((pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
                              & (pc.field(s.RUN_ID) == head.run_id), names)
     by_group: dict[Key, list[tuple[int, int, int, int]]] = defaultdict(list)
+    tokens: dict[Pass, int] = defaultdict(int)
     columns = [consumed[n].to_pylist() for n in names]
-    for checkpoint_id, key, segment, epoch, file, group, start, end, rows in zip(*columns,
-                                                                                 strict=True):
+    for checkpoint_id, key, segment, epoch, file, group, start, end, rows, n in zip(
+            *columns, strict=True):
         step = steps.get(checkpoint_id)
         if step is None:
             continue  # not in the lineage: training lost with a restore
         by_group[(key, segment, epoch, file, group)].append((start, end, rows, step))
         verdict.records += 1
         verdict.rows += rows
+        if n is not None:
+            tokens[(key, segment, epoch)] += n
+            verdict.tokens = (verdict.tokens or 0) + n
     for key in sorted(by_group, key=lambda k: (k[0] or "", *k[1:])):
         verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
-    verdict.violations.extend(_gaps(snapshot, head, chain, by_group, verdict, source,
-                                    storage_options, source_catalog))
+    verdict.violations.extend(_gaps(snapshot, head, chain, _Consumed(by_group, tokens), verdict,
+                                    source, storage_options, source_catalog))
     return verdict
 
 
@@ -188,7 +205,9 @@ def _where(run_id: str, key: Key) -> str:
 
 def _overlaps(run_id: str, key: Key, ranges: list[tuple[int, int, int, int]]) -> list[str]:
     out = []
-    exact = sorted((a, b, step) for a, b, n, step in ranges if n == b - a)
+    # a packed record of no row (tokens of a document whose eos a later record holds) is
+    # no range: it cannot overlap
+    exact = sorted((a, b, step) for a, b, n, step in ranges if n == b - a and a < b)
     reach, by = -1, -1  # the furthest end of the ranges so far, and its step
     for a, b, step in exact:
         if a < reach:
@@ -214,79 +233,118 @@ def _overlaps(run_id: str, key: Key, ranges: list[tuple[int, int, int, int]]) ->
 
 
 def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[CheckpointRecord],
-          by_group: dict[Key, list[tuple[int, int, int, int]]], verdict: Verdict,
-          source: Any, storage_options: Mapping[str, str] | None,
-          source_catalog: Any) -> list[str]:
-    """Row groups of finished passes that did not give exactly their live rows."""
+          consumed: _Consumed, verdict: Verdict, source: Any,
+          storage_options: Mapping[str, str] | None, source_catalog: Any) -> list[str]:
+    """Row groups of finished passes that did not give exactly their live rows (and packed
+    passes that did not give exactly their tokens)."""
     if not head.reader_state:
         return []
     from lakeckpt_tables.mixture import is_mixture_state  # imports torch
     from lakeckpt_tables.reader.state import ReaderState, decode_state
 
     decoded = decode_state(head.reader_state)
+    undelivered = _undelivered(snapshot, head.run_id, {r.checkpoint_id for r in chain})
     if not is_mixture_state(decoded):
-        return _source_gaps(snapshot, head, chain, by_group, verdict, None,
-                            ReaderState.from_dict(decoded), source, storage_options,
-                            source_catalog)
+        readers = [(None, decoded, source)]
+    else:
+        readers = [(key, one, None) for key, one in sorted(decoded["sources"].items())]
     out: list[str] = []
-    for key, one in sorted(decoded["sources"].items()):
-        out.extend(_source_gaps(snapshot, head, chain, by_group, verdict, key,
-                                ReaderState.from_dict(one), None, storage_options,
-                                source_catalog))
+    for key, one, given in readers:
+        state = ReaderState.from_dict(one)
+        if state.plan is None:
+            continue  # nothing read yet
+        dataset = dataset_for(state, snapshot, source=given, storage_options=storage_options,
+                              source_catalog=source_catalog)
+        out.extend(_source_gaps(head.run_id, consumed, undelivered, verdict, key, state,
+                                dataset))
     return out
 
 
-def _source_gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[CheckpointRecord],
-                 by_group: dict[Key, list[tuple[int, int, int, int]]], verdict: Verdict,
-                 source_key: str | None, state: Any, source: Any,
-                 storage_options: Mapping[str, str] | None, source_catalog: Any) -> list[str]:
+def _source_gaps(run_id: str, consumed: _Consumed, undelivered: _Undelivered,
+                 verdict: Verdict, source_key: str | None, state: Any,
+                 dataset: Any) -> list[str]:
     """:func:`_gaps` of one reader's state (a Mixture's source ``source_key``)."""
-    if state.plan is None or state.config.get("pack") is not None:
-        return []  # nothing read yet; or packed: overlaps only (module docstring)
-    dataset = dataset_for(state, snapshot, source=source, storage_options=storage_options,
-                          source_catalog=source_catalog)
-    undelivered = _undelivered(snapshot, head.run_id, {r.checkpoint_id for r in chain})
-    known = dict(state.rounds)
     out: list[str] = []
+    by_group = consumed.ranges
     last = max(pos[0] for pos in state.positions())
-    for index in range(last + 1):
-        plan, units = dataset.round_plan(index, state.plan, dict(state.layouts), known)
-        finished = all(e > index or (e == index and pos >= plan.delivered_rows(g))
-                       for g, (e, pos) in enumerate(state.positions()))
-        if not finished:
-            continue
-        if (plan.segment, plan.epoch) not in verdict.finished_passes:
-            verdict.finished_passes.append((plan.segment, plan.epoch))
-        for unit in units.units:
-            key = (source_key, plan.segment, plan.epoch, unit.path, unit.row_group)
+    for segment, epoch, units, stream in _finished_passes(dataset, state, last):
+        if (segment, epoch) not in verdict.finished_passes:
+            verdict.finished_passes.append((segment, epoch))
+        for unit in units:
+            key = (source_key, segment, epoch, unit.path, unit.row_group)
             got = sum(n for _, _, n, _ in by_group.get(key, ()))
-            want = unit.rows - undelivered.get(key, 0)
+            want = unit.rows - undelivered.rows.get(key, 0)
             if got > want:
-                out.append(f"overlap: {_where(head.run_id, key)} gave {got} rows, it holds "
+                out.append(f"overlap: {_where(run_id, key)} gave {got} rows, it holds "
                            f"{want}")
             elif got < want:
-                out.append(f"gap: {_where(head.run_id, key)} gave {got} of its {want} rows "
+                out.append(f"gap: {_where(run_id, key)} gave {got} of its {want} rows "
                            "in a finished pass")
-        paths = {(u.path, u.row_group) for u in units.units}
+        paths = {(u.path, u.row_group) for u in units}
         for key in by_group:
-            if key[:3] == (source_key, plan.segment, plan.epoch) and key[3:] not in paths:
-                out.append(f"overlap: {_where(head.run_id, key)} is not a row group of the "
+            if key[:3] == (source_key, segment, epoch) and key[3:] not in paths:
+                out.append(f"overlap: {_where(run_id, key)} is not a row group of the "
                            "pass, yet rows were recorded from it")
+        if stream is not None:
+            at = (source_key, segment, epoch)
+            got = consumed.tokens.get(at, 0)
+            want = stream - undelivered.tokens.get(at, 0)
+            if got != want:
+                named = "" if source_key is None else f" source {source_key!r}"
+                out.append(f"{'overlap' if got > want else 'gap'}: run {run_id}{named} "
+                           f"segment {segment} epoch {epoch} gave {got} tokens of the "
+                           f"{want} its finished pass delivers")
     return out
+
+
+def _finished_passes(dataset: Any, state: Any,
+                     last: int) -> Iterator[tuple[int, int, Any, int | None]]:
+    """(segment, epoch, units, stream elements or None) of each pass up to round ``last``
+    that ``state`` shows every slice finished: a packed reader's passes are the pinned
+    snapshot's epochs, each of all its units and its stream elements (tokens and eos; NOTE
+    [ packed accounting ] in ``checkpoint/consumption.py``)."""
+    planner = dataset.planner
+    packed = state.config.get("pack") is not None
+    known = dict(state.rounds)
+    for index in range(last + 1):
+        stream = None
+        if packed:
+            if planner.epochs is not None and index >= planner.epochs:
+                break  # (a cycling Mixture source's epochs are endless: None)
+            token_plan = planner.token_plan(state.plan, index, state.layouts.get(index))
+            ends = [token_plan.per_slice] * len(state.positions())
+            segment, epoch, units = 0, index, planner.snapshot.units
+            stream = int(token_plan.starts[-1])
+        else:
+            plan, round_units = dataset.round_plan(index, state.plan, dict(state.layouts), known)
+            ends = [plan.delivered_rows(g) for g in range(len(state.positions()))]
+            segment, epoch, units = plan.segment, plan.epoch, round_units.units
+        if all(e > index or (e == index and pos >= end)
+               for (e, pos), end in zip(state.positions(), ends, strict=True)):
+            yield segment, epoch, units, stream
+
+
+@dataclass
+class _Undelivered:
+    """What a lineage's ``undelivered`` events name: rows per row group, tokens per pass."""
+
+    rows: dict[Key, int]
+    tokens: dict[Pass, int]
 
 
 def _undelivered(snapshot: LedgerSnapshot, run_id: str,
-                 checkpoints: Iterable[str]) -> dict[Key, int]:
+                 checkpoints: Iterable[str]) -> _Undelivered:
     wanted = set(checkpoints)
-    rows = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
-                         & (pc.field(s.EVENT) == "undelivered")
-                         & (pc.field(s.RUN_ID) == run_id))
-    out: dict[Key, int] = defaultdict(int)
-    for rec in rows.to_pylist():
+    events = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                           & (pc.field(s.EVENT) == "undelivered")
+                           & (pc.field(s.RUN_ID) == run_id))
+    out = _Undelivered(defaultdict(int), defaultdict(int))
+    for rec in events.to_pylist():
         if rec[s.CHECKPOINT_ID] not in wanted:
             continue
         detail = json.loads(rec[s.DETAIL])
+        at = (detail.get("source_key"), int(detail["segment"]), int(detail["epoch"]))
         for path, group, r0, r1 in detail.get("ranges", ()):
-            out[(detail.get("source_key"), int(detail["segment"]), int(detail["epoch"]), path,
-                 int(group))] += r1 - r0
+            out.rows[(*at, path, int(group))] += r1 - r0
+        out.tokens[at] += int(detail.get("tokens", 0))
     return out

@@ -4,8 +4,9 @@ The ledger's consumption records name row ranges, and where a checkpoint fell in
 window only how many rows of a range were consumed. Which ones is not lost: the plan is a pure
 function of the pinned snapshot, the seed and the shape, and a checkpoint's reader state holds
 every slice's position. Replaying the plan between the parent's positions and the
-checkpoint's gives every row, in the order each (rank, worker) delivered it. No data is read;
-the source's metadata is (to list its units).
+checkpoint's gives every row, in the order each (rank, worker) delivered it. No data is read
+but the token column of a packed reader (where its documents start and end); the source's
+metadata is (to list its units). A Mixture's checkpoint is replayed source by source.
 """
 
 from __future__ import annotations
@@ -19,21 +20,26 @@ import pyarrow as pa
 
 from lakeckpt_tables.audit.sources import delta_options, ledger_uri
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
-from lakeckpt_tables.errors import LedgerError, StateMismatchError
+from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
 from lakeckpt_tables.plan.accounting import slice_spans
 from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
 from lakeckpt_tables.plan.shuffle import LEGACY
 
-__all__ = ["ROWS_SCHEMA", "CheckpointRows", "checkpoint_rows", "dataset_for", "lineage", "rows"]
+__all__ = ["ROWS_SCHEMA", "CheckpointRows", "Part", "checkpoint_rows", "dataset_for", "lineage",
+           "rows"]
 
 ROWS_SCHEMA = pa.schema([
     ("rank", pa.int32()), ("worker", pa.int32()), ("segment", pa.int64()),
     ("epoch", pa.int64()), ("file", pa.string()), ("row_group", pa.int32()),
-    ("row", pa.int64()),
+    ("row", pa.int64()), ("source_key", pa.string()), ("tokens", pa.int64()),
 ])
 """Columns of :func:`rows`. ``row`` counts the row group's live rows (rows not deleted at the
-pinned version), which is the row's index in the file's row group when nothing was deleted."""
+pinned version), which is the row's index in the file's row group when nothing was deleted.
+``source_key`` names the Mixture source (null for a one-table run). ``tokens`` (packed readers
+only, else null): the row's tokens the slice delivered, its eos included; fewer than the
+document's where a sequence, a checkpoint or a pass's tail cut it (NOTE [ packed accounting ]
+in ``checkpoint/consumption.py``: a checkpoint saw every row it delivered a token of)."""
 
 
 def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any = None,
@@ -44,7 +50,9 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
     Not cumulative by default: the rows delivered since the checkpoint's parent (the
     checkpoint its run saved or restored last), exactly what its consumption records cover.
     ``cumulative=True`` gives every row of its lineage up to it (parent, grandparent...), so
-    a row read in two epochs appears twice.
+    a row read in two epochs appears twice. A Mixture's rows are given source by source
+    (``source_key``); a packed reader's are every row of which a token was delivered, so a
+    document cut between two checkpoints is a row of both.
 
     Args:
         target: a checkpoint root, a ledger spec or a ledger object (see
@@ -54,7 +62,8 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
         catalog: pyiceberg catalog of an Iceberg ledger.
         storage_options: storage options of the ledger and Delta sources (as
             ``CheckpointManager`` takes them).
-        source: the source table to plan from; by default opened from what the ledger names.
+        source: the source table of a one-table run to plan from; by default (and for a
+            Mixture's sources) opened from what the ledger names.
         source_catalog: the catalog of an Iceberg source, when it is neither the one the
             ledger records for it nor the ledger's.
 
@@ -80,68 +89,114 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
 
 
 @dataclass
-class CheckpointRows:
-    """The rows one checkpoint delivered, per slice and pass, as unit indices and rows."""
+class Part:
+    """The rows one slice delivered in one pass of one reader, in delivery order."""
 
-    parts: list[tuple[int, int, int, int, tuple[Any, ...], np.ndarray[Any, Any],
-                      np.ndarray[Any, Any]]]
-    """(rank, worker, segment, epoch, units, unit index per row, row within unit)."""
+    rank: int
+    worker: int
+    segment: int
+    epoch: int
+    units: tuple[Any, ...]
+    unit_index: np.ndarray[Any, Any]
+    """The unit (index into ``units``) of each row."""
+    row: np.ndarray[Any, Any]
+    """The row within its unit (a live-row index of its row group)."""
+    tokens: np.ndarray[Any, Any] | None
+    """Tokens of each row delivered (packed readers), None for a reader of rows."""
+    source_key: str | None
     dataset: Any
+    """The reader (never iterated) the rows were replayed with."""
+
+
+@dataclass
+class CheckpointRows:
+    """The rows one checkpoint delivered, per reader, slice and pass."""
+
+    parts: list[Part]
 
     def table(self) -> pa.Table:
-        columns: dict[str, list[Any]] = {name: [] for name in ROWS_SCHEMA.names}
-        for rank, worker, segment, epoch, units, unit_index, row in self.parts:
-            n = len(row)
-            columns["rank"].append(np.full(n, rank, np.int32))
-            columns["worker"].append(np.full(n, worker, np.int32))
-            columns["segment"].append(np.full(n, segment, np.int64))
-            columns["epoch"].append(np.full(n, epoch, np.int64))
-            paths = np.array([u.path for u in units], dtype=object)
-            groups = np.array([u.row_group for u in units], dtype=np.int32)
-            columns["file"].append(paths[unit_index] if n else np.empty(0, object))
-            columns["row_group"].append(groups[unit_index] if n else np.empty(0, np.int32))
-            columns["row"].append(row)
         if not self.parts:
             return ROWS_SCHEMA.empty_table()
-        return pa.table({name: np.concatenate(parts) for name, parts in columns.items()},
-                        schema=ROWS_SCHEMA)
+        return pa.concat_tables([_part_table(p) for p in self.parts])
+
+
+def _part_table(p: Part) -> pa.Table:
+    n = len(p.row)
+    paths = np.array([u.path for u in p.units], dtype=object)
+    groups = np.array([u.row_group for u in p.units], dtype=np.int32)
+    return pa.table({
+        "rank": np.full(n, p.rank, np.int32), "worker": np.full(n, p.worker, np.int32),
+        "segment": np.full(n, p.segment, np.int64), "epoch": np.full(n, p.epoch, np.int64),
+        "file": pa.array(paths[p.unit_index] if n else [], pa.string()),
+        "row_group": groups[p.unit_index] if n else np.empty(0, np.int32),
+        "row": np.asarray(p.row, np.int64),
+        "source_key": pa.array([p.source_key] * n, pa.string()),
+        "tokens": pa.nulls(n, pa.int64()) if p.tokens is None else pa.array(p.tokens,
+                                                                               pa.int64()),
+    }, schema=ROWS_SCHEMA)
 
 
 def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
                     snapshot: LedgerSnapshot, *, source: Any = None,
+                    sources: Mapping[str, Any] | None = None, only: str | None = None,
                     storage_options: Mapping[str, str] | None = None,
                     datasets: dict[Any, Any] | None = None,
                     source_catalog: Any = None) -> CheckpointRows:
     """Replay the plan from ``parent``'s positions to ``record``'s (see the module docstring).
 
-    ``datasets`` caches the readers built per (source, state configuration) across calls.
+    Args:
+        source: the source of a one-table run (None: opened from the ledger).
+        sources: sources to use, by table id (a Mixture's too); others are opened.
+        only: replay only the readers of this table id.
+        datasets: caches the readers built per (source, state configuration) across calls.
     """
-    from lakeckpt_tables.mixture import MIXTURE_FORMAT
-    from lakeckpt_tables.reader.state import ReaderState, decode_state
+    from lakeckpt_tables.mixture import is_mixture_state
+    from lakeckpt_tables.reader.state import decode_state
 
     if not record.reader_state:
-        return CheckpointRows([], None)
-    decoded = decode_state(record.reader_state)
-    if decoded.get("format") == MIXTURE_FORMAT or decoded.get("config", {}).get("pack"):
-        raise StateMismatchError(
-            f"run {record.run_id} step {record.step} read a Mixture or packed token sequences: "
-            "their rows are not replayed row by row yet; the consumption view gives each "
-            "source's (source_key) row-group ranges, and verify checks them")
-    after = ReaderState.from_dict(decoded)
-    if after.plan is None:
-        return CheckpointRows([], None)
-    before = None
-    if parent is not None and parent.reader_state:
-        before = ReaderState.from_dict(decode_state(parent.reader_state))
-        if before.plan is None or before.table.table_id != after.table.table_id:
-            before = None
+        return CheckpointRows([])
+    after = decode_state(record.reader_state)
+    prior = decode_state(parent.reader_state) if parent is not None and parent.reader_state \
+        else None
+    if not is_mixture_state(after):
+        pairs = [(None, after, None if prior is None or is_mixture_state(prior) else prior)]
+    else:
+        before = prior["sources"] if prior is not None and is_mixture_state(prior) else {}
+        pairs = [(key, one, before.get(key)) for key, one in sorted(after["sources"].items())]
+        source = None  # the one source given is a one-table run's
+    parts: list[Part] = []
+    for key, one, was in pairs:
+        parts.extend(_reader_rows(key, one, was, snapshot, source=source, sources=sources,
+                                  only=only, storage_options=storage_options,
+                                  datasets=datasets, source_catalog=source_catalog))
+    return CheckpointRows(parts)
+
+
+def _reader_rows(key: str | None, state: Mapping[str, Any], prior: Mapping[str, Any] | None,
+                 snapshot: LedgerSnapshot, *, source: Any, sources: Mapping[str, Any] | None,
+                 only: str | None, storage_options: Mapping[str, str] | None,
+                 datasets: dict[Any, Any] | None, source_catalog: Any) -> Iterator[Part]:
+    """The rows one reader (a Mixture's source ``key``) delivered between two states."""
+    from lakeckpt_tables.reader.state import ReaderState
+
+    after = ReaderState.from_dict(state)
+    if after.plan is None or (only is not None and after.table.table_id != only):
+        return
+    before = None if prior is None else ReaderState.from_dict(prior)
+    if before is not None and (before.plan is None
+                               or before.table.table_id != after.table.table_id):
+        before = None
+    if source is None and sources is not None:
+        source = sources.get(after.table.table_id)
     dataset = dataset_for(after, snapshot, source=source, storage_options=storage_options,
                           cache=datasets, source_catalog=source_catalog)
-    return CheckpointRows(list(_replay(dataset, before, after)), dataset)
+    if after.config.get("pack") is not None:
+        yield from _replay_packed(dataset, before, after, key)
+    else:
+        yield from _replay(dataset, before, after, key)
 
 
-def _replay(dataset: Any, before: Any, after: Any) -> Iterator[
-        tuple[int, int, int, int, tuple[Any, ...], np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+def _replay(dataset: Any, before: Any, after: Any, key: str | None) -> Iterator[Part]:
     """Every slice's rows between two states: the walk of ranges
     (:func:`lakeckpt_tables.plan.accounting.slice_spans`), here row by row."""
     workers = after.plan[1]
@@ -150,8 +205,34 @@ def _replay(dataset: Any, before: Any, after: Any) -> Iterator[
         position = np.searchsorted(plan.offsets, base, "right") - 1
         unit = plan.order[position]  # a plan unit: rows [first, first + rows) of a row group
         rank, worker = divmod(g, workers)
-        yield (rank, worker, plan.segment, plan.epoch, units.units, units.source[unit],
-               units.first[unit] + base - plan.offsets[position])
+        yield Part(rank, worker, plan.segment, plan.epoch, units.units, units.source[unit],
+                   units.first[unit] + base - plan.offsets[position], None, key, dataset)
+
+
+def _replay_packed(dataset: Any, before: Any, after: Any, key: str | None) -> Iterator[Part]:
+    """Every slice's rows between two states of a packed reader: the rows it delivered a
+    token of, and how many (NOTE [ packed accounting ] in ``checkpoint/consumption.py``)."""
+    from lakeckpt_tables.checkpoint.consumption import (
+        RowLengths,
+        stream_spans,
+        touched_rows,
+        unit_parts,
+    )
+
+    planner = dataset.planner
+    lengths = RowLengths.of(planner)
+    units = tuple(planner.snapshot.units)
+    workers = after.plan[1]
+    for span in stream_spans(planner, before, after):
+        index, rows, tokens = [], [], []
+        for part in unit_parts(span.plan, span.a, span.b):
+            r, n = touched_rows(lengths, part)
+            index.append(np.full(len(r), part.unit, np.int64))
+            rows.append(r)
+            tokens.append(n)
+        rank, worker = divmod(span.g, workers)
+        yield Part(rank, worker, 0, span.epoch, units, np.concatenate(index),
+                   np.concatenate(rows), np.concatenate(tokens), key, dataset)
 
 
 def _slice_rows(plan: Any, g: int, lo: int, hi: int) -> np.ndarray[Any, Any]:
@@ -173,7 +254,7 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                 cache: dict[Any, Any] | None = None, source_catalog: Any = None) -> Any:
     """A reader configured as the one that captured ``state`` (never iterated: it plans)."""
     from lakeckpt_tables.audit.sources import open_source, recorded_catalogs
-    from lakeckpt_tables.reader.dataset import LakeDataset
+    from lakeckpt_tables.reader.dataset import LakeDataset, cycling
 
     config = dict(state.config)
     key = (state.table, state.version, repr(sorted(config.items())), state.plan)
@@ -200,6 +281,10 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
         kwargs = {"refresh": config["refresh"]}
     else:
         kwargs = {"epochs": int(config.get("epochs", 1))}
+    pack = config.get("pack")
+    if pack is not None:
+        kwargs.update(pack_tokens=pack["column"], seq_len=int(pack["seq_len"]),
+                      eos_id=int(pack["eos_id"]))
     world, _, batch = state.plan
     dataset = LakeDataset(source, columns=config.get("columns"), batch_size=batch,
                           shuffle=bool(config.get("shuffle", True)),
@@ -209,6 +294,8 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                           unit_rows=int(config.get("unit_rows", DEFAULT_UNIT_ROWS)), **kwargs)
     # the permutation the run's windows were shuffled with (NOTE [ keyed permutation ])
     dataset.shuffler = str(config.get("shuffler", LEGACY))
+    if config.get("cycle"):  # a cycling Mixture's source: its epochs go on
+        dataset = cycling(dataset)
     if cache is not None:
         cache[key] = dataset
     return dataset

@@ -83,7 +83,12 @@ PASS_SIZES_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("source_key", pa.string()), ("segment", pa.int64()),
     ("epoch", pa.int64()), ("rows", pa.int64()), ("delivered", pa.int64()),
     ("from_version", pa.int64()), ("to_version", pa.int64()), ("origin", pa.string()),
+    ("tokens", pa.int64()), ("location", pa.string()), ("table_id", pa.string()),
 ])
+"""What ``progress`` divides by, per run, Mixture source and pass: ``rows`` live, ``delivered``
+of them, and ``tokens`` a packed pass delivers (its ``round`` event's; null otherwise); and what
+the ``consumption`` view names the pass's source by: the version read (``to_version``) and the
+table (``location``, ``table_id``: the ``source`` event's)."""
 SOURCE_VERSIONS_SCHEMA = pa.schema([
     ("location", pa.string()), ("latest_version", pa.int64()),
     ("checked_at", pa.timestamp("us", tz="UTC")),
@@ -228,28 +233,45 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
 
     From ``round`` events when the ledger has them; else follow segments from ``segment``
     events, and the pinned snapshot's epochs from the source's metadata (no data is read),
-    less the rows ``undelivered`` events name.
+    less the rows ``undelivered`` events name. A packed pass (its ``round`` event counts
+    ``tokens``) delivers its rows and tokens less every tail its ``undelivered`` events name:
+    an elastic re-plan adds one (NOTE [ packed accounting ] in ``checkpoint/consumption.py``).
+    An event recorded again by a resumed run (the same detail) counts once.
     """
     events = scan(pc.field(s.RECORD) == s.RECORD_EVENT,
                   [s.RUN_ID, s.EVENT, s.DETAIL, s.STEP]).to_pylist()
     out: dict[tuple[str, int, int], dict[str, Any]] = {}
-    undelivered: dict[tuple[str, int, int], int] = {}
+    tails: dict[Any, dict[str, tuple[int, int]]] = {}  # pass -> distinct tails: rows, tokens
+    packed: set[Any] = set()
     segments: dict[tuple[str, int], dict[str, Any]] = {}
+    tables: dict[Any, dict[str, Any]] = {}  # run (or (run, source key)) -> its table
     for e in events:
         detail = json.loads(e[s.DETAIL] or "{}")
         run = e[s.RUN_ID]
         if detail.get("source_key") is not None:  # a Mixture source: keyed (run, source key)
-            run = (run, detail["source_key"])  # type: ignore[assignment]
+            run = (run, detail["source_key"])
         if e[s.EVENT] == "round":
             key = (run, int(detail["segment"]), int(detail["epoch"]))
             out[key] = {"rows": detail.get("rows"), "delivered": detail.get("delivered"),
                         "from_version": detail.get("base_version"),
-                        "to_version": detail.get("version"), "origin": "round"}
+                        "to_version": detail.get("version"), "origin": "round",
+                        "tokens": detail.get("tokens")}
+            if detail.get("tokens") is not None:
+                packed.add(key)
         elif e[s.EVENT] == "segment":
             segments[(run, int(detail["segment"]))] = detail
+        elif e[s.EVENT] == "source":
+            tables[run] = {"location": detail.get("location"),
+                           "table_id": detail.get("table_id")}
         elif e[s.EVENT] == "undelivered":
             key = (run, int(detail["segment"]), int(detail["epoch"]))
-            undelivered[key] = undelivered.get(key, 0) + int(detail.get("rows", 0))
+            tails.setdefault(key, {})[e[s.DETAIL]] = (int(detail.get("rows", 0)),
+                                                      int(detail.get("tokens", 0)))
+    undelivered = {k: sum(r for r, _ in v.values()) for k, v in tails.items()}
+    for key in packed:
+        size = out[key]
+        size["delivered"] = int(size["rows"]) - undelivered.get(key, 0)
+        size["tokens"] = int(size["tokens"]) - sum(n for _, n in tails.get(key, {}).values())
     for (run, segment), detail in segments.items():
         key = (run, segment, 0)
         if key not in out:
@@ -262,6 +284,8 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
                                        source_catalog).items():
             size["delivered"] = size["rows"] - undelivered.get(key, 0)
             out[key] = size
+    for key, size in out.items():
+        size.update(tables.get(key[0], {}))
     names = [f.name for f in PASS_SIZES_SCHEMA][4:]
     runs = [k[0] if isinstance(k[0], str) else k[0][0] for k in out]
     source_keys = [None if isinstance(k[0], str) else k[0][1] for k in out]

@@ -1,10 +1,12 @@
 """Which checkpoints trained on the rows a predicate selects: the deletion-request audit.
 
 For every checkpoint of every run that read the given table (by default: each run's own
-table, as its ledger records it), the exact rows it trained on are
+tables, as its ledger records them: a Mixture's every source), the exact rows it trained on are
 replayed from the plan (:mod:`lakeckpt_tables.audit.replay`); the predicate is evaluated by
 DuckDB on the row groups those rows come from, read as the reader read them (deletes applied).
-A checkpoint's model has seen a row if it or any checkpoint of its lineage trained on it.
+A packed reader's checkpoint trained on a row if it delivered any token of it (a document cut
+between two checkpoints: both). A checkpoint's model has seen a row if it or any checkpoint of
+its lineage trained on it.
 """
 
 from __future__ import annotations
@@ -18,12 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakeckpt_tables.audit.replay import checkpoint_rows, lineage
-from lakeckpt_tables.audit.sources import (
-    delta_options,
-    ledger_uri,
-    open_source,
-    recorded_catalogs,
-)
+from lakeckpt_tables.audit.sources import delta_options, ledger_uri
 from lakeckpt_tables.audit.target import read_ledger
 from lakeckpt_tables.errors import AuditError, SourceNotFoundError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
@@ -69,41 +66,31 @@ def trained_on(target: Any, predicate: str, table: str | None = None, *, catalog
     snapshot = read_ledger(target, catalog=catalog,
                            storage_options=delta_options(ledger_uri(target), storage_options))
     sources: dict[str, Any] = {}  # table id -> source
+    only = None
     if table is not None:
         given = _open_table(table, source_catalog if source_catalog is not None
                             else snapshot.catalog if catalog is None else catalog,
                             storage_options)
-        sources[given.snapshot(None).identity.table_id] = given
-    recorded = recorded_catalogs(snapshot.scan)
+        only = given.snapshot(None).identity.table_id
+        sources[only] = given
     records = checkpoints_from_arrow(snapshot.rows)
     by_id = {(r.run_id, r.checkpoint_id): r for r in records}
     datasets: dict[Any, Any] = {}
     matches: dict[tuple[str, int, int], np.ndarray[Any, Any]] = {}
     out: dict[str, list[Any]] = {n: [] for n in MATCHES_SCHEMA.names}
     for record in records:
-        if record.source is None:
-            continue
-        identity = record.source
-        if identity.table_id not in sources:
-            if table is not None:
-                continue  # another table than the one asked about
-            sources[identity.table_id] = open_source(
-                identity.format, identity.location, catalog=snapshot.catalog,
-                table_id=identity.table_id, storage_options=storage_options,
-                source_catalog=source_catalog,
-                recorded_catalog=recorded.get(identity.location, recorded.get(identity.table_id)))
         parent = by_id.get((record.run_id, record.parent_id or ""))
-        replayed = checkpoint_rows(record, parent, snapshot,
-                                   source=sources[identity.table_id],
-                                   storage_options=storage_options, datasets=datasets)
+        replayed = checkpoint_rows(record, parent, snapshot, sources=sources, only=only,
+                                   storage_options=storage_options, datasets=datasets,
+                                   source_catalog=source_catalog)
         count = 0
-        for _, _, _, _, units, unit_index, row in replayed.parts:
-            for u in np.unique(unit_index):
-                unit = units[u]
+        for part in replayed.parts:
+            for u in np.unique(part.unit_index):
+                unit = part.units[u]
                 key = (unit.path, unit.row_group, unit.rows)
                 if key not in matches:
-                    matches[key] = _matching_rows(replayed.dataset, unit, predicate)
-                count += int(np.isin(row[unit_index == u], matches[key]).sum())
+                    matches[key] = _matching_rows(part.dataset, unit, predicate)
+                count += int(np.isin(part.row[part.unit_index == u], matches[key]).sum())
         if count:
             for name, value in zip(MATCHES_SCHEMA.names,
                                    (record.run_id, record.checkpoint_id, record.step, count),

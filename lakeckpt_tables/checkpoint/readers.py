@@ -9,8 +9,9 @@ for a lone reader: the rows its slices of that source consumed since the previou
 merged state of that source, every record named by the source's key (``source_key``) and its
 events' details too. A source not drawn yet has no plan and consumed nothing. The checkpoint
 record names no single source table (``source`` is null): the ``source`` events do, per key.
-``on_exhausted="cycle"`` is refused: a source's next pass restarts its reader, and records
-have no pass number (a source built with ``epochs=N`` reads N accounted epochs instead).
+With ``on_exhausted="cycle"`` a source's next pass is its next epochs (NOTE [ cycling sources ]
+in ``lakeckpt_tables/mixture.py``): its records name the epoch that read each row, as for a
+reader built with ``epochs=N``.
 """
 
 from __future__ import annotations
@@ -80,14 +81,6 @@ def restore(dataloader: Any, state: Mapping[str, Any]) -> None:
 
 def _capture_mixture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
     mixture: Mixture = dataloader.dataset
-    if mixture.on_exhausted == "cycle":
-        # a source's next pass starts its reader over: the ledger's records have no pass
-        # number to tell the passes apart, and the rows between the last checkpoint and the
-        # end of the pass would be missed
-        raise CheckpointError(
-            "CheckpointManager cannot account for a Mixture with on_exhausted='cycle' yet (a "
-            "source's next pass restarts its reader; the ledger cannot tell passes apart). "
-            "Build the sources with epochs=N (each epoch accounted) and on_exhausted='stop'")
     if getattr(dataloader, "batch_size", None) is not None:
         raise CheckpointError("build the StatefulDataLoader with batch_size=None: the "
                               "Mixture yields whole batches")

@@ -15,11 +15,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--checkpoint", metavar="ID",
                       help="the exact (file, row group, row) this checkpoint trained on since "
                       "its parent")
-    what.add_argument("--file", metavar="PATH", help="which checkpoints of which runs read "
-                      "this data file")
+    what.add_argument("--file", metavar="PATH", help="which checkpoints of which runs (and "
+                      "Mixture sources) read this data file, rows and tokens")
     what.add_argument("--where", metavar="PRED", help="which checkpoints of which runs "
-                      "trained on rows matching this SQL predicate, evaluated over each run's "
-                      "own source table")
+                      "trained on rows matching this SQL predicate (a packed reader's: any "
+                      "token of them), evaluated over each run's own source tables")
     parser.add_argument("--table", metavar="URI",
                         help="with --where: only runs that read this table (Delta URI or "
                         "iceberg:<namespace.table>)")
@@ -50,9 +50,12 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
     con = duckdb.connect()
     con.register("r", table)
+    keyed = "source_key, " if table["source_key"].null_count < table.num_rows else ""
+    tokens = ", CAST(sum(tokens) AS BIGINT) AS tokens" \
+        if table["tokens"].null_count < table.num_rows else ""  # packed: tokens delivered
     summary = con.sql(
-        "SELECT rank, worker, segment, epoch, file, row_group, count(*) AS rows, "
-        "min(row) AS first_row, max(row) AS last_row FROM r GROUP BY ALL ORDER BY ALL")
+        f"SELECT {keyed}rank, worker, segment, epoch, file, row_group, count(*) AS rows, "
+        f"min(row) AS first_row, max(row) AS last_row{tokens} FROM r GROUP BY ALL ORDER BY ALL")
     emit(summary.to_arrow_table(), "table", title=f"rows of checkpoint {args.checkpoint} "
          "(per row group; --output csv for every row)", empty="no rows")
     return 0
@@ -65,9 +68,11 @@ def _file(args: argparse.Namespace) -> int:
     con = connect(args.target, catalog=args.catalog, storage_options=storage_options(args),
                   source_catalog=source_catalog(args))
     result = con.sql(
-        "SELECT run_id, step, checkpoint_id, status, list(DISTINCT row_group ORDER BY row_group)"
-        " AS row_groups, CAST(sum(rows) AS BIGINT) AS rows FROM consumption "
-        "WHERE file = $file OR file LIKE '%/' || $name GROUP BY ALL ORDER BY run_id, step",
+        "SELECT run_id, step, checkpoint_id, status, source_key, "
+        "list(DISTINCT row_group ORDER BY row_group) AS row_groups, "
+        "CAST(sum(rows) AS BIGINT) AS rows, CAST(sum(tokens) AS BIGINT) AS tokens "
+        "FROM consumption WHERE file = $file OR file LIKE '%/' || $name GROUP BY ALL "
+        "ORDER BY run_id, step, source_key",
         params={"file": args.file, "name": args.file.lstrip("/")})
     emit(result.to_arrow_table(), args.output, title=f"checkpoints that read {args.file}",
          empty="no checkpoint read it")

@@ -1,5 +1,5 @@
-"""``lakeckpt progress TARGET``: rows consumed per run (and Mixture source) and pass, with rate
-and ETA.
+"""``lakeckpt progress TARGET``: rows (and a packed reader's tokens) consumed per run (and
+Mixture source, with its share) and pass, with rate and ETA.
 
 A pass's ``state`` is ``done``, or its run's: ``running``, ``stale`` (the run stopped saving
 without finishing: killed, hung) or ``finished``; only a running pass has an ETA.
@@ -73,7 +73,9 @@ def _show(args: argparse.Namespace) -> None:
         total, done = r["rows_in_pass"], r["rows_consumed"]
         r["done"] = ProgressBar(total=float(total), completed=float(done), width=20) \
             if total else None
-    columns = COLUMNS
+    columns: tuple[str, ...] = COLUMNS
+    if any(r["tokens_consumed"] is not None for r in rows):  # packed: tokens too
+        columns = (*columns[:6], "tokens_consumed", *columns[6:])
     if any(r["source_key"] is not None for r in rows):  # a Mixture run: a row per source
-        columns = (COLUMNS[0], "source_key", *COLUMNS[1:])
+        columns = (columns[0], "source_key", "share", *columns[1:])
     emit(rows, "table", columns=columns, title="progress", empty="no run has consumed rows")

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import Field as DeltaField
+from deltalake.schema import PrimitiveType
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 
 from lakeckpt_tables.errors import (
@@ -264,8 +265,9 @@ def _add_columns(table: DeltaTable, store: Storage) -> DeltaTable:
     """A ledger created before :data:`~lakeckpt_tables.ledger.schema.ADDED_COLUMNS` gains them
     (nullable; its rows read them as null). A concurrent opener adding them too is fine."""
     have = {f.name for f in table.schema().fields}
-    missing = [DeltaField(name, "string", nullable=True) for name in s.ADDED_COLUMNS
-               if name not in have]
+    missing = [DeltaField(name, PrimitiveType("long" if pa.types.is_int64(
+                   s.LEDGER_SCHEMA.field(name).type) else "string"), nullable=True)
+               for name in s.ADDED_COLUMNS if name not in have]
     if not missing:
         return table
     try:

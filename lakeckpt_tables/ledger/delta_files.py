@@ -166,7 +166,7 @@ class DeltaFiles:
                 parts.append(summary)
         if unsummarized:
             columns = [s.RUN_ID, s.CHECKPOINT_ID, s.STEP, s.SOURCE_KEY, s.SEGMENT, s.EPOCH,
-                       s.COMMITTED_AT, s.ROWS]
+                       s.COMMITTED_AT, s.ROWS, s.TOKENS]
             scan = ledger_dataset(unsummarized, self._fs)
             rows = self._reading(unsummarized, lambda: scan.to_table(
                 columns=columns, filter=pc.field(s.RECORD) == s.RECORD_CONSUMPTION))

@@ -37,7 +37,7 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import ValidatableTableRequirement
-from pyiceberg.types import StringType
+from pyiceberg.types import LongType, StringType
 from sqlalchemy.exc import SQLAlchemyError
 
 from lakeckpt_tables.errors import CommitConflictError, LedgerCorruptError, LedgerError
@@ -365,7 +365,8 @@ def _add_columns(table: Table) -> Table:
     try:
         with table.update_schema() as update:
             for name in missing:
-                update.add_column(name, StringType())
+                int64 = pa.types.is_int64(s.LEDGER_SCHEMA.field(name).type)
+                update.add_column(name, LongType() if int64 else StringType())
     except CommitFailedException:  # another opener added them first
         table.refresh()
     return table

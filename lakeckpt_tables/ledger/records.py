@@ -113,6 +113,9 @@ class ConsumptionRecord:
             seeded order, so a seeded subset of the range was consumed, and the next
             checkpoint records the rest of it.
         source_key: the Mixture source the rows were read from, None for a one-table run.
+        tokens: tokens a packed reader delivered in this record's stream span of the row
+            group, eos included (:data:`~lakeckpt_tables.ledger.schema.TOKENS`); None for a
+            reader of rows.
     """
 
     rank: int
@@ -125,15 +128,17 @@ class ConsumptionRecord:
     row_end: int
     rows: int = -1
     source_key: str | None = None
+    tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.rows == -1:
             object.__setattr__(self, "rows", self.row_end - self.row_start)
-        if not 0 <= self.row_start <= self.row_end or not 0 <= self.rows <= self.span:
+        if not 0 <= self.row_start <= self.row_end or not 0 <= self.rows <= self.span \
+                or (self.tokens is not None and self.tokens < 0):
             raise ValueError(
                 f"rank {self.rank} worker {self.worker}: {self.rows} rows consumed of range "
                 f"[{self.row_start}, {self.row_end}) of {self.file} row group {self.row_group} "
-                "is not possible"
+                f"{'' if self.tokens is None else f'with {self.tokens} tokens '}is not possible"
             )
 
     @property
@@ -315,6 +320,7 @@ def _consumption_fields(c: ConsumptionRecord) -> dict[str, object]:
         s.ROW_END: c.row_end,
         s.ROWS: c.rows,
         s.SOURCE_KEY: c.source_key,
+        s.TOKENS: c.tokens,
     }
 
 

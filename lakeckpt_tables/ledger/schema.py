@@ -50,6 +50,7 @@ __all__ = [
     "SOURCE_VERSION",
     "STEP",
     "TAGS",
+    "TOKENS",
     "WALL_TIME_S",
     "WORKER",
     "WORLD_SIZE",
@@ -138,6 +139,13 @@ SOURCE_KEY: Final = "source_key"
 run reading one table. Added after format version 2 without changing it: a ledger without the
 column gains it when opened (:data:`ADDED_COLUMNS`), and rows where it is null keep their
 checksums."""
+TOKENS: Final = "tokens"
+"""Tokens a packed reader (``pack_tokens``) delivered in the record's stream span of this row
+group: the elements of ``input_ids``, each document's eos included, so a run's records sum to
+the tokens it trained on. A packed record counts as ``rows`` the rows whose eos it delivered; one
+of ``rows`` 0 (``row_start == row_end``, the row whose tokens they are) carries tokens of a
+document whose eos a later record delivers. Null for a reader of rows. Added after format
+version 2 like :data:`SOURCE_KEY` (:data:`ADDED_COLUMNS`)."""
 
 # -- event rows -----------------------------------------------------------------------------
 EVENT: Final = "event"
@@ -177,6 +185,7 @@ _TYPES: dict[str, pa.DataType] = {
     ROW_END: pa.int64(),
     ROWS: pa.int64(),
     SOURCE_KEY: pa.string(),
+    TOKENS: pa.int64(),
     EVENT: pa.string(),
     DETAIL: pa.string(),
 }
@@ -201,9 +210,10 @@ CONSUMPTION_COLUMNS: Final = (
     ROW_END,
     ROWS,
     SOURCE_KEY,
+    TOKENS,
 )
 """Columns of :meth:`Ledger.consumption`'s result, in order."""
 
-ADDED_COLUMNS: Final = (SOURCE_KEY,)
+ADDED_COLUMNS: Final = (SOURCE_KEY, TOKENS)
 """Nullable columns added to the format-2 schema later: a ledger created before lacks them and
 gains them when opened; hashed into a row's checksum only when not null (old rows verify)."""

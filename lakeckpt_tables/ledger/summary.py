@@ -35,9 +35,11 @@ SUMMARY_SCHEMA: Final = pa.schema([
     (s.RUN_ID, pa.string()), (s.CHECKPOINT_ID, pa.string()), (s.STEP, pa.int64()),
     (s.SOURCE_KEY, pa.string()), (s.SEGMENT, pa.int64()), (s.EPOCH, pa.int64()),
     (s.COMMITTED_AT, pa.timestamp("us", tz="UTC")), ("records", pa.int64()), (s.ROWS, pa.int64()),
+    (s.TOKENS, pa.int64()),
 ])
-"""Consumption totals per (run, checkpoint, step, source key, segment, epoch). A summary
-written before ``source_key`` has another schema and is not used (its file's rows are summed)."""
+"""Consumption totals per (run, checkpoint, step, source key, segment, epoch); ``tokens`` null
+for readers of rows. A summary written before ``source_key`` or ``tokens`` has another schema
+and is not used (its file's rows are summed)."""
 
 _KEYS = (s.RUN_ID, s.CHECKPOINT_ID, s.STEP, s.SOURCE_KEY, s.SEGMENT, s.EPOCH)
 _OF_FILE = b"lakeckpt.summary.of"
@@ -48,8 +50,8 @@ def summarize(rows: pa.Table) -> pa.Table:
     """The consumption totals of ledger rows (rows of other kinds are ignored).
 
     Args:
-        rows: ledger rows with at least the summary's key columns, ``record``, ``rows`` and
-            ``committed_at``.
+        rows: ledger rows with at least the summary's key columns, ``record``, ``rows``,
+            ``tokens`` and ``committed_at``.
 
     Returns:
         A table in :data:`SUMMARY_SCHEMA`.
@@ -58,13 +60,14 @@ def summarize(rows: pa.Table) -> pa.Table:
         rows = rows.filter(pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
     if not rows.num_rows:
         return SUMMARY_SCHEMA.empty_table()
-    grouped = rows.select([*_KEYS, s.COMMITTED_AT, s.ROWS]).group_by(
+    grouped = rows.select([*_KEYS, s.COMMITTED_AT, s.ROWS, s.TOKENS]).group_by(
         list(_KEYS), use_threads=False).aggregate(
-        [(s.COMMITTED_AT, "min"), (s.ROWS, "count"), (s.ROWS, "sum")])
+        [(s.COMMITTED_AT, "min"), (s.ROWS, "count"), (s.ROWS, "sum"), (s.TOKENS, "sum")])
     return pa.table({
         **{k: grouped[k] for k in _KEYS},
         s.COMMITTED_AT: grouped[f"{s.COMMITTED_AT}_min"],
         "records": grouped[f"{s.ROWS}_count"], s.ROWS: grouped[f"{s.ROWS}_sum"],
+        s.TOKENS: grouped[f"{s.TOKENS}_sum"],
     }).cast(SUMMARY_SCHEMA)
 
 

@@ -57,6 +57,8 @@ class ReaderConfig:
         columns: the columns read, checked against the snapshot's schema and files.
         follow: how the reader follows its table; None for a pinned or re-pinned pass.
         shuffler: how windows are permuted (a loaded state may name an older one).
+        cycle: the pass never ends: after its last epoch come the next ones (a Mixture's
+            ``on_exhausted="cycle"``: a source's next pass is its next epochs).
     """
 
     source: Source
@@ -65,6 +67,7 @@ class ReaderConfig:
     columns: tuple[str, ...]
     follow: FollowPolicy | None
     shuffler: str = BALANCED
+    cycle: bool = False
     stream_sizes: dict[int, list[int]] = dataclasses.field(default_factory=dict, repr=False)
     """Packing: each pinned version's row groups' stream sizes, counted once per process
     (NOTE [ token plan ] in ``reader/token_plan.py``)."""
@@ -144,6 +147,8 @@ class ReaderConfig:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows}
         if self.packing is not None:
             config["pack"] = self.packing.to_json()
+        if self.cycle:
+            config["cycle"] = True
         return config
 
     def _policy(self) -> dict[str, Any]:
@@ -172,7 +177,8 @@ class ReaderConfig:
     def rounds(self) -> RoundSequence:
         """The rounds this configuration reads (a fresh listing)."""
         o = self.options
-        return RoundSequence(self.source, self.snapshot, self.columns, epochs=o.epochs,
+        return RoundSequence(self.source, self.snapshot, self.columns,
+                             epochs=None if self.cycle else o.epochs,
                              follow=self.follow, refresh=o.refresh is not None,
                              unit_rows=o.unit_rows)
 
@@ -187,7 +193,8 @@ class ReaderConfig:
         if self.packing is not None:
             return TokenPlanner(self.packing, o, self.snapshot,  # type: ignore[return-value]
                                 self.stream_sizes, rounds)
-        return RoundPlanner(rounds, o.shuffle, o.seed, o.shuffle_window, o.drop_last, o.epochs,
+        return RoundPlanner(rounds, o.shuffle, o.seed, o.shuffle_window, o.drop_last,
+                            rounds.epochs,
                             follows=self.follow is not None, refreshes=o.refresh is not None,
                             rank=o.rank, where=self.snapshot.describe(), shuffler=self.shuffler)
 
@@ -247,6 +254,18 @@ class ReaderConfig:
         snapshot = _pinned(self.source, version, self.options.filter, schema_id)
         return dataclasses.replace(self, snapshot=snapshot,
                                    columns=resolve_columns(snapshot, self.columns))._checked()
+
+    def cycling(self) -> ReaderConfig:
+        """This configuration reading epoch after epoch, never ending (``cycle``).
+
+        Raises:
+            ValueError: a follower or a ``refresh="epoch"`` reader (no next epoch of its own).
+        """
+        if self.follow is not None or self.options.refresh is not None:
+            kind = "follow=True" if self.follow is not None else "refresh='epoch'"
+            raise ValueError(f"{self.snapshot.describe()}: a {kind} reader has no next epoch "
+                             "of its own to cycle into; cycle a reader of a pinned snapshot")
+        return dataclasses.replace(self, cycle=True)
 
     def with_shuffler(self, shuffler: str) -> ReaderConfig:
         """This configuration permuting windows with ``shuffler`` (an older run's)."""

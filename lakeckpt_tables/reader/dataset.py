@@ -14,6 +14,7 @@ resolves to, once it is known to fit.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, NoReturn, TypeVar
 
@@ -40,7 +41,7 @@ from lakeckpt_tables.reader.rounds import (
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
 from lakeckpt_tables.sources.base import Snapshot, Source
 
-__all__ = ["LakeDataset"]
+__all__ = ["LakeDataset", "cycling"]
 
 T = TypeVar("T")
 
@@ -316,3 +317,18 @@ class LakeDataset(IterableDataset[Batch]):
         depth = self.read_ahead if read_ahead is None else read_ahead
         return (self._reader.cuts if cuts else self._reader.tables)(
             cursor, self.planner, self._rounds, read_ahead=depth, unit_rows=self.unit_rows)
+
+
+def cycling(dataset: LakeDataset) -> LakeDataset:
+    """A copy of ``dataset`` that never ends: after its last epoch it reads the next ones (each
+    with its own permutation, accounted as that epoch). What a Mixture with
+    ``on_exhausted="cycle"`` reads, so that a source's next pass is its next epochs (NOTE
+    [ cycling sources ] in ``lakeckpt_tables/mixture.py``); its states name ``"cycle"`` and load
+    only into a cycling reader.
+
+    Raises:
+        ValueError: a ``follow=True`` or ``refresh="epoch"`` dataset.
+    """
+    other = copy.copy(dataset)
+    other._use(dataset._config.cycling())
+    return other

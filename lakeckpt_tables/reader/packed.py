@@ -18,27 +18,18 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import torch
 
 from lakeckpt_tables.errors import PackingError, StateMismatchError
 from lakeckpt_tables.plan import Piece
-from lakeckpt_tables.plan.accounting import Consumed
 from lakeckpt_tables.reader.convert import Batch
 from lakeckpt_tables.reader.loaders import next_worker_in_turn
 from lakeckpt_tables.reader.options import Packing, ReaderOptions
 from lakeckpt_tables.reader.planner import Cursor, rank_slices, require_whole
 from lakeckpt_tables.reader.rounds import Round, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
-from lakeckpt_tables.reader.token_plan import (
-    TokenPlan,
-    consumed_rows,
-    packed_batches,
-    stream_sizes,
-)
+from lakeckpt_tables.reader.token_plan import TokenPlan, packed_batches, stream_sizes
 from lakeckpt_tables.sources.base import Snapshot
-from lakeckpt_tables.types import Unit
 
 __all__ = ["TokenPlanner", "sequences"]
 
@@ -54,7 +45,7 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
     (the reader's cache), ``transform`` is the dataset's."""
     packing, units = planner.packing, planner.snapshot.units
     g, index = cursor.slice_index, cursor.epoch
-    while index < planner.epochs:
+    while planner.epochs is None or index < planner.epochs:
         plan = planner.token_plan(cursor.shape, index, cursor.layouts.get(index))
         if plan.tail and g == 0:
             log.warning("%s epoch %d: %d token(s) (with eos) cannot be split in lockstep into "
@@ -65,7 +56,8 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
             cursor.epoch, cursor.position = index, 0
         for ids, positions, position, _ in packed_batches(
                 plan, units, g, start, read=read, column=packing.column,
-                seq_len=packing.seq_len, eos_id=packing.eos_id, batch_size=cursor.shape[2]):
+                seq_len=packing.seq_len, eos_id=packing.eos_id, batch_size=cursor.shape[2],
+                read_ahead=planner.read_ahead):
             cursor.epoch, cursor.position = index, position
             batch = Batch(input_ids=torch.from_numpy(ids),
                           position_ids=torch.from_numpy(positions))
@@ -85,7 +77,9 @@ class TokenPlanner:
         """``sizes``: the stream sizes per version, a cache the reader's configuration keeps."""
         self.packing, self.snapshot, self.sizes, self.rounds = packing, snapshot, sizes, rounds
         o = options
-        self.rank, self.epochs, self.seed, self.shuffle = o.rank, o.epochs, o.seed, o.shuffle
+        self.rank, self.seed, self.shuffle = o.rank, o.seed, o.shuffle
+        self.read_ahead = o.read_ahead
+        self.epochs = rounds.epochs  # None: endless (ReaderConfig.cycle)
         self.where = snapshot.describe()
 
     def stream_sizes(self) -> list[int]:
@@ -106,41 +100,13 @@ class TokenPlanner:
 
     def round_plan(self, *args: Any, **kwargs: Any) -> Any:
         raise PackingError("a packing LakeDataset has token plans, not row plans: account for "
-                           "it with TokenPlanner.consumed")
+                           "it with checkpoint.consumption (NOTE [ packed accounting ])")
 
     round_at = round_plan
 
-    def consumed(self, before: ReaderState | None, after: ReaderState) -> list[Consumed]:
-        """The rows every slice consumed between two states: a row counts for the state
-        whose range holds its eos (``token_plan.consumed_rows``), so rows split across
-        sequences or checkpoints are counted once. ``before`` (None: the start) is first
-        re-planned to ``after``'s shape, as the reader did on an elastic resume."""
-        shape = after.plan
-        if shape is None:
-            return []
-        if before is not None:
-            before = self.reshape(before, shape)
-        units = self.snapshot.units
-        rows = [u.rows for u in units]
-        lengths = _Lengths(self.snapshot.row_reader(), units, self.packing.column)
-        out: list[Consumed] = []
-        for g, end in enumerate(after.slices):
-            if end is None:
-                continue
-            prior = None if before is None else before.slices[g]
-            start = (0, 0) if prior is None else prior
-            rank, worker = divmod(g, shape[1])
-            for index in range(start[0], min(end[0], self.epochs - 1) + 1):
-                plan = self.token_plan(shape, index, after.layouts.get(index))
-                lo = start[1] if index == start[0] else 0
-                hi = end[1] if index == end[0] else plan.per_slice
-                if lo >= hi:
-                    continue
-                for u, first, last in consumed_rows(plan, g, lo, hi, rows, lengths):
-                    unit = units[u]
-                    out.append(Consumed(rank, worker, 0, index, unit.path, unit.row_group,
-                                        first, last, last - first))
-        return out
+    def _last(self, epoch: int) -> int:
+        """The last epoch to look at for slices standing at most in ``epoch``."""
+        return epoch if self.epochs is None else min(epoch, self.epochs - 1)
 
     def batches(self, plan: TokenPlan, batch_size: int) -> int:
         return math.ceil(plan.per_slice / batch_size)
@@ -171,7 +137,7 @@ class TokenPlanner:
             if s is None:
                 continue
             index, position = s
-            if index >= self.epochs:
+            if self.epochs is not None and index >= self.epochs:
                 problems.append(f"slice {g} stands in epoch {index} of a {self.epochs}-epoch "
                                 "pass")
                 continue
@@ -185,6 +151,8 @@ class TokenPlanner:
 
     def pass_finished(self, cursor: Cursor) -> bool:
         """Whether a slice standing at ``cursor`` has delivered its whole pass."""
+        if self.epochs is None:
+            return False
         if cursor.epoch >= self.epochs:
             return True
         plan = self.token_plan(cursor.shape, cursor.epoch, cursor.layouts.get(cursor.epoch))
@@ -198,10 +166,12 @@ class TokenPlanner:
             return held
         done, due = [], []
         origin = min(resume.layouts, default=0)
+        last = self.epochs - 1 if self.epochs is not None else max(
+            s[0] for g in mine if (s := resume.slices[g]) is not None)
         for g in mine:
             epoch, position = resume.slices[g] or (origin, 0)
             d = n = 0
-            for index in range(origin, self.epochs):
+            for index in range(origin, last + 1):
                 plan = self.token_plan(shape, index, resume.layouts.get(index))
                 count = self.batches(plan, shape[2])
                 n += count
@@ -210,7 +180,7 @@ class TokenPlanner:
                 elif index == epoch:
                     d += math.ceil(position / shape[2])
             done.append(d)
-            due.append(n)
+            due.append(n if self.epochs is not None else n + 1)  # endless: never runs dry
         return mine[(worker + next_worker_in_turn(done, due)) % len(mine)]
 
     def reshape(self, state: ReaderState, shape: PlanShape) -> ReaderState:
@@ -225,7 +195,7 @@ class TokenPlanner:
         require_whole(state, shape)
         positions = state.positions()
         first = min(e for e, _ in positions)
-        last = min(max(e for e, _ in positions), self.epochs - 1)
+        last = self._last(max(e for e, _ in positions))
         layouts: dict[int, tuple[Piece, ...]] = {}
         for index in range(first, last + 1):
             plan = self.token_plan(state.plan, index, state.layouts.get(index))
@@ -234,24 +204,3 @@ class TokenPlanner:
             layouts[index] = (Piece.plain(plan.remaining(delivered)),)
         return ReaderState(state.table, state.version, state.config, shape, layouts,
                            ((first, 0),) * (shape[0] * shape[1]), {}, state.policy)
-
-
-class _Lengths:
-    """Token counts of each live row of a unit, read once per unit (the accounting asks only
-    for the units a checkpoint falls inside)."""
-
-    def __init__(self, reader: Any, units: Sequence[Unit], column: str) -> None:
-        self.reader, self.units, self.column = reader, units, column
-        self.known: dict[int, np.ndarray[Any, Any]] = {}
-
-    def __call__(self, u: int) -> np.ndarray[Any, Any]:
-        if u not in self.known:
-            array = self.reader.read(self.units[u], [self.column]).column(self.column)
-            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
-            if pa.types.is_fixed_size_list(array.type):
-                lengths = np.full(len(array), array.type.list_size, dtype=np.int64)
-            else:
-                offsets = array.offsets.to_numpy(zero_copy_only=False)
-                lengths = np.diff(offsets).astype(np.int64)
-            self.known[u] = lengths
-        return self.known[u]

@@ -39,7 +39,7 @@ per process (:class:`~lakeckpt_tables.errors.EosInDocumentWarning`).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -57,6 +57,7 @@ __all__ = [
     "finish",
     "pack",
     "pack_array",
+    "stream_pieces",
 ]
 
 LAST_POLICIES = ("drop", "pad")
@@ -210,7 +211,8 @@ def _stream(offsets: _Int, values: _Int, lengths: _Int, ends: _Int, first: int, 
 
     A handful of whole-array passes (measured: the int64 output is the cost; no concatenation,
     no per-row index array): the tokens land through a mask of the eos slots, the positions
-    are a cumulative sum that drops back to 0 at each document's first token."""
+    are each element's index less its row's first (0.59 ns a token, a cumulative sum that drops
+    back to 0 at each row took 0.69)."""
     if end <= first:
         return np.empty(0, np.int64), np.empty(0, np.int64), 0
     last = int(np.searchsorted(ends, end - 1, side="right"))  # the row holding element end-1
@@ -223,10 +225,9 @@ def _stream(offsets: _Int, values: _Int, lengths: _Int, ends: _Int, first: int, 
     stream = np.empty(size, dtype=np.int64)
     stream[keep] = values[lo:hi]
     stream[marks] = eos_id
-    positions = np.ones(size, dtype=np.int64)
-    positions[marks[:-1] + 1] = -lengths[:rows - 1]
-    positions[0] = 0
-    np.cumsum(positions, out=positions)
+    spans = lengths[:rows] + 1  # each row's stream elements
+    positions = np.arange(size, dtype=np.int64)  # minus the start of the element's row
+    positions -= np.repeat(ends[:rows] - spans, spans)
     # document tokens among [first, end) are contiguous in ``values``
     tail_tokens = min(end - (int(ends[last - 1]) if last else 0), int(lengths[last]))
     inside = int(np.count_nonzero(values[lo + first:int(offsets[last]) + tail_tokens] == eos_id))
@@ -237,6 +238,44 @@ def pack_array(carry: PackCarry, array: pa.Array | pa.ChunkedArray, *, seq_len: 
                eos_id: int, limit: int | None = None) -> Packed:
     """:func:`pack` over a list column straight from its Arrow buffers (no copy of the
     values unless their type is not int64)."""
+    offsets, values = _buffers(array)
+    return pack(carry, offsets, values, seq_len=seq_len, eos_id=eos_id, limit=limit)
+
+
+def stream_pieces(array: pa.Array | pa.ChunkedArray, first: int, end: int, *, eos_id: int,
+                  piece: int) -> Iterator[tuple[_Int, _Int, int]]:
+    """Stream elements ``[first, end)`` of a list column's rows (each row's tokens, then
+    ``eos_id``), their position ids and the eos ids among their document tokens: what
+    :func:`pack` cuts into sequences, computed lazily a ``piece`` of elements at a time (the
+    arrays stay in cache, and memory a consumed piece freed is reused; numpy's fixed cost
+    per call is spread over the piece).
+
+    Raises:
+        PackingError: null lists, or ``end`` past the rows' stream.
+    """
+    offsets, values = _buffers(array)
+    offsets = offsets.astype(np.int64, copy=False)
+    lengths = np.diff(offsets)
+    ends = np.cumsum(lengths + 1)
+    total = int(ends[-1]) if len(ends) else 0
+    if end > total:
+        raise PackingError(f"stream elements up to {end} were planned, but the rows hold "
+                           f"{total}: a data file's footer statistics disagree with its rows. "
+                           "Rewrite the file (or report it), and start the run again")
+    for a in range(first, end, max(piece, 1)):
+        b = min(a + piece, end)
+        r0 = int(np.searchsorted(ends, a, side="right"))  # the row holding element a
+        r1 = int(np.searchsorted(ends, b - 1, side="right")) + 1  # past the one holding b - 1
+        base = int(ends[r0 - 1]) if r0 else 0
+        ids, positions, inside = _stream(offsets[r0:r1 + 1], values, lengths[r0:r1],
+                                         ends[r0:r1] - base, a - base, b - base, eos_id)
+        if inside:
+            _warn_eos(eos_id, inside)
+        yield ids, positions, inside
+
+
+def _buffers(array: pa.Array | pa.ChunkedArray) -> tuple[_Int, _Int]:
+    """Row offsets (from 0) and token values of a list column, from its Arrow buffers."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
     if array.null_count:
@@ -245,14 +284,11 @@ def pack_array(carry: PackCarry, array: pa.Array | pa.ChunkedArray, *, seq_len: 
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
         offsets = np.arange(len(array) + 1, dtype=np.int64) * width
-        values = array.flatten().to_numpy(zero_copy_only=False)
-    else:
-        offsets = array.offsets.to_numpy(zero_copy_only=False)
-        values = array.values.to_numpy(zero_copy_only=False)  # indexed from offsets[0]
-        first = int(offsets[0])
-        values = values[first:int(offsets[-1])]
-        offsets = offsets - first
-    return pack(carry, offsets, values, seq_len=seq_len, eos_id=eos_id, limit=limit)
+        return offsets, array.flatten().to_numpy(zero_copy_only=False)
+    offsets = array.offsets.to_numpy(zero_copy_only=False)
+    values = array.values.to_numpy(zero_copy_only=False)  # indexed from offsets[0]
+    first = int(offsets[0])
+    return offsets - first, values[first:int(offsets[-1])]
 
 
 def finish(carry: PackCarry, *, seq_len: int, last: LastPolicy,

@@ -75,7 +75,7 @@ class RoundPlanner:
     Attributes:
         rounds: the reader's rounds (epochs of a snapshot, or follow segments).
         shuffle, seed, shuffle_window, drop_last: the plan options that define the rows.
-        epochs: epochs of a pinned pass.
+        epochs: epochs of a pinned pass; None: endless (``ReaderConfig.cycle``).
         follows: rounds are follow segments.
         refreshes: ``refresh="epoch"``: each epoch pins its own version.
         rank: this process's rank.
@@ -88,7 +88,7 @@ class RoundPlanner:
     seed: int
     shuffle_window: int
     drop_last: bool
-    epochs: int
+    epochs: int | None
     follows: bool
     refreshes: bool
     rank: int
@@ -110,9 +110,8 @@ class RoundPlanner:
 
     def plan(self, policy: PlanPolicy, rnd: Round, layout: Sequence[Piece] | None) -> EpochPlan:
         """Round ``rnd``'s plan under ``policy`` (and an elastic re-plan's ``layout``)."""
-        units = self.rounds.units(rnd)
-        return EpochPlan(units.rows, policy, segment=rnd.segment, epoch=rnd.epoch,
-                         layout=layout, groups=units.source)
+        return self.rounds.units(rnd).plan(policy, segment=rnd.segment, epoch=rnd.epoch,
+                                           layout=layout)
 
     def known_round(self, index: int, known: Mapping[int, Round], tails: Tails) -> Round:
         """Round ``index`` of a reader state, listed again without waiting for new commits."""
@@ -186,7 +185,7 @@ class RoundPlanner:
                     for key, rnd in known.items() if rnd.index != key]
         indices = {s[0] for s in state.slices if s is not None} | set(state.layouts)
         for index in sorted(indices):
-            if self.pinned and index >= self.epochs:
+            if self.pinned and self.epochs is not None and index >= self.epochs:
                 problems.append(f"it stands in epoch {index} of a {self.epochs}-epoch pass")
                 continue
             if self.refreshes and index not in known:
@@ -218,7 +217,7 @@ class RoundPlanner:
         plan = self.plan(policy, rnd, layouts.get(index))
         if cursor.position < plan.delivered_rows(cursor.slice_index):
             return False  # mid-round
-        if self.pinned and index < self.epochs - 1:
+        if self.pinned and (self.epochs is None or index < self.epochs - 1):
             return False  # epochs remain in this pass
         follow = self.rounds.follow  # a follower's pass ends only at until_version or idle
         return follow is None or follow.max_idle is not None or self.rounds.at_end(rnd.to)
@@ -246,7 +245,9 @@ class RoundPlanner:
         # first epoch of the last elastic re-plan. Count batches yielded and due since then.
         origin = min(resume.layouts, default=0)
         mine = [s for s in resume.slices[self.rank * workers:(self.rank + 1) * workers] if s]
-        last = self.epochs - 1 if self.pinned else max(e for e, _ in mine)
+        endless = self.pinned and self.epochs is None
+        last = self.epochs - 1 if self.pinned and self.epochs is not None else max(
+            e for e, _ in mine)
         policy, known = self.policy(shape), dict(resume.rounds)
         tails = Tails(policy, resume.layouts)
         plans = []  # (round index, plan): a follow segment's plan.epoch is always 0
@@ -266,5 +267,6 @@ class RoundPlanner:
                 elif index == epoch:
                     d += int(np.searchsorted(plan.batch_ends(g), position, side="right"))
             done.append(d)
-            due.append(n if not self.follows else n + 1)  # a follower never runs dry
+            # a follower or an endless pass never runs dry
+            due.append(n + 1 if self.follows or endless else n)
         return next_worker_in_turn(done, due)

@@ -97,13 +97,13 @@ class RoundSequence:
     """The rounds of one reader: the same in every process that asks."""
 
     def __init__(self, source: Any, snapshot: Snapshot, columns: Sequence[str], *,
-                 epochs: int, follow: FollowPolicy | None, refresh: bool = False,
+                 epochs: int | None, follow: FollowPolicy | None, refresh: bool = False,
                  unit_rows: int = DEFAULT_UNIT_ROWS) -> None:
         self.unit_rows = unit_rows
         self.source = source
         self.snapshot = snapshot
         self.columns = list(columns)
-        self.epochs = epochs
+        self.epochs = epochs  # None: endless (ReaderConfig.cycle)
         self.follow = follow
         self.refresh = refresh
         self._units: dict[Round, RoundUnits] = {}  # follow segments, by descriptor
@@ -161,7 +161,7 @@ class RoundSequence:
             return known.get(index, self._pinned.get(index))
         if self.follow is None:
             return Round(index, 0, index, None, self.snapshot.version) \
-                if index < self.epochs else None
+                if self.epochs is None or index < self.epochs else None
         if index == 0:
             return self.first()
         if index in known:

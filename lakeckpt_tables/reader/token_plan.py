@@ -31,6 +31,7 @@ Rows are permuted by row group, not within one: a document is read whole from it
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,16 +41,18 @@ import pyarrow as pa
 
 from lakeckpt_tables.errors import PackingError
 from lakeckpt_tables.plan.pieces import cut_spans
-from lakeckpt_tables.reader.packing import PackCarry, pack_array
+from lakeckpt_tables.reader.packing import stream_pieces
+from lakeckpt_tables.reader.readahead import ReadAhead
 from lakeckpt_tables.types import Unit
 
-__all__ = ["TokenPlan", "consumed_rows", "packed_batches", "stream_sizes"]
+__all__ = ["TokenPlan", "packed_batches", "stream_sizes"]
 
 Interval = tuple[int, int]
-CHUNK_TOKENS = 1 << 16
-"""Tokens packed per call at most (512 KiB of int64 ids, as much of positions): numpy's fixed
-cost per call spread over several batches, the arrays still in cache (at 2^18 tokens packing
-measured slower)."""
+CHUNK_TOKENS = 1 << 15
+"""Stream elements computed per numpy pass at least (256 KiB of int64 ids, as much of
+positions): numpy's fixed cost per call spread over several batches, the arrays still in
+cache (2026-11-25, a 1M-token row group, CPU time: 2.2 ns a token at 2^15, 2.7 at 2^14, 3.6
+at 2^16, 5.2 at 2^17)."""
 _TAG = 0x7061636B  # "pack": the token plan's permutations are its own
 
 
@@ -123,45 +126,6 @@ class TokenPlan:
         return out
 
 
-def consumed_rows(plan: TokenPlan, q: int, before: int, after: int, rows: Sequence[int],
-                  lengths: Callable[[int], np.ndarray[Any, Any]]) -> list[tuple[int, int, int]]:
-    """The rows slice ``q`` consumed between positions ``before`` and ``after`` (sequences):
-    ``(unit, first row, end row)`` ranges. A row is counted by the checkpoint whose range holds
-    its eos, so every row is counted once however sequences and checkpoints cut it.
-
-    Args:
-        plan: the round's token plan.
-        q: the slice.
-        before, after: sequences the slice had delivered at the two checkpoints.
-        rows: live rows of each unit (canonical order).
-        lengths: the token count of each row of unit ``u``, asked only for the units a range
-            starts or ends inside (a unit wholly inside is all of its rows, unread).
-
-    Returns:
-        Ranges of live-row positions in stream order, neighbours merged.
-    """
-    base = q * plan.per_slice * plan.seq_len
-    starts = plan.starts
-    out: list[tuple[int, int, int]] = []
-    for a, b in cut_spans(plan.layout, base + before * plan.seq_len, base + after * plan.seq_len):
-        k = int(np.searchsorted(starts, a, side="right")) - 1
-        while k < len(plan.order) and int(starts[k]) < b:
-            s, e, u = int(starts[k]), int(starts[k + 1]), plan.order[k]
-            if a <= s and e <= b:
-                first, end = 0, rows[u]
-            else:  # the rows whose eos (stream position within the unit) is in [a, b)
-                eos = np.cumsum(np.asarray(lengths(u), dtype=np.int64) + 1) - 1
-                first = int(np.searchsorted(eos, max(a, s) - s, side="left"))
-                end = int(np.searchsorted(eos, min(b, e) - s, side="left"))
-            if first < end:
-                if out and out[-1][0] == u and out[-1][2] == first:
-                    out[-1] = (u, out[-1][1], end)
-                else:
-                    out.append((u, first, end))
-            k += 1
-    return out
-
-
 def stream_sizes(reader: Any, units: Sequence[Unit], column: str) -> list[int]:
     """Stream elements (tokens + one eos per row) of each unit: from the Parquet footer where
     it can say, by reading the token column otherwise (NOTE [ token plan ])."""
@@ -208,68 +172,71 @@ def _footer_tokens(reader: Any, unit: Unit, column: str) -> int | None:
 
 def packed_batches(plan: TokenPlan, units: Sequence[Unit], q: int, start: int, *,
                    read: Callable[[Unit], pa.Table], column: str, seq_len: int, eos_id: int,
-                   batch_size: int) -> Iterator[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any],
-                                                      int, int]]:
+                   batch_size: int, read_ahead: int = 0
+                   ) -> Iterator[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int, int]]:
     """Slice ``q``'s batches after ``start`` sequences: (input_ids, position_ids, position
-    after the batch, eos ids found inside documents).
+    after the batch, eos ids found inside documents since the previous batch).
 
-    ``read(unit)`` gives the unit's live rows with the token column.
+    ``read(unit)`` gives the unit's live rows with the token column: ``read_ahead`` units are
+    read ahead on threads (NOTE [ read-ahead ] in ``reader/readahead.py``) while this thread
+    packs. Each unit's share of the slice's stream is computed a piece at a time as batches
+    are cut (``packing.stream_pieces``), as views of one piece where a batch lies in it.
     """
     starts = plan.starts
-    position = start
-    ids: list[np.ndarray[Any, Any]] = []
-    pos: list[np.ndarray[Any, Any]] = []
-    held = 0
-    inside = 0
+    jobs: list[tuple[int, int, int]] = []  # (unit in stream order, first, end): unit-relative
     for lo, hi in plan.intervals(q, start):
-        need = (hi - lo) // seq_len
         k = int(np.searchsorted(starts, lo, side="right")) - 1
-        offset = lo - int(starts[k])  # stream elements of unit k before lo
-        carry = PackCarry()
-        while need:
+        while lo < hi:
             if k >= len(plan.order):
                 raise PackingError(
                     f"the token plan counted {plan.starts[-1]} stream elements, but the rows "
                     "hold fewer: a data file's footer statistics disagree with its rows. "
                     "Rewrite the file (or report it), and start the run again")
-            array = read(units[plan.order[k]]).column(column)
-            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
-            row, doc = _locate(array, offset) if offset else (0, 0)
-            array = array.slice(row)
-            carry = PackCarry(doc, carry.tokens, carry.positions)
-            while need and len(array):
-                # many batches per call: numpy's per-call cost spread over ~CHUNK_TOKENS
-                out = pack_array(carry, array, seq_len=seq_len, eos_id=eos_id,
-                                 limit=min(need, max(batch_size, CHUNK_TOKENS // seq_len)))
-                inside += out.eos_in_documents
-                array, carry = array.slice(out.rows), out.carry
-                got = len(out.input_ids)
-                need -= got
-                i = 0
-                while i < got:  # views of the call's sequences, batch by batch
-                    take = min(batch_size - held, got - i)
-                    ids.append(out.input_ids[i:i + take])
-                    pos.append(out.position_ids[i:i + take])
-                    held, i, position = held + take, i + take, position + take
-                    if held == batch_size:
-                        yield _joined(ids), _joined(pos), position, inside
-                        ids, pos, held, inside = [], [], 0, 0
-            k, offset = k + 1, 0
-    if held:
-        yield _joined(ids), _joined(pos), position, inside
+            end = min(hi, int(starts[k + 1]))
+            if end > lo:
+                jobs.append((k, lo - int(starts[k]), end - int(starts[k])))
+            lo, k = end, k + 1
+
+    def work(job: tuple[int, int, int]) -> tuple[pa.Array | pa.ChunkedArray, int, int]:
+        k, first, end = job
+        return read(units[plan.order[k]]).column(column), first, end
+
+    want = batch_size * seq_len
+    held: deque[tuple[Any, Any]] = deque()
+    have = inside = 0
+    position = start
+    for array, first, end in ReadAhead(work, jobs, depth=read_ahead,
+                                       size=lambda r: r[0].nbytes):
+        for ids, positions, found in stream_pieces(array, first, end, eos_id=eos_id,
+                                                   piece=max(CHUNK_TOKENS, want)):
+            held.append((ids, positions))
+            have, inside = have + len(ids), inside + found
+            while have >= want:
+                ids, pos = _take(held, want)
+                have, position = have - want, position + batch_size
+                yield ids.reshape(-1, seq_len), pos.reshape(-1, seq_len), position, inside
+                inside = 0
+    if have:  # the slice's last batch: fewer sequences (its intervals hold whole ones)
+        ids, pos = _take(held, have)
+        yield ids.reshape(-1, seq_len), pos.reshape(-1, seq_len), position + have // seq_len, \
+            inside
 
 
-def _joined(parts: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def _locate(array: pa.Array, offset: int) -> tuple[int, int]:
-    """The row holding stream element ``offset`` of ``array``'s rows, and how many of that
-    row's stream elements come before it."""
-    if pa.types.is_fixed_size_list(array.type):
-        lengths = np.full(len(array), array.type.list_size, dtype=np.int64)
-    else:
-        lengths = np.diff(array.offsets.to_numpy(zero_copy_only=False)).astype(np.int64)
-    ends = np.cumsum(lengths + 1)
-    row = int(np.searchsorted(ends, offset, side="right"))
-    return row, offset - (int(ends[row - 1]) if row else 0)
+def _take(held: deque[tuple[Any, Any]], n: int) -> tuple[Any, Any]:
+    """The next ``n`` stream elements (ids, positions) of ``held``: views of one piece when
+    they lie in it, else joined."""
+    ids, pos = held.popleft()
+    if len(ids) >= n:
+        if len(ids) > n:
+            held.appendleft((ids[n:], pos[n:]))
+        return ids[:n], pos[:n]
+    parts = [(ids, pos)]
+    got = len(ids)
+    while got < n:
+        ids, pos = held.popleft()
+        if got + len(ids) > n:
+            held.appendleft((ids[n - got:], pos[n - got:]))
+            ids, pos = ids[:n - got], pos[:n - got]
+        parts.append((ids, pos))
+        got += len(ids)
+    return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])

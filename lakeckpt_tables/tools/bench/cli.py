@@ -25,6 +25,10 @@ clock, medians of paired rounds; resume at 0/50/90% of a pass.
 library at each worker count beside the raw read, and what one batch costs (decode, copy,
 hand-off): when workers pay.
 
+``lakeckpt bench scale [--ranks 256] [--workers 8] [--files N] [--row-groups R] [--saves 50]
+[--quick] [--json]``: a 256-rank job simulated in one process over a metadata-only table: plan
+time and memory per rank, reader state size, commit p50/p99, elastic restore, ledger size.
+
 ``lakeckpt bench compare NEW.json [--baseline B]``: every ratio of a ``--json`` report that fell
 more than 10% below the committed baseline (``baselines/``); exit status 1 when any fell.
 
@@ -147,6 +151,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     from lakeckpt_tables.tools.bench import planning
 
     planning.register(sub)
+    from lakeckpt_tables.tools.bench import scale
+
+    scale.register(sub)
     from lakeckpt_tables.tools.bench.read import FEATURE_ROWS
 
     tables = sub.add_parser("tables", help="what deletion vectors and partition columns cost",
@@ -294,6 +301,10 @@ def run(args: argparse.Namespace) -> int:
         from lakeckpt_tables.tools.bench import planning
 
         return planning.run(args)
+    if args.bench == "scale":
+        from lakeckpt_tables.tools.bench import scale
+
+        return scale.run(args)
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 

@@ -267,6 +267,9 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                              source_catalog=source_catalog,
                              recorded_catalog=recorded.get(state.table.location,
                                                           recorded.get(state.table.table_id)))
+    units = str(config.get("units", "row_groups"))  # NOTE [ lazy footers ] (sources/lazy.py)
+    if getattr(source, "units", units) != units:
+        source = source.with_units(units)
     follow = config.get("follow")
     kwargs: dict[str, Any] = {}
     if isinstance(follow, dict):

@@ -69,6 +69,90 @@ def test_compaction_sorts_by_kind_run_and_step_and_writes_the_consumption_summar
                       strict=True)) == [("a", 70), ("a", 70), ("b", 70)]
 
 
+def test_compaction_holds_a_bounded_number_of_rows_and_keeps_every_row_in_order(
+        table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files of at most COMPACT_FILE_ROWS rows, read in slices: the same rows, in (record,
+    run, step) order across the files, each file summarized, progress unchanged; a ledger
+    already in that shape is not rewritten."""
+    from deltalake import DeltaTable
+
+    from lakeckpt_tables.ledger import compaction
+
+    root = tmp_path / "_ledger"
+    ledger = DeltaLedger(str(root))
+    _two_runs(table, ledger)
+    before = ledger.to_arrow()
+    progress = _progress(f"delta:{root}")
+    # three commit files of 8-9 rows, each under half a compacted file: fragmented
+    monkeypatch.setattr(compaction, "FILE_ROWS", 20)
+    monkeypatch.setattr(compaction, "SLICE_ROWS", 3)
+    ledger.compact()
+    files = [Path(p.removeprefix("file://")) for p in DeltaTable(str(root)).file_uris()]
+    parts = [pq.read_table(f) for f in files]
+    assert len(files) == 2 and all(p.num_rows <= 20 for p in parts)
+    keys = sorted(list(zip(p["record"].to_pylist(), p["run_id"].to_pylist(),
+                            p["step"].to_pylist(), strict=True)) for p in parts)
+    assert [k for part in keys for k in part] == sorted(k for part in keys for k in part)
+    assert ledger.to_arrow().sort_by("checksum").equals(before.sort_by("checksum"))
+    for f in files:
+        assert pq.read_table(root / SUMMARY_DIR / f.name).schema.metadata[
+            b"lakeckpt.summary.of"] == f.name.encode()
+    assert _progress(f"delta:{root}") == progress
+    version = DeltaTable(str(root)).version()
+    ledger.compact()
+    assert DeltaTable(str(root)).version() == version  # in shape already: nothing rewritten
+
+
+def test_an_iceberg_ledger_is_read_lazily_and_its_compaction_is_bounded_and_summarized(
+        table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Iceberg ledger as the Delta one: audits scan its files lazily (progress and
+    verify unchanged by the way it is read), and a compaction writes files of at most
+    FILE_ROWS rows, sorted, each with a summary that progress then reads."""
+    from conftest import sql_catalog
+
+    from lakeckpt_tables.audit import verify
+    from lakeckpt_tables.ledger import compaction
+    from lakeckpt_tables.ledger.iceberg import IcebergLedger
+    from lakeckpt_tables.ledger.iceberg_files import IcebergFiles, snapshot_files
+
+    catalog = sql_catalog(tmp_path)
+    ledger = IcebergLedger("ml.ledger", catalog=catalog)
+    _two_runs(table, ledger)
+    target = "iceberg:ml.ledger"
+    assert read_ledger(target, catalog=catalog).dataset is not None  # lazy
+    progress = [tuple(r) for r in connect(target, catalog=catalog).sql(
+        "SELECT run_id, rows_consumed, checkpoints FROM progress ORDER BY run_id").fetchall()]
+    assert [(r[0], r[1]) for r in progress] == [("a", 140), ("b", 70)]
+    before = ledger.to_arrow()
+    monkeypatch.setattr(compaction, "FILE_ROWS", 20)
+    monkeypatch.setattr(compaction, "SLICE_ROWS", 3)
+    ledger.compact()
+    iceberg = catalog.load_table("ml.ledger")
+    files = snapshot_files(iceberg, iceberg.current_snapshot().snapshot_id)
+    lazy = IcebergFiles.of(iceberg)
+    parts = [lazy.dataset([f]).to_table() for f in files]
+    assert len(parts) == 2 and all(p.num_rows <= 20 for p in parts)
+    keys = [k for p in sorted(parts, key=lambda p: (p["record"][0].as_py(), p["run_id"][0].as_py()))
+            for k in zip(p["record"].to_pylist(), p["run_id"].to_pylist(),
+                         p["step"].to_pylist(), strict=True)]
+    assert keys == sorted(keys)
+    assert ledger.to_arrow().sort_by("checksum").equals(before.sort_by("checksum"))
+    summaries = (tmp_path / "warehouse" / "ml" / "ledger" / SUMMARY_DIR)
+    assert sorted(p.name for p in summaries.iterdir()) == sorted(
+        f.rsplit("/", 1)[-1] for f, _ in files)
+    assert [tuple(r) for r in connect(target, catalog=catalog).sql(
+        "SELECT run_id, rows_consumed, checkpoints FROM progress ORDER BY run_id").fetchall()
+            ] == progress
+    assert all(v.ok for v in verify(target, catalog=catalog))
+    for path in summaries.iterdir():  # progress reads the summaries: a changed one shows
+        kept = pq.read_table(path)
+        pq.write_table(kept.set_column(kept.schema.get_field_index("rows"), "rows",
+                                       pc.multiply(kept["rows"], 10)), path)
+    assert [tuple(r)[:2] for r in connect(target, catalog=catalog).sql(
+        "SELECT run_id, rows_consumed FROM progress ORDER BY run_id").fetchall()
+            ] == [("a", 1400), ("b", 700)]
+
+
 def test_progress_adds_commits_after_the_summary_to_it(table: Path, tmp_path: Path) -> None:
     root = tmp_path / "_ledger"
     ledger = DeltaLedger(str(root))
@@ -137,11 +221,15 @@ def test_a_damaged_page_met_inside_a_query_is_a_named_error_naming_the_file(
 
 
 def test_damage_met_by_duckdb_inside_a_view_is_named_too(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from lakeckpt_tables.ledger import delta
     from lakeckpt_tables.tools.bench.audit import _build
 
     where = tmp_path / "ledger"
-    _build(where, 1_100, lambda _: None)  # 71,500 rows: consumption spills into row group 1
+    monkeypatch.setattr(delta, "_ROW_GROUP_ROWS", 1_000)
+    # 2,600 rows: consumption fills row groups 1 and 2
+    _build(DeltaLedger(str(where)), 40, 64, 10, lambda _: None)
     DeltaLedger(str(where)).compact()
     data = _live_file(where)
     chunk = pq.read_metadata(data).row_group(1).column(

@@ -12,7 +12,7 @@ from _s3server import S3Server
 from lakeckpt_tables import DeltaSource
 from lakeckpt_tables.cli import main
 from lakeckpt_tables.sources import footers
-from lakeckpt_tables.tools.bench.planning import TARGET_S
+from lakeckpt_tables.tools.bench.planning import TARGET_REMOTE_S, TARGET_S
 from lakeckpt_tables.tools.bench.storage import format_report, run_store_read_bench
 
 s3 = _s3server.s3  # the fixture of the module
@@ -57,13 +57,15 @@ def test_the_planning_bench_pins_a_table_of_many_files_locally_and_on_s3(
         s3: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     uri = f"s3://{s3.bucket('planning')}/many"
     code = main(["bench", "planning", "--files", "60", "--dir", str(tmp_path), "--uri", uri,
-                 "--storage-options", json.dumps(s3.options()), "--json"])
+                 "--storage-options", json.dumps(s3.options()), "--row-groups", "--json"])
     out = json.loads(capsys.readouterr().out)
     local, remote = out["figures"]
     assert (local["uri"], remote["uri"]) == (str(tmp_path / "many"), uri)
     assert local["files"] == remote["files"] == 60
-    assert local["footer_reads"] == remote["footer_reads"] == 60  # cold: every footer once
-    assert out["target_s"] == TARGET_S and code == (0 if out["passed"] else 1)
+    assert local["footer_reads"] == remote["footer_reads"] == 0  # whole files: the log's counts
+    assert local["footer_reads_row_groups"] == remote["footer_reads_row_groups"] == 60
+    assert (local["target_s"], remote["target_s"]) == (TARGET_S, TARGET_REMOTE_S)
+    assert code == (0 if out["passed"] else 1)
     assert s3.secret not in json.dumps(out)
     footers.forget()
     s3.reset()

@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from lakeckpt_tables.audit.replay import dataset_for, lineage
-from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger import schema as s
@@ -106,7 +106,7 @@ def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None
         SourceNotFoundError: the source table cannot be opened to size its passes.
     """
     snapshot = read_ledger(target, catalog=catalog,
-                           storage_options=delta_options(ledger_uri(target), storage_options))
+                           storage_options=ledger_options(target, storage_options))
     return verify_snapshot(snapshot, run=run, checkpoint=checkpoint, source=source,
                            storage_options=storage_options, source_catalog=source_catalog)
 

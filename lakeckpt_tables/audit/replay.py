@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
@@ -76,7 +76,7 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
         StateMismatchError: a reader state cannot be replayed against the table.
     """
     snapshot = read_ledger(target, catalog=catalog,
-                           storage_options=delta_options(ledger_uri(target), storage_options))
+                           storage_options=ledger_options(target, storage_options))
     records = checkpoints_from_arrow(snapshot.rows)
     record = _find(records, checkpoint, snapshot.where)
     chain = lineage(records, record) if cumulative else [record]
@@ -267,6 +267,9 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                              source_catalog=source_catalog,
                              recorded_catalog=recorded.get(state.table.location,
                                                           recorded.get(state.table.table_id)))
+    units = str(config.get("units", "row_groups"))  # NOTE [ lazy footers ] (sources/lazy.py)
+    if getattr(source, "units", units) != units:
+        source = source.with_units(units)
     follow = config.get("follow")
     kwargs: dict[str, Any] = {}
     if isinstance(follow, dict):

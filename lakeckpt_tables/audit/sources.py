@@ -16,7 +16,7 @@ from typing import Any
 
 from lakeckpt_tables.errors import LakeckptError, SourceNotFoundError
 
-__all__ = ["delta_options", "ledger_uri", "open_source", "recorded_catalogs"]
+__all__ = ["delta_options", "ledger_options", "ledger_uri", "open_source", "recorded_catalogs"]
 
 
 def delta_options(uri: str | None, options: Mapping[str, str] | None) -> dict[str, str] | None:
@@ -27,6 +27,16 @@ def delta_options(uri: str | None, options: Mapping[str, str] | None) -> dict[st
     from lakeckpt_tables.io import Storage
 
     return Storage(uri, options).delta_options()
+
+
+def ledger_options(target: Any, options: Mapping[str, str] | None) -> dict[str, str] | None:
+    """``options`` as :func:`~lakeckpt_tables.audit.target.read_ledger` takes them for
+    ``target``: a Delta ledger's as delta-rs options, an Iceberg ledger's as given (they
+    configure its catalog's warehouse store)."""
+    uri = ledger_uri(target)
+    if uri is None:
+        return None if options is None else dict(options)
+    return delta_options(uri, options)
 
 
 def ledger_uri(target: Any) -> str | None:

@@ -100,8 +100,9 @@ def read_ledger(target: Any, *, catalog: Any = None,
         target: a checkpoint root (its ``_ledger`` directory, or the ledger directory
             itself), ``"delta:<uri>"``, ``"iceberg:<namespace.table>"``, or a ledger object.
         catalog: the pyiceberg catalog of an ``iceberg:`` spec; the default catalog when None.
-        storage_options: storage options of a Delta ledger (NOTE [ storage options ] in
-            :mod:`lakeckpt_tables.io.options`).
+        storage_options: storage options of the ledger's store (NOTE [ storage options ] in
+            :mod:`lakeckpt_tables.io.options`); for an Iceberg ledger, of its catalog's
+            warehouse (NOTE [ iceberg ledger store ] in :mod:`lakeckpt_tables.ledger.iceberg`).
 
     Returns:
         The ledger's rows at its newest version.
@@ -117,7 +118,7 @@ def read_ledger(target: Any, *, catalog: Any = None,
     text = os.fspath(target)
     kind, _, rest = text.partition(":")
     if kind == "iceberg" and rest:
-        return _iceberg(rest, catalog)
+        return _iceberg(rest, catalog, storage_options)
     if kind == "delta" and rest:
         return _delta(rest, storage_options)
     root = text.rstrip("/")
@@ -195,13 +196,19 @@ def damage_error(target: Any, cause: Exception, *,
     return LedgerCorruptError(f"ledger {target} could not be read: {cause}")
 
 
-def _iceberg(identifier: str, catalog: Any) -> LedgerSnapshot:
+def _iceberg(identifier: str, catalog: Any,
+             storage_options: Mapping[str, str] | None = None) -> LedgerSnapshot:
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    from lakeckpt_tables.ledger.iceberg import with_store
 
     if catalog is None:
         from lakeckpt_tables.sources.iceberg import default_catalog
 
         catalog = default_catalog()
+    warehouse = catalog.properties.get("warehouse")
+    if storage_options and warehouse:
+        catalog = with_store(catalog, Storage(warehouse, storage_options))
     where = f"iceberg:{identifier} (catalog {catalog.name})"
     try:
         table = catalog.load_table(identifier)
@@ -212,7 +219,15 @@ def _iceberg(identifier: str, catalog: Any) -> LedgerSnapshot:
     if current is None:
         return LedgerSnapshot(f"iceberg:{identifier}", None, s.LEDGER_SCHEMA.empty_table(),
                               catalog)
+    from lakeckpt_tables.ledger.iceberg_files import IcebergFiles, snapshot_files
+
     try:
+        # lazy, as a Delta ledger's, unless delete files need pyiceberg's own scan
+        files, lazy = snapshot_files(table, current.snapshot_id), IcebergFiles.of(table)
+        if files is not None and lazy is not None:
+            return LedgerSnapshot(f"iceberg:{identifier}", int(current.snapshot_id),
+                                  catalog=catalog, dataset=lazy.dataset(files),
+                                  consumed=functools.partial(lazy.consumed, files))
         rows = table.scan(snapshot_id=current.snapshot_id).to_arrow()
     except OSError as e:
         raise LedgerError(f"ledger {where} could not be read: {e}") from e

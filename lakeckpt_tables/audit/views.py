@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from lakeckpt_tables.audit.sources import (
     delta_options,
-    ledger_uri,
+    ledger_options,
     open_source,
     recorded_catalogs,
 )
@@ -137,13 +137,11 @@ def connect(target: Any = None, *, catalog: Any = None,
         from lakeckpt_tables.audit.registry import registered_ledgers
 
         snapshots = [read_ledger(spec, catalog=catalog,
-                                 storage_options=delta_options(ledger_uri(spec),
-                                                               storage_options))
+                                 storage_options=ledger_options(spec, storage_options))
                      for spec in registered_ledgers(catalog)]
     else:
         snapshots = [read_ledger(target, catalog=catalog,
-                                 storage_options=delta_options(ledger_uri(target),
-                                                               storage_options))]
+                                 storage_options=ledger_options(target, storage_options))]
     return connect_snapshots(snapshots, storage_options=storage_options,
                              source_catalog=source_catalog, stale_after=stale_after)
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakeckpt_tables.audit.replay import checkpoint_rows, lineage
-from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import read_ledger
 from lakeckpt_tables.errors import AuditError, SourceNotFoundError
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
@@ -64,7 +64,7 @@ def trained_on(target: Any, predicate: str, table: str | None = None, *, catalog
         AuditError: the predicate is not valid SQL over the table's columns.
     """
     snapshot = read_ledger(target, catalog=catalog,
-                           storage_options=delta_options(ledger_uri(target), storage_options))
+                           storage_options=ledger_options(target, storage_options))
     sources: dict[str, Any] = {}  # table id -> source
     only = None
     if table is not None:
@@ -131,7 +131,7 @@ def exposure(target: Any, matches: pa.Table, *, catalog: Any = None,
              storage_options: Mapping[str, str] | None = None) -> list[RunExposure]:
     """Summarise :func:`trained_on`'s result per run (first and last step, exposed models)."""
     snapshot = read_ledger(target, catalog=catalog,
-                           storage_options=delta_options(ledger_uri(target), storage_options))
+                           storage_options=ledger_options(target, storage_options))
     records = checkpoints_from_arrow(snapshot.rows)
     rows = matches.to_pylist()
     out = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import read_ledger
 
 __all__ = ["existing_ledger"]
@@ -18,7 +18,7 @@ def existing_ledger(target: str, catalog: Any,
     from lakeckpt_tables.ledger import DeltaLedger
 
     catalog = load_catalog(catalog) if target.startswith("iceberg:") else catalog
-    options = delta_options(ledger_uri(target), storage_options)
+    options = ledger_options(target, storage_options)
     found = read_ledger(target, catalog=catalog, storage_options=options)
     kind, _, rest = found.where.partition(":")
     if kind == "iceberg":

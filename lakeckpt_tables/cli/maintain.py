@@ -27,7 +27,7 @@ def _count(snapshot: LedgerSnapshot) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+    from lakeckpt_tables.audit.sources import ledger_options
     from lakeckpt_tables.audit.target import read_ledger
     from lakeckpt_tables.cli._ledger import existing_ledger
     from lakeckpt_tables.cli._options import storage_options
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     options = storage_options(args)
     ledger = existing_ledger(args.target, args.catalog, options)
     catalog = getattr(ledger, "_catalog", None)
-    delta = delta_options(ledger_uri(args.target), options)
+    delta = ledger_options(args.target, options)
     before = _count(read_ledger(args.target, catalog=catalog, storage_options=delta))
     started = time.perf_counter()
     ledger.compact()

@@ -62,7 +62,7 @@ def _ledger_states(runs: list[dict[str, Any]], catalog: Any,
     """(ledger, run) -> the ``runs`` view's row, for runs the registry calls running."""
     import sys
 
-    from lakeckpt_tables.audit.sources import delta_options, ledger_uri
+    from lakeckpt_tables.audit.sources import ledger_options
     from lakeckpt_tables.audit.target import read_ledger
     from lakeckpt_tables.audit.views import connect_snapshots
     from lakeckpt_tables.cli._options import redact, secrets_of, storage_options
@@ -73,7 +73,7 @@ def _ledger_states(runs: list[dict[str, Any]], catalog: Any,
     for ledger in ledgers:
         try:
             snapshot = read_ledger(ledger, catalog=catalog,
-                                   storage_options=delta_options(ledger_uri(ledger), options))
+                                   storage_options=ledger_options(ledger, options))
             # the ledger alone: its 'round' events size the passes; no source table is opened
             con = connect_snapshots([snapshot], look_up_sources=False,
                                     stale_after=args.stale_after)

@@ -26,10 +26,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lakeckpt_tables.audit.exactly_once import verify
+    from lakeckpt_tables.audit.registry import load_catalog
     from lakeckpt_tables.cli._options import source_catalog, storage_options
 
+    # verify takes a catalog object: a name or URI given here is loaded (an Iceberg ledger)
+    catalog = load_catalog(args.catalog) if args.target.startswith("iceberg:") else None
     verdicts = verify(args.target, run=args.run, checkpoint=args.checkpoint,
-                      catalog=args.catalog, storage_options=storage_options(args),
+                      catalog=catalog, storage_options=storage_options(args),
                       source_catalog=source_catalog(args))
     rows = []
     for v in verdicts:

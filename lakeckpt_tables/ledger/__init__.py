@@ -85,9 +85,12 @@ def open_ledger(spec: str | Ledger | None, *, root: str | None = None,
         from lakeckpt_tables.ledger.iceberg import IcebergLedger
         from lakeckpt_tables.sources.iceberg import default_catalog
 
-        # its files go through the catalog's FileIO: the catalog reads the table's metadata
-        # itself, so the catalog's properties configure the store
-        return IcebergLedger(target, catalog=default_catalog())
+        catalog = default_catalog()
+        # the root's options configure the ledger's store when its warehouse is in the same
+        # kind of store (NOTE [ iceberg ledger store ])
+        warehouse = catalog.properties.get("warehouse")
+        return IcebergLedger(target, catalog=catalog,
+                             storage=None if warehouse is None else storage.elsewhere(warehouse))
     raise LedgerError(
         f"ledger spec {spec!r} is not understood: use 'delta:<uri>', "
         "'iceberg:<namespace.table>', or leave it unset for the Delta ledger under the "

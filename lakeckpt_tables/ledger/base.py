@@ -47,13 +47,7 @@ import pyarrow as pa
 
 from lakeckpt_tables import hooks
 from lakeckpt_tables.errors import CommitConflictError, RunFencedError
-from lakeckpt_tables.ledger.contract import (
-    COMMIT_ATTEMPTS,
-    EVENT_RETIRED,
-    EVENT_TAG,
-    Ledger,
-    RunScan,
-)
+from lakeckpt_tables.ledger.contract import COMMIT_ATTEMPTS, EVENT_RETIRED, EVENT_TAG, RunScan
 from lakeckpt_tables.ledger.reads import LedgerReads
 from lakeckpt_tables.ledger.records import (
     CheckpointRecord,
@@ -63,6 +57,7 @@ from lakeckpt_tables.ledger.records import (
     event_rows,
 )
 from lakeckpt_tables.ledger.settling import check_parent, now_utc, outcome_unknown, settle
+from lakeckpt_tables.ledger.spec import LedgerSpec
 
 __all__ = [
     "COMMIT_ATTEMPTS",
@@ -82,7 +77,8 @@ Prepared = TypeVar("Prepared")
 
 
 class LedgerBase(LedgerReads, Generic[Prepared]):
-    """The ledger contract implemented once, on a few backend primitives.
+    """A sidecar table of checkpoints, consumption and events, committed atomically: the
+    ledger contract, implemented once on a few backend primitives.
 
     A backend says how to refresh its table handle, read rows, find a run's last step and
     owner cheaply, write data files (phase 1, invisible: the :data:`Prepared` value names
@@ -101,6 +97,15 @@ class LedgerBase(LedgerReads, Generic[Prepared]):
     @abc.abstractmethod
     def compact(self) -> None:
         """Maintenance: merge the small files that one commit per checkpoint leaves behind."""
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> LedgerSpec:
+        """Where the ledger lives, as a value (what the run registry records)."""
+
+    @abc.abstractmethod
+    def repair_missing(self) -> list[str]:
+        """Drop the data files that no longer exist (their records are lost); return them."""
 
     # -- backend primitives ----------------------------------------------------------------
 
@@ -149,9 +154,25 @@ class LedgerBase(LedgerReads, Generic[Prepared]):
         *,
         owner: str | None = None,
     ) -> CheckpointRecord:
-        """Commit a checkpoint with its consumption and events in one atomic commit.
+        """Commit a checkpoint with its consumption and events in one atomic commit
+        (NOTE [ ledger commit protocol ]).
 
-        See :meth:`Ledger.commit` and NOTE [ ledger commit protocol ].
+        Args:
+            checkpoint: the checkpoint; its ``committed_at`` is set by the ledger.
+            consumption: rows consumed since the run's previous checkpoint.
+            events: events to keep with the checkpoint.
+            owner: the committing job's token: the commit lands only if that job still owns
+                the run and the parent is the run's newest (NOTE [ one writer per run ]).
+
+        Returns:
+            The committed record; for a retry of a committed checkpoint (same run, step and
+            id), the stored one, and nothing is written.
+
+        Raises:
+            CommitConflictError: the run already has another checkpoint at this step, or a
+                later step, or a concurrent committer of the run won; nothing was written.
+            RunFencedError: another job owns the run now; nothing was written.
+            CommitStateUnknownError: the commit may or may not have landed; retry it.
         """
         with self._lock:
             self._refresh()
@@ -179,15 +200,8 @@ class LedgerBase(LedgerReads, Generic[Prepared]):
                 self._heads[record.run_id] = record.checkpoint_id
             return record
 
-    def claim(
-        self,
-        run_id: str,
-        owner: str,
-        events: Sequence[LedgerEvent] = (),
-        *,
-        head: str | None = None,
-        check_head: bool = True,
-    ) -> None:
+    def claim(self, run_id: str, owner: str, events: Sequence[LedgerEvent] = (), *,
+              head: str | None = None, check_head: bool = True) -> None:
         """Make ``owner`` the run's one writer (fencing every other job), with ``events``.
 
         Args:
@@ -309,3 +323,5 @@ class LedgerBase(LedgerReads, Generic[Prepared]):
         )
 
 
+Ledger = LedgerBase
+"""The ledger contract: every backend is a :class:`LedgerBase` (the name to annotate with)."""

@@ -122,26 +122,27 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
             raise gave_up(self._uri, f"{action} the ledger at", e, self._store.retry_seconds,
                           redact=self._store.redact) from e
 
-    def _read(
-        self,
-        *,
-        record: str | None = None,
-        run_id: str | None = None,
-        checkpoint_id: str | None = None,
-    ) -> pa.Table:
-        wanted = {s.RECORD: record, s.RUN_ID: run_id, s.CHECKPOINT_ID: checkpoint_id}
-        conditions = [pc.field(name) == v for name, v in wanted.items() if v is not None]
-        where = functools.reduce(operator.and_, conditions) if conditions else None
+    def _select(self, equal: Mapping[str, str]) -> pa.Table:
+        conditions = [pc.field(name) == v for name, v in equal.items()]
+        return self._read_where(functools.reduce(operator.and_, conditions)
+                                if conditions else None)
+
+    def _read_where(self, where: pc.Expression | None,
+                    columns: list[str] | None = None) -> pa.Table:
+        """The handle's rows matching ``where`` (all when None), with ``columns`` (all in
+        :data:`LEDGER_SCHEMA` when None)."""
         paths = [self._path(uri) for uri in self._table.file_uris()]
         suspect = self._suspect_footers(paths)
         trusted = [p for p in paths if p not in suspect]
 
         def read() -> pa.Table:
-            rows = ledger_dataset(trusted, self._fs).to_table(filter=where)
+            rows = ledger_dataset(trusted, self._fs).to_table(filter=where, columns=columns)
             if suspect:  # NOTE [ footer digest ]: no statistics used, filtered here
                 whole = ledger_dataset(sorted(suspect), self._fs).to_table()
-                rows = pa.concat_tables([rows, whole if where is None else whole.filter(where)])
-            return conformed(rows)
+                whole = whole if where is None else whole.filter(where)
+                rows = pa.concat_tables([rows, whole if columns is None
+                                         else whole.select(columns)])
+            return conformed(rows) if columns is None else rows
         return self._reading(paths, read)
 
     def _path(self, file_uri: str) -> str:

@@ -32,7 +32,7 @@ from lakeckpt_tables.io import Storage
 from lakeckpt_tables.io.failures import classify, clean, retrying, store_error
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.records import CheckpointRecord
-from lakeckpt_tables.ledger.summary import SUMMARY_SCHEMA, read_summary, summarize
+from lakeckpt_tables.ledger.summary import consumed, read_summary
 
 __all__ = ["DeltaFiles", "commit_info", "conformed", "footer_digest", "ledger_dataset",
            "stats"]
@@ -157,21 +157,13 @@ class DeltaFiles:
         Raises:
             LedgerCorruptError: a file without a summary cannot be read.
         """
-        parts, unsummarized = [], []
-        for path, size in files:
-            summary = read_summary(self._fs, self._base, self._relative(path), size)
-            if summary is None:
-                unsummarized.append(path)
-            else:
-                parts.append(summary)
-        if unsummarized:
-            columns = [s.RUN_ID, s.CHECKPOINT_ID, s.STEP, s.SOURCE_KEY, s.SEGMENT, s.EPOCH,
-                       s.COMMITTED_AT, s.ROWS, s.TOKENS]
-            scan = ledger_dataset(unsummarized, self._fs)
-            rows = self._reading(unsummarized, lambda: scan.to_table(
+        def rows_of(paths: list[str], columns: list[str]) -> pa.Table:
+            scan = ledger_dataset(paths, self._fs)
+            return self._reading(paths, lambda: scan.to_table(
                 columns=columns, filter=pc.field(s.RECORD) == s.RECORD_CONSUMPTION))
-            parts.append(summarize(rows))
-        return pa.concat_tables(parts) if parts else SUMMARY_SCHEMA.empty_table()
+
+        return consumed(files, lambda path, size: read_summary(
+            self._fs, self._base, self._relative(path), size), rows_of)
 
     def _relative(self, path: str) -> str:
         """A data file's path relative to the table (as add actions name it)."""

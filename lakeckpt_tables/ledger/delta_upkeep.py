@@ -8,12 +8,14 @@ import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pa_fs
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, CommitProperties
 
 from lakeckpt_tables.errors import CommitStateUnknownError
 from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.compaction import ORDER, Slice, fragmented, sorted_files
 from lakeckpt_tables.ledger.delta_files import DeltaFiles
 from lakeckpt_tables.ledger.summary import SUMMARY_DIR, summarize, summary_path, write_summary
 
@@ -24,7 +26,6 @@ log = logging.getLogger("lakeckpt_tables.ledger.delta")
 ORPHAN_GRACE_HOURS = 24
 """Files younger than this are never orphans: a commit may be writing them."""
 
-_COMPACT_ORDER = (s.RECORD, s.RUN_ID, s.STEP)
 
 COMPACTION_PROPERTY = "lakeckpt.compaction"
 """Commit metadata key marking the rewrite made by :meth:`DeltaLedger.compact`."""
@@ -36,8 +37,8 @@ class DeltaUpkeep(DeltaFiles):
     def _refresh(self) -> None:
         raise NotImplementedError
 
-    def _read(self, *, record: str | None = None, run_id: str | None = None,
-              checkpoint_id: str | None = None) -> pa.Table:
+    def _read_where(self, where: pc.Expression | None,
+                    columns: list[str] | None = None) -> pa.Table:
         raise NotImplementedError
 
     def _prepare(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
@@ -50,7 +51,7 @@ class DeltaUpkeep(DeltaFiles):
         raise NotImplementedError
 
     def compact(self) -> None:
-        """Rewrite the ledger's files into one and checkpoint the log.
+        """Rewrite the ledger's files into few large ones and checkpoint the log.
 
         NOTE [ delta ledger compaction ]
         delta-rs's OPTIMIZE lets two concurrent compactions that remove the same files both
@@ -61,36 +62,57 @@ class DeltaUpkeep(DeltaFiles):
         either gives way or makes that commit lose its race and settle again. No row is ever
         lost or doubled. The replaced files stay on disk until a VACUUM.
 
+        The rewrite holds a bounded number of rows in memory, whatever the size of the
+        ledger (:mod:`lakeckpt_tables.ledger.compaction`); a ledger already compacted is left
+        alone.
+
         Raises:
             LedgerCorruptError: a ledger file cannot be read (nothing was changed).
             CommitStateUnknownError: the rewrite may or may not have landed.
         """
         with self._lock:
             self._refresh()
-            if len(self._table.file_uris()) > 1:
-                # sorted and cut in small row groups, so that a read of one kind of record or
-                # one run skips the rest by row-group statistics
-                rows = self._read().sort_by([(c, "ascending") for c in _COMPACT_ORDER])
-                prepared = self._prepare(rows, data_change=False)
-                self._summarize(prepared, rows)
-                properties = CommitProperties(custom_metadata={COMPACTION_PROPERTY: "true"})
-                try:
-                    self._table.create_write_transaction(
-                        [prepared], mode="overwrite", schema=s.LEDGER_SCHEMA,
-                        commit_properties=properties)
-                except CommitFailedError:
-                    self._discard(prepared)
-                    with contextlib.suppress(OSError):
-                        self._fs.delete_file(summary_path(self._base, prepared.path))
-                    log.info("ledger %s: a concurrent commit won over compaction; giving way",
-                             self.describe())
-                    return
-                except (DeltaError, OSError) as e:
-                    raise CommitStateUnknownError(
-                        f"ledger {self.describe()}: the compaction may or may not have landed "
-                        f"({e}); its rows are the same either way, compact again later") from e
-                self._refresh()
+            if self._fragmented():
+                self._rewrite()
             self._log_call("checkpoint", self._table.create_checkpoint)
+
+    def _fragmented(self) -> bool:
+        actions = pa.table(self._table.get_add_actions(flatten=True))
+        return fragmented(actions["num_records"].to_pylist()
+                          if "num_records" in actions.column_names else [None] * len(actions))
+
+    def _rewrite(self) -> None:
+        prepared: list[AddAction] = []
+        try:
+            keys = self._read_where(None, list(ORDER))
+            for rows in sorted_files(keys, lambda cut: self._read_where(_where(cut))):
+                prepared.append(self._prepare(rows, data_change=False))
+                self._summarize(prepared[-1], rows)
+        except BaseException:
+            self._drop(prepared)
+            raise
+        properties = CommitProperties(custom_metadata={COMPACTION_PROPERTY: "true"})
+        try:
+            self._table.create_write_transaction(
+                prepared, mode="overwrite", schema=s.LEDGER_SCHEMA,
+                commit_properties=properties)
+        except CommitFailedError:
+            self._drop(prepared)
+            log.info("ledger %s: a concurrent commit won over compaction; giving way",
+                     self.describe())
+            return
+        except (DeltaError, OSError) as e:
+            raise CommitStateUnknownError(
+                f"ledger {self.describe()}: the compaction may or may not have landed "
+                f"({e}); its rows are the same either way, compact again later") from e
+        self._refresh()
+
+    def _drop(self, prepared: list[AddAction]) -> None:
+        """Delete the files and summaries of a rewrite that did not land."""
+        for action in prepared:
+            self._discard(action)
+            with contextlib.suppress(OSError):
+                self._fs.delete_file(summary_path(self._base, action.path))
 
     def _summarize(self, prepared: AddAction, rows: pa.Table) -> None:
         """Write the consumption summary of a compacted file (NOTE [ consumption summaries ])."""
@@ -142,3 +164,10 @@ class DeltaUpkeep(DeltaFiles):
                       for info in self._fs.get_file_info(selector)
                       if info.base_name not in live and info.mtime is not None
                       and info.mtime.timestamp() <= cutoff)
+
+
+
+def _where(cut: Slice) -> pc.Expression:
+    record, run_id, first, last = cut
+    return ((pc.field(s.RECORD) == record) & (pc.field(s.RUN_ID) == run_id)
+            & (pc.field(s.STEP) >= first) & (pc.field(s.STEP) <= last))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -27,9 +27,19 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
     CommitStateUnknownException,
+    NoSuchNamespaceError,
+    NoSuchTableError,
     ValidationException,
 )
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, Reference
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThanOrEqual,
+    LessThanOrEqual,
+    Reference,
+)
 from pyiceberg.expressions.literals import literal
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
@@ -41,12 +51,16 @@ from pyiceberg.types import LongType, StringType
 from sqlalchemy.exc import SQLAlchemyError
 
 from lakeckpt_tables.errors import CommitConflictError, LedgerCorruptError, LedgerError
+from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
+from lakeckpt_tables.ledger.compaction import ORDER, Slice, fragmented, sorted_files
+from lakeckpt_tables.ledger.iceberg_files import IcebergFiles
 from lakeckpt_tables.ledger.records import CheckpointRecord
 from lakeckpt_tables.ledger.spec import LedgerSpec
+from lakeckpt_tables.ledger.summary import summarize
 
-__all__ = ["IcebergLedger"]
+__all__ = ["IcebergLedger", "with_store"]
 
 RUN_PROPERTY = "lakeckpt.run"
 """Snapshot summary key naming the run of a checkpoint commit."""
@@ -117,17 +131,21 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
     Args:
         identifier: ``namespace.table``.
         catalog: the pyiceberg catalog holding it (a ``SqlCatalog`` on SQLite or PostgreSQL).
+        storage: the store of the table's warehouse, whose options configure the FileIO
+            that reads and writes the ledger's files and metadata (NOTE [ iceberg ledger
+            store ]); None: the catalog's own properties do.
 
     Raises:
         LedgerError: the identifier has no namespace, or names a table that is not a ledger
             or is a ledger of another format version.
     """
 
-    def __init__(self, identifier: str, *, catalog: Catalog) -> None:
+    def __init__(self, identifier: str, *, catalog: Catalog,
+                 storage: Storage | None = None) -> None:
         super().__init__()
         self._identifier = identifier
-        self._catalog = catalog
-        self._table = _open_or_create(catalog, identifier, self.describe())
+        self._catalog = with_store(catalog, storage)
+        self._table = _open_or_create(self._catalog, identifier, self.describe())
         _check_format(self._table, self.describe())
         self._table = _add_columns(self._table)
 
@@ -141,7 +159,9 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
         return LedgerSpec("iceberg", self._identifier, self._catalog.name)
 
     def compact(self) -> None:
-        """Rewrite all data files into one, then expire the snapshots before the rewrite.
+        """Rewrite the data files into few large ones (in bounded memory, each with its
+        consumption summary: :mod:`~lakeckpt_tables.ledger.compaction`), then expire the
+        snapshots before the rewrite. A ledger already compacted is not rewritten.
 
         pyiceberg has no rewrite-data-files action, so the rewrite is an overwrite that
         deletes exactly the files it read, guarded so that it fails rather than drop a row
@@ -160,7 +180,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             if current is None:
                 return
             old_files = [task.file for task in self._table.scan().plan_files()]
-            if len(old_files) > 1:
+            if fragmented([f.record_count for f in old_files]):
                 self._rewrite(current.snapshot_id, old_files)
                 current = self._table.current_snapshot()
             if current is not None:
@@ -170,19 +190,9 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
     def _refresh(self) -> None:
         self._table.refresh()
 
-    def _read(
-        self,
-        *,
-        record: str | None = None,
-        run_id: str | None = None,
-        checkpoint_id: str | None = None,
-    ) -> pa.Table:
-        wanted = {s.RECORD: record, s.RUN_ID: run_id, s.CHECKPOINT_ID: checkpoint_id}
+    def _select(self, equal: Mapping[str, str]) -> pa.Table:
         conditions: list[BooleanExpression] = [
-            EqualTo(term=Reference(name), value=literal(v))
-            for name, v in wanted.items()
-            if v is not None
-        ]
+            EqualTo(term=Reference(name), value=literal(v)) for name, v in equal.items()]
         where = functools.reduce(And, conditions) if conditions else AlwaysTrue()
         try:
             rows = self._table.scan(row_filter=where).to_arrow()
@@ -254,6 +264,28 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
                     f"nothing; repair again ({e})") from e
             return sorted(bad)
 
+    def _sorted_files(self, snapshot_id: int) -> list[DataFile]:
+        """The snapshot's rows rewritten in bounded memory (:mod:`~lakeckpt_tables.ledger.
+        compaction`), each new file with its consumption summary where one file holds a whole
+        part (NOTE [ consumption summaries ])."""
+        files = IcebergFiles.of(self._table)
+        written: list[DataFile] = []
+        try:
+            keys = self._table.scan(selected_fields=ORDER, snapshot_id=snapshot_id).to_arrow()
+            for rows in sorted_files(keys, lambda cut: self._table.scan(
+                    row_filter=_slice(cut), snapshot_id=snapshot_id).to_arrow()):
+                rows = rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+                part = self._prepare(rows)
+                written += part
+                if files is not None and len(part) == 1:
+                    with contextlib.suppress(OSError):  # derived data: rows are summed instead
+                        files.summarize(part[0].file_path, part[0].file_size_in_bytes,
+                                        summarize(rows))
+        except BaseException:
+            self._discard(written)
+            raise
+        return written
+
     def _last_step(self, run_id: str) -> int | None:
         # The newest snapshot summary of the run holds its last step. Without one (a new run,
         # or one whose snapshots compact() expired) the data decides.
@@ -324,7 +356,7 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
                 self._table.io.delete(data_file.file_path)
 
     def _rewrite(self, snapshot_id: int, old_files: list[DataFile]) -> None:
-        new_files = self._prepare(self._read())
+        new_files = self._sorted_files(snapshot_id)
         transaction = self._table.transaction()
         _require(transaction, _AssertNoCommitSince(snapshot_id=snapshot_id))
         summary = {COMPACTION_PROPERTY: "true"}
@@ -343,10 +375,38 @@ class IcebergLedger(LedgerBase[list[DataFile]]):
             ) from e
 
 
+def with_store(catalog: Catalog, storage: Storage | None) -> Catalog:
+    """The catalog, its FileIO configured by ``storage``'s options.
+
+    NOTE [ iceberg ledger store ]
+    One store, one set of options (issue 22): a run's storage options reach the Iceberg
+    ledger as they reach the Delta one. pyiceberg reads and writes a table's metadata through
+    its catalog's FileIO and the data files and manifests through the table's, both built from
+    the catalog's properties, so the ledger gets a copy of the catalog whose properties are
+    the storage's options as FileIO properties (``s3.endpoint``, ``s3.access-key-id``...) over
+    the catalog's own. The catalog given is left as it is. A local store, or one without
+    options, leaves the catalog's properties alone.
+    """
+    if storage is None or storage.is_local or not storage.has_options:
+        return catalog
+    properties = {**catalog.properties, **storage.iceberg_properties()}
+    return type(catalog)(catalog.name, **properties)
+
+
+def _slice(cut: Slice) -> BooleanExpression:
+    record, run_id, first, last = cut
+    return And(EqualTo(s.RECORD, record), EqualTo(s.RUN_ID, run_id),
+               GreaterThanOrEqual(s.STEP, first), LessThanOrEqual(s.STEP, last))
+
+
 def _open_or_create(catalog: Catalog, identifier: str, where: str) -> Table:
     namespace = Catalog.namespace_from(identifier)
     if not namespace:
         raise LedgerError(f"ledger {where}: the identifier needs a namespace, e.g. 'ml.ledger'")
+    # loaded first: creating needs a warehouse location, which a catalog opened only to reach
+    # an existing ledger (``lakeckpt maintain --catalog sqlite:///...``) need not have
+    with contextlib.suppress(NoSuchTableError, NoSuchNamespaceError):
+        return catalog.load_table(identifier)
     catalog.create_namespace_if_not_exists(namespace)
     return catalog.create_table_if_not_exists(
         identifier,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import threading
+from collections.abc import Mapping
 
 import pyarrow as pa
 
@@ -35,18 +36,19 @@ class LedgerReads(abc.ABC):
         """Move the table handle to the newest snapshot."""
 
     @abc.abstractmethod
-    def _read(
-        self,
-        *,
-        record: str | None = None,
-        run_id: str | None = None,
-        checkpoint_id: str | None = None,
-    ) -> pa.Table:
-        """Rows of the handle's snapshot (no refresh) matching every filter given.
+    def _select(self, equal: Mapping[str, str]) -> pa.Table:
+        """Rows of the handle's snapshot (no refresh) whose columns hold these values, in
+        :data:`LEDGER_SCHEMA`.
 
         Raises:
             LedgerCorruptError: a data file of the ledger is missing or unreadable.
         """
+
+    def _read(self, *, record: str | None = None, run_id: str | None = None,
+              checkpoint_id: str | None = None) -> pa.Table:
+        """Rows of the handle's snapshot (no refresh) matching every filter given."""
+        wanted = {s.RECORD: record, s.RUN_ID: run_id, s.CHECKPOINT_ID: checkpoint_id}
+        return self._select({name: v for name, v in wanted.items() if v is not None})
 
     @abc.abstractmethod
     def _owner(self, run_id: str) -> str | None:

@@ -16,6 +16,7 @@ no longer live.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import pyarrow as pa
@@ -25,8 +26,8 @@ import pyarrow.parquet as pq
 
 from lakeckpt_tables.ledger import schema as s
 
-__all__ = ["SUMMARY_DIR", "SUMMARY_SCHEMA", "read_summary", "summarize", "summary_path",
-           "write_summary"]
+__all__ = ["SUMMARY_DIR", "SUMMARY_SCHEMA", "consumed", "read_summary", "summarize",
+           "summary_path", "write_summary"]
 
 SUMMARY_DIR: Final = "_lakeckpt_summary"
 """Directory, inside the ledger table, holding one summary per compacted data file."""
@@ -104,3 +105,30 @@ def read_summary(fs: pa_fs.FileSystem, base: str, data_file: str, size: int) -> 
             not table.schema.remove_metadata().equals(SUMMARY_SCHEMA):
         return None
     return table.replace_schema_metadata(None)
+
+
+SUMMED_COLUMNS: Final = tuple(c for c in SUMMARY_SCHEMA.names if c in s.LEDGER_SCHEMA.names)
+"""The columns of consumption rows :func:`summarize` needs: the summary's own."""
+
+
+def consumed(files: Iterable[tuple[str, int]],
+             summary_of: Callable[[str, int], pa.Table | None],
+             rows_of: Callable[[list[str], list[str]], pa.Table]) -> pa.Table:
+    """Consumption totals of a ledger's live data files, in :data:`SUMMARY_SCHEMA`: each
+    file's summary where ``maintain`` wrote one, else summed from its rows.
+
+    Args:
+        files: the live data files, (path, size in bytes).
+        summary_of: the summary of one file, None if it has no valid one.
+        rows_of: the consumption rows of these files, with these columns.
+    """
+    parts, unsummarized = [], []
+    for path, size in files:
+        summary = summary_of(path, size)
+        if summary is None:
+            unsummarized.append(path)
+        else:
+            parts.append(summary)
+    if unsummarized:
+        parts.append(summarize(rows_of(unsummarized, list(SUMMED_COLUMNS))))
+    return pa.concat_tables(parts) if parts else SUMMARY_SCHEMA.empty_table()

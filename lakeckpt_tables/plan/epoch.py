@@ -1,18 +1,38 @@
 """``EpochPlan``: one epoch's rows, given to every slice in lockstep (NOTE [ lockstep ] in
-``lakeckpt_tables.plan``), emitted window by window."""
+``lakeckpt_tables.plan``), emitted window by window.
+
+NOTE [ compact plans ]
+Every rank plans the whole epoch (a slice's rows start where the rows of the units before it
+end), so a plan holds O(units) arrays: at 8 x 10^6 units (10^6 files x 8 row groups), int64
+orders, offsets, row counts, groups and first rows were ~300 MB a rank. What is kept now:
+the unit order as ``int32`` (the same permutation: ``Generator.shuffle`` of an ``int32``
+range draws what ``permutation`` draws), and base-space offsets only every
+:data:`OFFSET_BLOCK` units; the offsets a span needs are summed again from the row counts of
+its blocks (a few hundred units). Row counts are the listing's own array when the source gives
+one (``RoundUnits.of``), not a copy; a round whose row groups are not split has no group or
+first-row arrays (``plan.compact.Same``). The balanced order of more than
+``BALANCE_LIMIT`` unsplit row groups is the inverse of one permutation, inverted in place of
+two sorts. The rows and their order are the plan's as before (tests/test_plan_scale.py).
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from lakeckpt_tables.plan.compact import Orders, PartsView, Same
 from lakeckpt_tables.plan.order import unit_order
 from lakeckpt_tables.plan.pieces import Piece, Span, coalesce, cut_layout
 from lakeckpt_tables.plan.policy import PlanPolicy, derive_seed
 
-__all__ = ["EpochPlan"]
+__all__ = ["OFFSET_BLOCK", "EpochPlan"]
+
+OFFSET_BLOCK = 256
+"""Units between two kept base-space offsets (NOTE [ compact plans ]): locating a span sums
+at most two blocks more than its own units."""
 
 
 class EpochPlan:
@@ -36,19 +56,64 @@ class EpochPlan:
         segment: int = 0,
         epoch: int = 0,
         layout: Sequence[Piece] | None = None,
-        groups: Sequence[int] | np.ndarray[Any, Any] | None = None,
+        groups: Sequence[int] | np.ndarray[Any, Any] | Same | PartsView | None = None,
+        orders: Orders | None = None,
     ) -> None:
         self.policy = policy
         self.segment = segment
         self.epoch = epoch
-        rows = np.asarray(unit_rows, dtype=np.int64)
-        self.order = unit_order(len(rows), policy, segment, epoch,
-                                None if groups is None else np.asarray(groups, dtype=np.int64))
-        self.offsets = np.concatenate([[0], np.cumsum(rows[self.order])]).astype(np.int64)
-        total = int(self.offsets[-1])
+        rows = np.asarray(unit_rows)
+        self._rows = rows if rows.dtype.kind in "iu" else rows.astype(np.int64)
+        if isinstance(groups, Same):  # every group one unit: the order of no groups
+            groups = None
+        parts = groups.parts if isinstance(groups, PartsView) else None
+        key = (policy.shuffle, policy.shuffler, policy.seed, segment, epoch)
+        if orders is not None and key in orders:
+            self.order, self._kept = orders[key]
+        else:
+            self.order = unit_order(len(rows), policy, segment, epoch, parts if parts is not None
+                                    else None if groups is None
+                                    else np.asarray(groups, dtype=np.int64))
+            self._kept = self._kept_offsets()
+            if orders is not None:
+                orders.put(key, (self.order, self._kept))
+        total = int(self._kept[-1])
         self.layout = coalesce(layout) if layout is not None else (Piece.plain([(0, total)]),)
         self.rows = sum(p.size for p in self.layout)
         self._plan_slices()
+
+    def _kept_offsets(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Base-space offsets of units ``0, B, 2B, ...`` and of the end (B:
+        :data:`OFFSET_BLOCK`), summed a million units at a time."""
+        n, step = len(self.order), OFFSET_BLOCK
+        kept = np.zeros(-(-n // step) + 1, dtype=np.int64)
+        chunk = step * 256
+        for c in range(0, n, chunk):
+            sizes = self._rows[self.order[c:c + chunk]]
+            sums = np.add.reduceat(sizes, np.arange(0, len(sizes), step), dtype=np.int64)
+            first = c // step
+            kept[first + 1:first + 1 + len(sums)] = kept[first] + np.cumsum(sums)
+        return kept
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Base-space offset of every position of :attr:`order`, and of the end (O(units)
+        memory, kept once asked for: for audits; the plan itself keeps them per block)."""
+        return np.concatenate([[0], np.cumsum(self._rows[self.order], dtype=np.int64)])
+
+    def _offsets_between(self, a: int, b: int) -> tuple[int, np.ndarray[Any, Any]]:
+        """``(p, o)``: ``o`` the offsets of positions ``p .. q`` with ``o[0] <= a`` and
+        ``o[-1] >= b`` (or ``q`` the end), whole blocks (NOTE [ compact plans ])."""
+        kept, step = self._kept, OFFSET_BLOCK
+        lo = int(np.searchsorted(kept, a, "right")) - 1
+        hi = min(max(int(np.searchsorted(kept, b, "left")), lo + 1), len(kept) - 1)
+        p, q = min(lo * step, len(self.order)), min(hi * step, len(self.order))
+        sizes = self._rows[self.order[p:q]]
+        out = np.empty(q - p + 1, dtype=np.int64)
+        out[0] = kept[lo]
+        np.cumsum(sizes, dtype=np.int64, out=out[1:])
+        out[1:] += kept[lo]
+        return p, out
 
     def _plan_slices(self) -> None:
         p, m = self.policy, self.rows
@@ -112,26 +177,28 @@ class EpochPlan:
         for i in range(0, len(chunks), k):
             group = chunks[i : i + k]
             window = Piece.plain(group)
-            if self.policy.shuffle:
-                seed = derive_seed(self.policy.seed, self.segment, self.epoch, g,
-                                   first_index + len(out), "window")
-                window = Piece(window.spans, seed, 0, window.size, self.policy.shuffler)
-            out.append(window)
+            out.append(self.window(g, first_index + len(out), window))
         return out
+
+    def window(self, g: int, index: int, rows: Piece) -> Piece:
+        """Slice ``g``'s ``index``-th window, of the plain piece ``rows``: permuted by its own
+        seed when the plan shuffles."""
+        if not self.policy.shuffle:
+            return rows
+        seed = derive_seed(self.policy.seed, self.segment, self.epoch, g, index, "window")
+        return Piece(rows.spans, seed, 0, rows.size, self.policy.shuffler)
+
+    def unit_cuts(self, span: Span) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Where units end strictly inside a base-space span (repeated at units of no
+        rows): the span's chunks run between them."""
+        a, b = span
+        _, offsets = self._offsets_between(a, b)
+        return offsets[(offsets > a) & (offsets < b)]
 
     def _unit_chunks(self, span: Span) -> list[Span]:
         """Cut a base-space span at unit boundaries."""
-        a, b = span
-        cuts = self.offsets[np.searchsorted(self.offsets, a, "right"):]
-        out = []
-        for c in cuts:
-            c = int(c)
-            if c >= b:
-                break
-            out.append((a, c))
-            a = c
-        out.append((a, b))
-        return out
+        cuts = self.unit_cuts(span).tolist()
+        return list(zip([span[0], *cuts], [*cuts, span[1]], strict=True))
 
     def locate(self, spans: Sequence[Span]) -> list[tuple[int, int, int]]:
         """Map base-space spans to ``(canonical unit index, first row, end row)`` chunks.
@@ -139,19 +206,19 @@ class EpochPlan:
         Each span's units at once (numpy), not unit by unit: the reader locates every read,
         a pass over a 4M-row table ~1000 units three times."""
         out: list[tuple[int, int, int]] = []
-        offsets = self.offsets
         for a, b in spans:
+            p, offsets = self._offsets_between(a, b)
             u0 = int(np.searchsorted(offsets, a, "right")) - 1
             if b <= a:  # an empty span: one empty chunk, in the unit holding ``a``
                 start = int(offsets[u0])
-                out.append((int(self.order[u0]), a - start, b - start))
+                out.append((int(self.order[p + u0]), a - start, b - start))
                 continue
             u1 = int(np.searchsorted(offsets, b, "left"))  # units u0 .. u1-1 overlap [a, b)
             starts = offsets[u0:u1]
             firsts = np.maximum(starts, a) - starts
             ends = np.minimum(offsets[u0 + 1:u1 + 1], b) - starts
             keep = ends > firsts  # units of no rows between (all rows deleted) give none
-            out.extend(zip(self.order[u0:u1][keep].tolist(), firsts[keep].tolist(),
+            out.extend(zip(self.order[p + u0:p + u1][keep].tolist(), firsts[keep].tolist(),
                            ends[keep].tolist(), strict=True))
         return out
 
@@ -167,11 +234,13 @@ class EpochPlan:
         for window in self.windows(g):
             end = offset + window.size
             if end > position:
-                start = max(position - offset, 0)
-                whole = window.lo == 0 and window.hi == sum(b - a for a, b in window.spans)
-                if start == 0 and whole:
-                    out.append(Piece.plain(window.spans))
-                else:
-                    out.append(window.cut(start, window.size))
+                out.extend(self.remaining_of(window, max(position - offset, 0)))
             offset = end
         return out
+
+    @staticmethod
+    def remaining_of(window: Piece, start: int) -> list[Piece]:
+        """A window's rows from emission row ``start`` on: plain when it is whole."""
+        whole = window.lo == 0 and window.hi == sum(b - a for a, b in window.spans)
+        return [Piece.plain(window.spans) if start == 0 and whole
+                else window.cut(start, window.size)]

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from lakeckpt_tables.plan.compact import Parts
 from lakeckpt_tables.plan.policy import PlanPolicy, derive_seed
 from lakeckpt_tables.plan.shuffle import BALANCED, permutation
 
@@ -16,17 +17,91 @@ Ints = np.ndarray[Any, np.dtype[np.int64]]
 
 
 def unit_order(count: int, policy: PlanPolicy, segment: int, epoch: int,
-               groups: Ints | None) -> Ints:
+               groups: Ints | Parts | None) -> Ints:
     """The epoch's units in reading order (indices into the canonical order), by
     ``policy``'s shuffle and shuffler; ``groups``: each unit's row group (kept together)."""
     if not policy.shuffle:
-        return np.arange(count, dtype=np.int64)
+        return _small(np.arange(count, dtype=np.int64))
+    seed = derive_seed(policy.seed, segment, epoch, "units")
+    if isinstance(groups, Parts):
+        if policy.shuffler != BALANCED or count > BALANCE_LIMIT:
+            return _parts_order(groups, policy, segment, epoch)
+        groups = np.asarray(groups.view("group"))  # few units: layered as they are
     if policy.shuffler == BALANCED:
-        return _balanced_permutation(np.arange(count, dtype=np.int64) if groups is None
-                                     else groups, policy.seed, segment, epoch)
+        if groups is None and count > BALANCE_LIMIT:
+            return _inverse(_permutation(count, seed))  # NOTE [ compact plans ] (epoch.py)
+        return _small(_balanced_permutation(np.arange(count, dtype=np.int64) if groups is None
+                                            else groups, policy.seed, segment, epoch))
     if groups is None:
-        return permutation(count, derive_seed(policy.seed, segment, epoch, "units"))
-    return _grouped_permutation(groups, policy.seed, segment, epoch)
+        return _permutation(count, seed)
+    return _small(_grouped_permutation(groups, policy.seed, segment, epoch))
+
+
+def _parts_order(parts: Parts, policy: PlanPolicy, segment: int,
+                 epoch: int) -> np.ndarray[Any, Any]:
+    """:func:`_grouped_permutation`, or :func:`_balanced_permutation` of more than
+    ``BALANCE_LIMIT`` units, for groups of contiguous units (``parts``), in ``int32`` and
+    without sorting every unit (NOTE [ compact plans ] in ``plan/epoch.py``): both order the
+    groups by a rank and the units of a group by a seeded key, so each group's units are
+    sorted alone and the groups laid out in rank order."""
+    seed = policy.seed
+    groups = len(parts.counts)
+    if policy.shuffler != BALANCED:
+        rank = _inverse(_permutation(groups, derive_seed(seed, segment, epoch, "units")))
+    elif groups > BALANCE_LIMIT:
+        rank = _permutation(groups, derive_seed(seed, segment, epoch, "units"))
+    else:
+        rank = np.empty(groups, dtype=np.int64)
+        rank[_family_order(np.zeros(groups, dtype=np.int64), seed, segment, epoch,
+                           "units")] = np.arange(groups)
+    key = _permutation(len(parts), derive_seed(seed, segment, epoch, "parts"))
+    for g0, g1, local in _group_chunks(parts):  # each group's units by key, over the key
+        c, e = int(parts.starts[g0]), int(parts.starts[g1])
+        key[c:e] = np.lexsort((key[c:e], local)) + c
+    order = _inverse(rank)  # groups in rank order
+    dest = np.empty(groups, dtype=np.int64)
+    dest[order] = np.concatenate([[0], np.cumsum(parts.counts[order])[:-1]])
+    out = np.empty_like(key)
+    for g0, g1, local in _group_chunks(parts):
+        c, e = int(parts.starts[g0]), int(parts.starts[g1])
+        out[dest[local] + np.arange(c, e) - parts.starts[local]] = key[c:e]
+    return out
+
+
+def _group_chunks(parts: Parts) -> Any:
+    """(first group, end group, group of each unit) of runs of whole groups, ~65,536 units
+    each."""
+    g0, groups = 0, len(parts.counts)
+    while g0 < groups:
+        g1 = max(int(np.searchsorted(parts.starts, parts.starts[g0] + (1 << 16), "right")) - 1,
+                 g0 + 1)
+        g1 = min(g1, groups)
+        yield g0, g1, np.repeat(np.arange(g0, g1, dtype=np.int64), parts.counts[g0:g1])
+        g0 = g1
+
+
+def _small(order: Ints) -> np.ndarray[Any, Any]:
+    """An order as ``int32`` when it fits (NOTE [ compact plans ] in ``plan/epoch.py``)."""
+    return order.astype(np.int32) if len(order) < 2**31 else order
+
+
+def _permutation(count: int, seed: int) -> np.ndarray[Any, Any]:
+    """:func:`~lakeckpt_tables.plan.shuffle.permutation` in ``int32`` when it fits, without
+    an ``int64`` copy: ``Generator.shuffle`` of a range draws what ``permutation`` draws."""
+    if count >= 2**31:
+        return permutation(count, seed)
+    out = np.arange(count, dtype=np.int32)
+    np.random.Generator(np.random.PCG64(seed)).shuffle(out)
+    return out
+
+
+def _inverse(key: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The inverse permutation (what ``argsort`` gives), scattered 65,536 at a time."""
+    out = np.empty_like(key)
+    step = 1 << 16
+    for c in range(0, len(key), step):
+        out[key[c:c + step]] = np.arange(c, min(c + step, len(key)), dtype=key.dtype)
+    return out
 
 
 def _grouped_permutation(groups: np.ndarray[Any, np.dtype[np.int64]], seed: int, segment: int,

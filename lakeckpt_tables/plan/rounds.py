@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from lakeckpt_tables.plan.compact import Orders, Parts, PartsView, Same, compact
 from lakeckpt_tables.plan.epoch import EpochPlan
 from lakeckpt_tables.plan.pieces import Piece
 from lakeckpt_tables.plan.policy import PlanPolicy
@@ -88,8 +89,8 @@ class Tails:
 
     def plan(self, rnd: Round, units: RoundUnits) -> EpochPlan:
         """Round ``rnd``'s plan, its units ``units``."""
-        return EpochPlan(units.rows, self.policy, segment=rnd.segment, epoch=rnd.epoch,
-                         layout=self.layouts.get(rnd.index), groups=units.source)
+        return units.plan(self.policy, segment=rnd.segment, epoch=rnd.epoch,
+                          layout=self.layouts.get(rnd.index))
 
     def carry(self, rnd: Round, units: RoundUnits) -> tuple[Carry, ...]:
         """The rows of round ``rnd``'s tail, to carry into the next segment."""
@@ -115,21 +116,37 @@ class RoundUnits:
     Carried rows (NOTE [ segment tails are carried ]) come first: one plan unit per carried
     range, and in ``units`` their row group with ``rows`` counting the rows carried (what the
     round gives of it, as the audit counts), read through ``reading``, the whole row group.
+    ``origins`` names the round each carried range comes from; every other row group comes
+    from ``origin``.
+
+    When no row group is split and none carried, plan unit ``u`` is row group ``u``: ``source``
+    and ``first`` are :class:`Same` (no array), and ``units`` is the snapshot's own listing,
+    not a copy (NOTE [ compact plans ] in ``plan/epoch.py``).
     """
 
-    units: tuple[Unit, ...]
-    rows: np.ndarray[Any, np.dtype[np.int64]]
-    source: np.ndarray[Any, np.dtype[np.int64]]
-    first: np.ndarray[Any, np.dtype[np.int64]]
-    reading: tuple[Unit, ...] = ()
+    units: Sequence[Unit]
+    rows: np.ndarray[Any, Any]
+    source: np.ndarray[Any, Any] | Same | PartsView
+    first: np.ndarray[Any, Any] | Same | PartsView
+    reading: Sequence[Unit] = ()
     origins: tuple[Origin, ...] = ()
+    origin: Origin = (None, 0)
+    orders: Orders = dataclasses.field(default_factory=Orders, compare=False, repr=False)
+    """Unit orders computed for plans of this round (``plan.compact.Orders``)."""
+
+    def plan(self, policy: PlanPolicy, *, segment: int, epoch: int,
+             layout: Sequence[Piece] | None) -> EpochPlan:
+        """The plan of these units under ``policy`` (and an elastic re-plan's ``layout``)."""
+        return EpochPlan(self.rows, policy, segment=segment, epoch=epoch, layout=layout,
+                         groups=self.source, orders=self.orders)
 
     @classmethod
     def of(cls, units: Sequence[Unit], unit_rows: int = DEFAULT_UNIT_ROWS, *,
            origin: Origin = (None, 0),
            carried: Sequence[tuple[Unit, int, int, Origin]] = ()) -> RoundUnits:
         """Plan units of ``units`` (row groups, canonical order) after ``carried`` ranges
-        (row group read whole, first and end live row, round of origin)."""
+        (row group read whole, first and end live row, round of origin). A listing with a
+        ``rows`` array (a metadata-only one) is not iterated."""
         groups: dict[tuple[str, int], tuple[Unit, Origin, list[tuple[int, int]]]] = {}
         for unit, lo, hi, where in sorted(carried, key=lambda c: (c[0].path, c[0].row_group,
                                                                   c[1])):
@@ -138,10 +155,23 @@ class RoundUnits:
                 ranges[-1] = (ranges[-1][0], hi)
             else:
                 ranges.append((lo, hi))
-        sizes = np.array([u.rows for u in units], dtype=np.int64)
+        listed = getattr(units, "rows", None)
+        sizes = (listed if isinstance(listed, np.ndarray) and len(listed) == len(units)
+                 else np.array([u.rows for u in units], dtype=np.int64))
+        parts = np.maximum(-(-sizes // unit_rows), 1) if len(sizes) else sizes
+        if not groups and (not len(sizes) or int(parts.max()) == 1):
+            n = len(sizes)
+            return cls(units, compact(sizes), Same(n), Same(n, 0), units, (), origin)
+        if not groups:
+            split = Parts(sizes, parts)
+            rows = np.empty(len(split), dtype=np.int32 if unit_rows < 2**31 else np.int64)
+            for c in range(0, len(rows), 1 << 16):
+                _, lo, hi = split.bounds(np.arange(c, min(c + (1 << 16), len(rows))))
+                rows[c:c + len(lo)] = hi - lo
+            return cls(units, rows, split.view("group"), split.view("first"), units, (),
+                       origin)
         source = first = end = np.zeros(0, dtype=np.int64)
         if len(sizes):
-            parts = np.maximum(-(-sizes // unit_rows), 1)
             source = np.repeat(np.arange(len(units), dtype=np.int64), parts)
             start = np.concatenate([[0], np.cumsum(parts)[:-1]]).astype(np.int64)
             k = np.arange(len(source), dtype=np.int64) - np.repeat(start, parts)
@@ -154,11 +184,12 @@ class RoundUnits:
         return cls(
             tuple(dataclasses.replace(u, rows=sum(hi - lo for lo, hi in r))
                   for u, _, r in groups.values()) + tuple(units),
-            np.array([hi - lo for _, lo, hi in head] + list(end - first), dtype=np.int64),
-            np.array([i for i, _, _ in head] + list(source + n), dtype=np.int64),
-            np.array([lo for _, lo, _ in head] + list(first), dtype=np.int64),
+            compact(np.concatenate([np.array([hi - lo for _, lo, hi in head], np.int64),
+                                    end - first])),
+            compact(np.concatenate([np.array([i for i, _, _ in head], np.int64), source + n])),
+            compact(np.concatenate([np.array([lo for _, lo, _ in head], np.int64), first])),
             tuple(u for u, _, _ in groups.values()) + tuple(units),
-            tuple(w for _, w, _ in groups.values()) + (origin,) * len(units))
+            tuple(w for _, w, _ in groups.values()), origin)
 
     def at(self, u: int, r0: int, r1: int) -> tuple[Unit, int, int]:
         """Plan unit ``u``'s rows ``[r0, r1)`` as (row group to read, first row, end row)."""
@@ -185,5 +216,6 @@ class RoundUnits:
 
     def carry(self, plan: EpochPlan) -> tuple[Carry, ...]:
         """The tail of ``plan`` (this round's plan) as rows to carry."""
-        return tuple((*self.origins[i], self.reading[i].path, self.reading[i].row_group, lo, hi)
+        return tuple((*(self.origins[i] if i < len(self.origins) else self.origin),
+                      self.reading[i].path, self.reading[i].row_group, lo, hi)
                      for i, lo, hi in self.ranges(plan, plan.tail()))

@@ -107,6 +107,10 @@ class ReaderConfig:
         if self.packing is not None:
             from lakeckpt_tables.reader.packing import check_token_column
 
+            if self.snapshot.whole_files:
+                raise ValueError(
+                    f"{self.snapshot.describe()}: a packing reader counts tokens per row group; "
+                    "pin the source with units='row_groups' (its default) to pack it")
             check_token_column(self.snapshot.describe(), self.snapshot.schema,
                                self.packing.column)
         return self
@@ -137,6 +141,8 @@ class ReaderConfig:
             config["filter"] = str(o.filter)
         if self.snapshot.schema_id is not None:  # NOTE [ schema read ] in sources/base.py
             config["schema_id"] = self.snapshot.schema_id
+        if self.snapshot.whole_files:  # absent: row groups (NOTE [ lazy footers ], sources/)
+            config["units"] = "files"
         if self.follow is not None:
             config["follow"] = {"min_segment_rows": self.follow.min_segment_rows}
         if self.packing is not None:

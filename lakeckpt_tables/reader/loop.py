@@ -32,6 +32,9 @@ __all__ = ["ORDER_BLOCK", "Cut", "SliceReader", "batches", "concat", "start_curs
 
 log = logging.getLogger(__name__)
 
+Parts = Callable[[Unit, int, int], list[tuple[Unit, int, int]]]
+"""A unit's live rows ``[first, end)`` as row group ranges (``RowGroupReader.parts``)."""
+
 Cut = tuple[pa.Table | Gathered, int, int]
 """A batch as (table, first row, rows) of a table many batches are cut from (or of a shuffled
 window, gathered when cut: ``reader/gather.py``)."""
@@ -139,6 +142,7 @@ class SliceReader:
                 cursor.epoch, cursor.position, cursor.rounds = index, 0, own
             for cut, position in batches(plan, rounds.units(rnd), g, start,
                                            row_group=self.cache.get,
+                                           row_ranges=self.row_reader.parts,
                                            expect=self.prefetch.expect, read_ahead=read_ahead,
                                            unit_rows=unit_rows):
                 cursor.epoch, cursor.position, cursor.rounds = index, position, own
@@ -159,7 +163,8 @@ def _unit_key(unit: Unit) -> tuple[str, int]:
 
 
 def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
-            row_group: Callable[[Unit], pa.Table], expect: Callable[[Iterable[Unit]], None],
+            row_group: Callable[[Unit], pa.Table], row_ranges: Parts,
+            expect: Callable[[Iterable[Unit]], None],
             read_ahead: int, unit_rows: int) -> Iterator[tuple[Cut, int]]:
     """Slice ``g``'s batches after ``start`` rows, each with the position after it.
 
@@ -169,6 +174,8 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
         g: the slice.
         start: rows of the slice already delivered.
         row_group: a row group's live rows in the selected columns (cached by the caller).
+        row_ranges: a unit's live rows as row group ranges (a whole file's: NOTE [ lazy footers ]
+            in ``sources/lazy.py``).
         expect: told, lazily, every row group the pass is about to read, in order
             (NOTE [ prefetch ] in ``lakeckpt_tables.io.prefetch``).
         read_ahead: windows decoded ahead on threads (NOTE [ read-ahead ] in
@@ -191,9 +198,9 @@ def batches(plan: EpochPlan, units: RoundUnits, g: int, start: int, *,
             offset += piece.size
 
     def read(job: tuple[Piece, int]) -> _Runs:
-        return _read_window(plan, units, *job, row_group=row_group)
+        return _read_window(plan, units, *job, row_group=row_group, parts=row_ranges)
 
-    expect(unit for job in jobs for unit in _job_units(plan, units, *job))
+    expect(unit for job in jobs for unit in _job_units(plan, units, *job, row_ranges))
 
     # later windows decode (and shuffled ones are gathered) on threads while this one is cut
     # into batches; the position still counts rows yielded, nothing else. Per batch: one slice
@@ -261,10 +268,11 @@ class _Runs:
                           for table, first, end in runs)
 
 
-def _job_units(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int) -> Iterator[Unit]:
+def _job_units(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int,
+               parts: Parts) -> Iterator[Unit]:
     """The row groups :func:`_read_window` reads, in order (NOTE [ prefetch ] (io))."""
     spans = cut_spans(window.spans, skip, window.size) if window.seed is None else window.spans
-    return (units.at(u, r0, r1)[0] for u, r0, r1 in plan.locate(spans))
+    return (part[0] for u, r0, r1 in plan.locate(spans) for part in parts(*units.at(u, r0, r1)))
 
 
 def _window_order(order: WindowOrder, first: int, end: int) -> np.ndarray[Any, Any]:
@@ -275,23 +283,24 @@ def _window_order(order: WindowOrder, first: int, end: int) -> np.ndarray[Any, A
 
 
 def _read_window(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int, *,
-                 row_group: Callable[[Unit], pa.Table]) -> _Runs:
+                 row_group: Callable[[Unit], pa.Table], parts: Parts) -> _Runs:
     """The window's rows in emission order, from its ``skip``-th on: an unshuffled window's as
     runs of its row groups, a shuffled one's as its row group slices and its permutation,
     gathered batch by batch as they are cut (NOTE [ gathering a shuffled window ])."""
     if window.seed is None:
         spans = cut_spans(window.spans, skip, window.size)
-        return _Runs(_read_spans(plan, units, spans, row_group))
-    runs = _read_spans(plan, units, window.spans, row_group)
+        return _Runs(_read_spans(plan, units, spans, row_group, parts))
+    runs = _read_spans(plan, units, window.spans, row_group, parts)
     gathered = Gathered(runs, _window_order(window.order(), window.lo + skip, window.hi))
     return _Runs([(gathered, 0, gathered.num_rows)])
 
 
 def _read_spans(plan: EpochPlan, units: RoundUnits, spans: Sequence[tuple[int, int]],
-                row_group: Callable[[Unit], pa.Table]) -> list[tuple[pa.Table, int, int]]:
+                row_group: Callable[[Unit], pa.Table],
+                parts: Parts) -> list[tuple[pa.Table, int, int]]:
     """The rows of ``spans`` as runs (row group table, first row, end row), neighbouring rows
     of one row group merged into one run."""
-    located = [units.at(u, r0, r1) for u, r0, r1 in plan.locate(spans)]
+    located = [part for u, r0, r1 in plan.locate(spans) for part in parts(*units.at(u, r0, r1))]
     runs: list[tuple[pa.Table, int, int]] = []
     last: Unit | None = None
     for unit, first, end in located:

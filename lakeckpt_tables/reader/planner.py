@@ -110,9 +110,8 @@ class RoundPlanner:
 
     def plan(self, policy: PlanPolicy, rnd: Round, layout: Sequence[Piece] | None) -> EpochPlan:
         """Round ``rnd``'s plan under ``policy`` (and an elastic re-plan's ``layout``)."""
-        units = self.rounds.units(rnd)
-        return EpochPlan(units.rows, policy, segment=rnd.segment, epoch=rnd.epoch,
-                         layout=layout, groups=units.source)
+        return self.rounds.units(rnd).plan(policy, segment=rnd.segment, epoch=rnd.epoch,
+                                           layout=layout)
 
     def known_round(self, index: int, known: Mapping[int, Round], tails: Tails) -> Round:
         """Round ``index`` of a reader state, listed again without waiting for new commits."""

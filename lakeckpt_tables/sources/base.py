@@ -25,6 +25,7 @@ from lakeckpt_tables.sources._open import open_data_file
 from lakeckpt_tables.sources.commits import Commit
 from lakeckpt_tables.sources.datafile import DataFile
 from lakeckpt_tables.sources.footers import FileFooter, read_footers
+from lakeckpt_tables.sources.lazy import WHOLE_FILE, file_unit, row_group_parts
 from lakeckpt_tables.types import TableIdentity, Unit
 
 __all__ = [
@@ -87,6 +88,9 @@ class RowGroupReader:
             RowCountMismatchError: the row group holds another number of live rows.
             DataFileError: the file cannot be read or converted (names file and column).
         """
+        if unit.row_group == WHOLE_FILE:  # every row group (NOTE [ lazy footers ])
+            tables = [self.read(part, columns) for part, _, _ in self.parts(unit, 0, unit.rows)]
+            return pa.concat_tables(tables)  # a unit has rows: one table at least
         data_file = unit.file if isinstance(unit.file, DataFile) else None
         handle = self._handle(unit.path, data_file)
         try:
@@ -108,6 +112,22 @@ class RowGroupReader:
                 f"{table.num_rows} live rows, {unit.rows} when the snapshot was pinned; "
                 "the file was rewritten in place")
         return table
+
+    def parts(self, unit: Unit, first: int, end: int,
+              keep: bool = True) -> list[tuple[Unit, int, int]]:
+        """Live rows ``[first, end)`` of ``unit`` as (row group unit, first, end) ranges: the
+        unit itself when it is a row group; a whole file's row groups that hold them, from its
+        footer read here, once per process (NOTE [ lazy footers ]).
+
+        Raises:
+            PinnedFileMissingError, SourceFileChangedError, DataFileError: as :meth:`read`.
+            RowCountMismatchError: the footer's row count is not the metadata's.
+        """
+        if unit.row_group != WHOLE_FILE:
+            return [(unit, first, end)]
+        data_file = unit.file if isinstance(unit.file, DataFile) else None
+        handle = self._handle(unit.path, data_file, keep)
+        return row_group_parts(unit, first, end, handle.row_group_rows)
 
     def _handle(self, path: str, data_file: DataFile | None, keep: bool = True) -> Any:
         handle = self._handles.get(path)
@@ -152,6 +172,8 @@ class RowGroupReader:
         counts: dict[str, int] | None = known_null_counts(units, columns)
         if counts is not None:  # metadata statistics: no footer read
             return counts
+        if units[0].row_group == WHOLE_FILE:  # its row groups, from its footer
+            units = [part for part, _, _ in self.parts(units[0], 0, units[0].rows, keep=False)]
         counts = {}
         handle = self._handle(units[0].path, data_file, keep=False)  # reads check again
         meta = handle.file.metadata
@@ -194,8 +216,11 @@ def known_null_counts(units: Sequence[Unit], columns: Sequence[str]) -> dict[str
     """Nulls of ``columns`` in a whole file (``units``: all its row groups) from the table
     metadata's statistics; None when they do not say (the footer must)."""
     data_file = units[0].file if units and isinstance(units[0].file, DataFile) else None
-    if (data_file is None or data_file.null_counts is None or data_file.row_group_rows is None
-            or len(units) != len(data_file.row_group_rows)):
+    if data_file is None or data_file.null_counts is None:
+        return None
+    whole = units[0].row_group == WHOLE_FILE
+    if not whole and (data_file.row_group_rows is None
+                      or len(units) != len(data_file.row_group_rows)):
         return None
     known = dict(data_file.null_counts)
     return {c: known[c] for c in columns} if all(c in known for c in columns) else None
@@ -211,7 +236,15 @@ def _leaf_null_count(row_group: Any, path: str) -> int | None:
 
 
 def _check_pinned(where: str, data_file: DataFile, handle: Any) -> None:
-    """Size and row groups of an opened file against the pinned snapshot's record of them."""
+    """Size and row groups of an opened file against the pinned snapshot's record of them
+    (its row count alone when pinned without its footer: NOTE [ lazy footers ])."""
+    if data_file.row_group_rows is None and data_file.rows is not None:
+        footer_rows = sum(handle.row_group_rows)
+        if footer_rows != data_file.rows:
+            raise RowCountMismatchError(
+                f"{where}: table metadata says data file {data_file.path} holds "
+                f"{data_file.rows} rows, its Parquet footer says {footer_rows}. The table or "
+                "the file is corrupt; repair it before training. None of its rows is delivered.")
     if data_file.size_bytes is not None and handle.size != data_file.size_bytes:
         raise SourceFileChangedError(
             f"{where}: data file {data_file.path} is {handle.size} bytes, the pinned snapshot "
@@ -241,7 +274,8 @@ class Snapshot:
         identity: which table.
         version: Delta version or Iceberg snapshot id.
         schema: Arrow schema of the rows read (NOTE [ schema read ]).
-        units: every row group of every data file, sorted by (path, row group).
+        units: every row group of every data file, sorted by (path, row group); or whole
+            files (NOTE [ lazy footers ]).
         schema_id: the Iceberg schema read when it is not the version's own; None otherwise
             (``source.snapshot(version)`` then reads the same columns).
     """
@@ -256,6 +290,9 @@ class Snapshot:
     reader: RowGroupReader | None = None
     """Reads this table's units (NOTE [ reading seam ]); a plain Parquet reader when None."""
     schema_id: int | None = None
+    whole_files: bool = False
+    """Pinned with ``units="files"``: files whose metadata gives their row counts are whole
+    units (NOTE [ lazy footers ]); a reader state records it."""
 
     def row_reader(self) -> RowGroupReader:
         """The reader of this snapshot's units (and of units appended later, in follow mode)."""
@@ -292,9 +329,12 @@ class Source(Protocol):
 
 def units_from_files(
     identity: TableIdentity, version: int, files: Sequence[DataFile],
-    storage: Storage | None = None,
+    storage: Storage | None = None, kind: str = "row_groups",
 ) -> tuple[tuple[Unit, ...], dict[str, tuple[str, ...]]]:
-    """Read the footers of ``files`` and list their row groups as units, canonically ordered.
+    """Read the footers of ``files`` and list their row groups as units, canonically ordered;
+    with ``kind="files"``, a file whose metadata gives its row count is one unit instead, its
+    footer unread (NOTE [ lazy footers ]). The column names returned are those of the footers
+    read.
 
     ``storage`` is the table's store (its storage options); the environment's when None.
 
@@ -302,6 +342,12 @@ def units_from_files(
         PinnedFileMissingError: a listed file is gone.
         RowCountMismatchError: metadata and footer disagree on a file's row count.
     """
+    if kind == "files":
+        whole = sorted((f for f in files if f.rows is not None), key=lambda f: f.path)
+        rest = [f for f in files if f.rows is None]
+        listed = [u for f in whole if (u := file_unit(identity, version, f)) is not None]
+        more, columns = units_from_files(identity, version, rest, storage)
+        return (tuple(sorted([*listed, *more])) if more else tuple(listed)), columns
     ordered = sorted(files, key=lambda f: f.path)
     try:
         footers = read_footers([f.path for f in ordered], [f.size_bytes for f in ordered],

@@ -44,6 +44,7 @@ from lakeckpt_tables.sources.base import (
     units_from_files,
 )
 from lakeckpt_tables.sources.commits import Commit, read_delta_commit
+from lakeckpt_tables.sources.lazy import checked_units
 from lakeckpt_tables.types import TableIdentity, Unit
 
 __all__ = ["READABLE_READER_FEATURES", "DeltaRowGroupReader", "DeltaSource"]
@@ -73,16 +74,21 @@ class DeltaSource:
         storage_options: for object stores; the log (delta-rs), the data files and follow
             mode's log polling all go through them, and nothing falls back to ``AWS_*``
             environment variables when they are given (:class:`~lakeckpt_tables.io.Storage`).
+        units: ``"row_groups"`` (every file's footer read when pinned) or ``"files"`` (a file
+            whose log entry gives its row count is one unit, its footer read by the reader
+            that reads it: NOTE [ lazy footers ] in ``sources/lazy.py``).
     """
 
     def __init__(self, uri: str | os.PathLike[str], *,
-                 storage_options: dict[str, str] | None = None) -> None:
+                 storage_options: dict[str, str] | None = None,
+                 units: str = "row_groups") -> None:
         if not isinstance(uri, str | os.PathLike) or not str(os.fspath(uri)).strip():
             raise SourceArgumentError(
                 f"DeltaSource(uri={uri!r}): a Delta table is named by its root directory, a "
                 "local path or a URI such as 's3://bucket/table'; for an Iceberg table in a "
                 "catalog use IcebergSource('namespace.table')")
         self.uri = str(os.fspath(uri))
+        self.units = checked_units(units, f"DeltaSource({self.uri!r})")
         self.storage_options = dict(storage_options or {})
         self._storage = Storage(self.uri, storage_options or None)
         self._snapshots: dict[int, Snapshot] = {}
@@ -90,6 +96,12 @@ class DeltaSource:
 
     def __repr__(self) -> str:
         return f"DeltaSource({self.uri!r})"
+
+    def with_units(self, units: str) -> DeltaSource:
+        """This table pinned with ``units`` (a reader state's: NOTE [ lazy footers ])."""
+        if units == self.units:
+            return self
+        return DeltaSource(self.uri, storage_options=self.storage_options or None, units=units)
 
     def _open(self, version: int | None) -> Any:
         from deltalake import DeltaTable
@@ -177,9 +189,11 @@ class DeltaSource:
             raise TableMetadataError(
                 f"{where}: cannot list its files: {type(exc).__name__}: {_message(exc)}"
             ) from exc
-        units, _ = units_from_files(identity, pinned, files, self._storage)
-        columns = {f.path: tuple(reader.schema.names) for f in files}  # missing ones read null
-        snap = Snapshot(identity, pinned, reader.schema, units, columns, types, reader)
+        units, _ = units_from_files(identity, pinned, files, self._storage, self.units)
+        names = tuple(reader.schema.names)
+        columns = {f.path: names for f in files}  # missing ones read null
+        snap = Snapshot(identity, pinned, reader.schema, units, columns, types, reader,
+                        whole_files=self.units == "files")
         with self._lock:
             self._snapshots[pinned] = snap
         return snap
@@ -371,16 +385,16 @@ def _data_files(dt: Any, root: str, reader: DeltaRowGroupReader) -> list[DataFil
     for i, rel in enumerate(paths):
         full = rel if "://" in rel else f"{root}/{unquote(rel)}"
         partition = tuple(sorted((parts[i] or {}).items())) if parts is not None else ()
-        missing = reader.partitions - {name for name, _ in partition}
+        missing = reader.partitions and reader.partitions - {name for name, _ in partition}
         if missing:
             raise TableMetadataError(
                 f"{reader.describe()}: the log gives data file {full} no value for partition "
                 f"column(s) {sorted(missing)}; the log is corrupt")
         counts = tuple(sorted((logical[k], int(v)) for k, v in (nulls[i] or {}).items()
                               if k in logical and isinstance(v, int)))
-        out.append(DataFile(full, sizes[i], None if rows is None else rows[i],
-                            deletes.pop(local_path_or_uri(full), None), partition,
-                            null_counts=counts or None))
+        deleted = deletes.pop(local_path_or_uri(full), None) if deletes else None
+        out.append(DataFile(full, sizes[i], None if rows is None else rows[i], deleted,
+                            partition, null_counts=counts or None))
     if deletes:  # never read a file without its deletion vector
         raise TableMetadataError(
             f"{reader.describe()}: deletion vectors name data file(s) the log does not list as "

@@ -29,7 +29,7 @@ import pyarrow.dataset as pads
 
 from lakeckpt_tables.errors import FilterError
 from lakeckpt_tables.sources._deletes import Deletes
-from lakeckpt_tables.sources.base import DataFile, Snapshot, units_from_files
+from lakeckpt_tables.sources.base import DataFile, RowGroupReader, Snapshot, units_from_files
 from lakeckpt_tables.types import Unit
 
 __all__ = ["filter_columns", "filtered"]
@@ -84,7 +84,7 @@ def filtered(snapshot: Snapshot, expression: pc.Expression) -> Snapshot:
             return data_file if constant else None
         rejected = []
         start = 0
-        for unit in _all_row_groups(units):
+        for unit in _all_row_groups(units, reader):
             table = reader._logical(reader._handle(unit.path, data_file, keep=False), unit,
                                     data_file, columns)
             keep = _evaluate(table, expression, where)
@@ -96,15 +96,20 @@ def filtered(snapshot: Snapshot, expression: pc.Expression) -> Snapshot:
 
     with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(by_file)))) as pool:
         kept = [f for f in pool.map(decide, by_file.values()) if f is not None]
-    units, in_files = units_from_files(snapshot.identity, snapshot.version, kept)
+    units, in_files = units_from_files(snapshot.identity, snapshot.version, kept,
+                                       kind="files" if snapshot.whole_files else "row_groups")
     return dataclasses.replace(snapshot, units=units, file_columns={
-        f.path: snapshot.file_columns.get(f.path, in_files[f.path]) for f in kept})
+        f.path: snapshot.file_columns[f.path] if f.path in snapshot.file_columns
+        else in_files[f.path] for f in kept})
 
 
-def _all_row_groups(units: list[Unit]) -> list[Unit]:
-    """Every row group of the file in order (units list only those with live rows)."""
+def _all_row_groups(units: list[Unit], reader: RowGroupReader) -> list[Unit]:
+    """Every row group of the file in order (units list only those with live rows; a whole
+    file's are in its footer, NOTE [ lazy footers ])."""
     data_file: DataFile = units[0].file
-    sizes = data_file.row_group_rows or ()
+    sizes = data_file.row_group_rows
+    if sizes is None:
+        sizes = reader._handle(units[0].path, data_file, keep=False).row_group_rows
     return [Unit(units[0].path, i, n, data_file) for i, n in enumerate(sizes)]
 
 

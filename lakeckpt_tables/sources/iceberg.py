@@ -29,6 +29,7 @@ from lakeckpt_tables.sources.base import (
     units_from_files,
 )
 from lakeckpt_tables.sources.commits import Commit, column_change
+from lakeckpt_tables.sources.lazy import checked_units
 from lakeckpt_tables.types import TableIdentity, Unit
 
 __all__ = ["DEFAULT_CATALOG_NAME", "IcebergRowGroupReader", "IcebergSource", "default_catalog"]
@@ -68,10 +69,15 @@ class IcebergSource:
     Args:
         identifier: ``"namespace.table"`` or a tuple of names.
         catalog: a pyiceberg ``Catalog``; :func:`default_catalog` when None.
+        units: ``"row_groups"`` (every file's footer read when pinned) or ``"files"`` (each
+            data file one unit, its manifest's ``record_count`` its rows, its footer read by
+            the reader that reads it: NOTE [ lazy footers ] in ``sources/lazy.py``).
     """
 
-    def __init__(self, identifier: str | tuple[str, ...], *, catalog: Any = None) -> None:
+    def __init__(self, identifier: str | tuple[str, ...], *, catalog: Any = None,
+                 units: str = "row_groups") -> None:
         self.identifier = _checked_identifier(identifier)
+        self.units = checked_units(units, f"IcebergSource({self.identifier!r})")
         self.catalog = catalog if catalog is not None else default_catalog()
         self._catalog_pid = os.getpid()
         self._snapshots: dict[tuple[int, int | None], Snapshot] = {}  # (version, schema_id)
@@ -101,6 +107,12 @@ class IcebergSource:
 
     def __repr__(self) -> str:
         return f"IcebergSource({self.identifier!r})"
+
+    def with_units(self, units: str) -> IcebergSource:
+        """This table pinned with ``units`` (a reader state's: NOTE [ lazy footers ])."""
+        if units == self.units:
+            return self
+        return IcebergSource(self.identifier, catalog=self._catalog_here(), units=units)
 
     def load_table(self) -> Any:
         """The table's current metadata (main process only)."""
@@ -166,11 +178,13 @@ class IcebergSource:
         types = {f.name: str(f.field_type) for f in schema.fields}
         arrow = schema.as_arrow()
         if snap_meta is None:  # a table created but never written (-1: a follower's pin): empty
-            return Snapshot(identity, -1, arrow, (), {}, types, reader, recorded)
+            return Snapshot(identity, -1, arrow, (), {}, types, reader, recorded,
+                            self.units == "files")
         files = self._data_files(table, identity, pinned, schema)
-        units, _ = units_from_files(identity, pinned, files, storage)
+        units, _ = units_from_files(identity, pinned, files, storage, self.units)
         columns = {f.path: tuple(schema.column_names) for f in files}  # resolved by field id
-        snap = Snapshot(identity, pinned, arrow, units, columns, types, reader, recorded)
+        snap = Snapshot(identity, pinned, arrow, units, columns, types, reader, recorded,
+                        self.units == "files")
         with self._lock:
             self._snapshots[(pinned, recorded)] = snap
             if version is not None:  # asked as (version, the snapshot's own schema id)

@@ -25,6 +25,10 @@ clock, medians of paired rounds; resume at 0/50/90% of a pass.
 library at each worker count beside the raw read, and what one batch costs (decode, copy,
 hand-off): when workers pay.
 
+``lakeckpt bench scale [--ranks 256] [--workers 8] [--files N] [--row-groups R] [--saves 50]
+[--quick] [--json]``: a 256-rank job simulated in one process over a metadata-only table: plan
+time and memory per rank, reader state size, commit p50/p99, elastic restore, ledger size.
+
 ``lakeckpt bench compare NEW.json [--baseline B]``: every ratio of a ``--json`` report that fell
 more than 10% below the committed baseline (``baselines/``); exit status 1 when any fell.
 
@@ -127,14 +131,33 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "(default: a temporary directory, removed afterwards)")
     follow.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    from lakeckpt_tables.tools.bench.audit import DEFAULT_CHECKPOINTS, QUICK_CHECKPOINTS
+    from lakeckpt_tables.tools.bench.audit import (
+        BATCH,
+        DEFAULT_CHECKPOINTS,
+        LEDGERS,
+        QUICK_CHECKPOINTS,
+        RECORDS,
+    )
 
-    audit = sub.add_parser("audit", help="progress, verify and commit latency on a big ledger",
+    audit = sub.add_parser("audit", help="progress, verify, maintain and commit latency on a "
+                           "big ledger",
                            description="A ledger of 100,000 checkpoints x 64 consumption "
-                           "records: maintain, then time progress, verify of one run, and "
-                           "commit latency.")
+                           "records (or --records in all): maintain, then time progress, verify "
+                           "of one run, and commit latency; the CLI's wall time, CPU time and "
+                           "peak memory for each command.")
     audit.add_argument("--checkpoints", type=_positive, default=DEFAULT_CHECKPOINTS,
                        help=f"checkpoints in the ledger (default {DEFAULT_CHECKPOINTS:,})")
+    audit.add_argument("--records", type=_positive, default=None,
+                       help="consumption records in all (sets --checkpoints to RECORDS / "
+                       "--per-checkpoint), e.g. 1000000")
+    audit.add_argument("--per-checkpoint", type=_positive, default=None,
+                       help=f"consumption records per checkpoint (default {RECORDS}; 100 with "
+                       "--records)")
+    audit.add_argument("--ledger", choices=LEDGERS, default="delta",
+                       help="the ledger's table format (default delta)")
+    audit.add_argument("--batch", type=_positive, default=BATCH,
+                       help=f"checkpoints per commit while building (default {BATCH}): the "
+                       "files maintain compacts")
     audit.add_argument("--quick", action="store_const", dest="checkpoints",
                        const=QUICK_CHECKPOINTS, help=f"{QUICK_CHECKPOINTS:,} checkpoints")
     audit.add_argument("--dir", metavar="PATH", default=None,
@@ -147,6 +170,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     from lakeckpt_tables.tools.bench import planning
 
     planning.register(sub)
+    from lakeckpt_tables.tools.bench import scale
+
+    scale.register(sub)
     from lakeckpt_tables.tools.bench.read import FEATURE_ROWS
 
     tables = sub.add_parser("tables", help="what deletion vectors and partition columns cost",
@@ -294,6 +320,10 @@ def run(args: argparse.Namespace) -> int:
         from lakeckpt_tables.tools.bench import planning
 
         return planning.run(args)
+    if args.bench == "scale":
+        from lakeckpt_tables.tools.bench import scale
+
+        return scale.run(args)
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 
@@ -346,9 +376,12 @@ def _follow(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from lakeckpt_tables.tools.bench.audit import format_report, run_audit_bench
+    from lakeckpt_tables.tools.bench.audit import RECORDS, format_report, run_audit_bench
 
-    report = run_audit_bench(checkpoints=args.checkpoints, root=args.dir, progress=_progress)
+    per = args.per_checkpoint or (100 if args.records else RECORDS)
+    checkpoints = args.records // per if args.records else args.checkpoints
+    report = run_audit_bench(checkpoints=checkpoints, records=per, ledger=args.ledger,
+                             batch=args.batch, root=args.dir, progress=_progress)
     return _emit(report, args.json, format_report)
 
 

@@ -178,6 +178,7 @@ def test_an_unshuffled_batch_inside_a_row_group_is_a_zero_copy_cut_of_it() -> No
     plan = EpochPlan(units.rows, PlanPolicy(batch_size=1000, shuffle=False),
                      groups=units.source)
     out = list(batches(plan, units, 0, 0, row_group=lambda u: groups[(u.path, u.row_group)],
+                       row_ranges=lambda u, a, b: [(u, a, b)],  # units are row groups
                        expect=lambda _: None, read_ahead=0, unit_rows=250))
     assert [end for _, end in out] == [1000, 2000, 3000, 4000, 5000]
     assert np.array_equal(np.concatenate([t.slice(a, n).column("id").to_numpy()

@@ -228,7 +228,7 @@ class ReaderConfig:
         """
         config = self
         schema_id = state.config.get("schema_id")
-        if (self._same_table(state) and may_repin and self.options.version is None
+        if (_same_table(self, state) and may_repin and self.options.version is None
                 and (state.version, schema_id) != (self.snapshot.version,
                                                    self.snapshot.schema_id)):
             try:
@@ -276,7 +276,7 @@ class ReaderConfig:
     def mismatches(self, state: ReaderState, *, may_repin: bool) -> list[str]:
         """What differs between ``state`` and a reader of this configuration (nothing when
         it may load); ``may_repin``: whether the reader could have taken the state's version."""
-        if not self._same_table(state):
+        if not _same_table(self, state):
             # another table's version and options mean nothing here: name the table only
             return [f"table: state is of {state.table.describe()}, this reader reads "
                     f"{self.snapshot.identity.describe()}; load a state of this table, or "
@@ -295,9 +295,10 @@ class ReaderConfig:
                              f"{ours.get(key)!r}")
         return diffs
 
-    def _same_table(self, state: ReaderState) -> bool:
-        ours = self.snapshot.identity
-        return (state.table.format, state.table.table_id) == (ours.format, ours.table_id)
+
+def _same_table(config: ReaderConfig, state: ReaderState) -> bool:
+    ours = config.snapshot.identity
+    return (state.table.format, state.table.table_id) == (ours.format, ours.table_id)
 
 
 def _check_source(source: Any) -> None:

@@ -170,13 +170,17 @@ class CutConverter:
             if table is not self._table:
                 self._table, self._arrays = table, _plain_arrays(table)
             if self._arrays is not None:
-                end = first + rows
-                out = Batch()
-                for name, values in self._arrays:
-                    out[name] = torch.from_numpy(values[first:end])
-                return out
+                return self._cut(first, rows)
         piece = table if first == 0 and rows == table.num_rows else table.slice(first, rows)
         return convert(piece, self._output, self._nulls)
+
+    def _cut(self, first: int, rows: int) -> Batch:
+        """Rows ``[first, first + rows)`` of the plain numeric columns held, as tensor views."""
+        end = first + rows
+        out = Batch()
+        for name, values in self._arrays or ():
+            out[name] = torch.from_numpy(values[first:end])
+        return out
 
     def _gathered(self, window: Any, first: int, rows: int) -> Any:
         """A batch of a ``reader.gather.Gathered`` window: a slice of each column when every
@@ -185,11 +189,7 @@ class CutConverter:
             if window is not self._table:
                 self._table, self._arrays = window, window.plain()
             if self._arrays is not None:
-                end = first + rows
-                out = Batch()
-                for name, values in self._arrays:
-                    out[name] = torch.from_numpy(values[first:end])
-                return out
+                return self._cut(first, rows)
         return convert(window.slice(first, rows), self._output, self._nulls)
 
 

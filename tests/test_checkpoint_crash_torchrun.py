@@ -1,0 +1,78 @@
+"""Checkpoints under real crashes of torchrun jobs: real SIGKILL of ranks, real Delta ledger.
+
+A killed and resumed two-rank job must train the ids (per rank, in order) and end with the
+parameters, bit for bit, of the same job never killed; an elastic resume trains every row
+exactly once. The single-process crash points are in ``test_checkpoint_crash.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from crash_jobs import (
+    ROWS,
+    assert_exactly_once,
+    assert_ledger_exactly_once,
+    assert_same_run,
+    logs,
+    run,
+    write_table,
+)
+
+from lakeckpt_tables.ledger import DeltaLedger
+
+pytestmark = pytest.mark.slow
+
+EVERY = ("--every", "3")  # 600 rows over 2 ranks at batch 32: 10 steps; checkpoints at 3, 6, 9
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("src") / "table"
+    write_table(path, ROWS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_rank_reference(table: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The two-rank job never killed: what every killed two-rank job must end as."""
+    base = tmp_path_factory.mktemp("reference")
+    assert run(table, base / "ckpt", base / "out", nproc=2, extra=EVERY) == 0
+    assert_exactly_once(logs(base / "out"))
+    return base / "out"
+
+
+@pytest.mark.timeout(400)  # several torchrun jobs, each ~30 s on 2 busy cores
+def test_a_two_rank_torchrun_job_killed_twice_equals_the_failure_free_run(
+        table: Path, two_rank_reference: Path, tmp_path: Path) -> None:
+    root, out = tmp_path / "ckpt", tmp_path / "out"
+    assert run(table, root, out, nproc=2, extra=(*EVERY, "--kill-after-step", "5")) != 0
+    assert run(table, root, out, nproc=2, extra=(*EVERY, "--kill-after-step", "8")) != 0
+    assert run(table, root, out, nproc=2, extra=EVERY) == 0
+    assert_exactly_once(logs(out))
+    assert_same_run(out, two_rank_reference)
+    assert_ledger_exactly_once(root, table)
+
+
+@pytest.mark.timeout(400)  # several torchrun jobs, each ~30 s on 2 busy cores
+def test_a_rank_crashing_mid_write_under_torchrun_aborts_the_checkpoint(
+        table: Path, two_rank_reference: Path, tmp_path: Path) -> None:
+    root, out = tmp_path / "ckpt", tmp_path / "out"
+    # rank 1 dies writing its shard of the second checkpoint (step 6): only step 3 committed
+    assert run(table, root, out, nproc=2, extra=EVERY, crash="prepare:mid_write@1#2") != 0
+    assert [r.step for r in DeltaLedger(str(root / "_ledger")).checkpoints("run")] == [3]
+    assert run(table, root, out, nproc=2, extra=EVERY) == 0
+    assert_same_run(out, two_rank_reference)
+
+
+@pytest.mark.timeout(400)  # several torchrun jobs, each ~30 s on 2 busy cores
+def test_a_three_rank_job_resumed_at_two_ranks_trains_every_row_exactly_once(
+        table: Path, tmp_path: Path) -> None:
+    root, out = tmp_path / "ckpt", tmp_path / "out"
+    # 600 rows over 3 ranks at batch 32: 7 steps; checkpoint at 3, killed after step 5
+    assert run(table, root, out, nproc=3, extra=(*EVERY, "--kill-after-step", "5")) != 0
+    assert [r.step for r in DeltaLedger(str(root / "_ledger")).checkpoints("run")] == [3]
+    assert run(table, root, out, nproc=2, extra=(*EVERY, "--workers", "1")) == 0
+    assert_exactly_once(logs(out))
+    assert_ledger_exactly_once(root, table)

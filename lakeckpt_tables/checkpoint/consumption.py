@@ -60,7 +60,7 @@ def consumed_between(dataset: Planner[S], before: S | None,
     planner = getattr(dataset, "planner", None)
     if isinstance(planner, TokenPlanner):
         return _packed_records(planner, before, after)
-    return [ConsumptionRecord(*r) for r in consumed_ranges(dataset, before, after)]
+    return [ConsumptionRecord(**vars(r)) for r in consumed_ranges(dataset, before, after)]
 
 
 def segment_events(dataset: Planner[S], before: S | None,

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.plan.accounting import Consumed
 from lakeckpt_tables.types import TableFormat, TableIdentity
 
 __all__ = [
@@ -96,43 +97,23 @@ class CheckpointRecord:
 
 
 @dataclass(frozen=True)
-class ConsumptionRecord:
-    """Rows one (rank, worker) consumed since the previous checkpoint, within one row group.
+class ConsumptionRecord(Consumed):
+    """Rows one (rank, worker) consumed since the previous checkpoint, within one row group:
+    the plan's :class:`~lakeckpt_tables.plan.accounting.Consumed` (its fields, in its order),
+    with what only the ledger knows.
 
     Attributes:
-        rank: consuming rank.
-        worker: consuming DataLoader worker within the rank.
-        segment: segment the rows were read in.
-        epoch: epoch of that segment.
-        file: data file path or URI.
-        row_group: row group index within the file.
-        row_start: first row of the range, within the row group.
-        row_end: one past the last row of the range, within the row group.
-        rows: how many rows of the range were consumed. Left out (-1), the whole range. Fewer
-            where a checkpoint fell inside a shuffled window: the window's rows come out in a
-            seeded order, so a seeded subset of the range was consumed, and the next
-            checkpoint records the rest of it.
         source_key: the Mixture source the rows were read from, None for a one-table run.
         tokens: tokens a packed reader delivered in this record's stream span of the row
             group, eos included (:data:`~lakeckpt_tables.ledger.schema.TOKENS`); None for a
             reader of rows.
     """
 
-    rank: int
-    worker: int
-    segment: int
-    epoch: int
-    file: str
-    row_group: int
-    row_start: int
-    row_end: int
-    rows: int = -1
     source_key: str | None = None
     tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.rows == -1:
-            object.__setattr__(self, "rows", self.row_end - self.row_start)
+        super().__post_init__()
         if not 0 <= self.row_start <= self.row_end or not 0 <= self.rows <= self.span \
                 or (self.tokens is not None and self.tokens < 0):
             raise ValueError(

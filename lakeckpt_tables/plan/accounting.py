@@ -17,7 +17,9 @@ run add up to its rows exactly once (what the exactly-once audit checks).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
@@ -88,8 +90,25 @@ class SliceSpan(NamedTuple):
     hi: int
 
 
-class Consumed(NamedTuple):
-    """Rows of one row group one slice consumed (``rows`` of ``[row_start, row_end)``)."""
+@dataclass(frozen=True)
+class Consumed:
+    """Rows one (rank, worker) consumed since the previous checkpoint, within one row group
+    (what a ledger consumption record holds of the plan).
+
+    Attributes:
+        rank: consuming rank.
+        worker: consuming DataLoader worker within the rank.
+        segment: segment the rows were read in.
+        epoch: epoch of that segment.
+        file: data file path or URI.
+        row_group: row group index within the file.
+        row_start: first row of the range, within the row group.
+        row_end: one past the last row of the range, within the row group.
+        rows: how many rows of the range were consumed. Left out (-1), the whole range. Fewer
+            where a checkpoint fell inside a shuffled window: the window's rows come out in a
+            seeded order, so a seeded subset of the range was consumed, and the next
+            checkpoint records the rest of it.
+    """
 
     rank: int
     worker: int
@@ -99,7 +118,11 @@ class Consumed(NamedTuple):
     row_group: int
     row_start: int
     row_end: int
-    rows: int
+    rows: int = -1
+
+    def __post_init__(self) -> None:
+        if self.rows == -1:
+            object.__setattr__(self, "rows", self.row_end - self.row_start)
 
 
 def slice_spans(planner: Planner[S], before: S | None,
@@ -150,7 +173,8 @@ def coalesce_ranges(ranges: Sequence[Consumed]) -> list[Consumed]:
                      prev.row_group)
                 == (rec.rank, rec.worker, rec.segment, rec.epoch, rec.file, rec.row_group)
                 and prev.row_end == rec.row_start):
-            out[-1] = prev._replace(row_end=rec.row_end, rows=prev.rows + rec.rows)
+            out[-1] = dataclasses.replace(prev, row_end=rec.row_end,
+                                          rows=prev.rows + rec.rows)
         else:
             out.append(rec)
     return out

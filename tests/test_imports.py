@@ -28,6 +28,18 @@ def test_the_public_names_still_import_from_the_package() -> None:
     assert "pyiceberg" not in loaded
 
 
+def test_reading_a_ledger_and_its_reader_states_imports_without_torch() -> None:
+    """`lakeckpt progress` and `verify` decode reader states: importing torch (over a second)
+    would be most of what they cost."""
+    loaded = _modules_after("from lakeckpt_tables.reader.state import decode_state; "
+                            "import lakeckpt_tables.audit.views, lakeckpt_tables.cli.progress")
+    assert "torch" not in loaded
+    assert "lakeckpt_tables.reader.dataset" not in loaded
+    from lakeckpt_tables import reader
+
+    assert reader.decode_state is not None and "LakeDataset" in dir(reader)
+
+
 PACKAGE = Path(__file__).resolve().parents[1] / "lakeckpt_tables"
 TOOLS = "lakeckpt_tables.tools"
 

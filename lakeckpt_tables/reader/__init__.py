@@ -1,20 +1,42 @@
-"""The reader: LakeDataset and its state."""
+"""The reader: LakeDataset and its state.
 
-from lakeckpt_tables.reader.convert import Ragged
-from lakeckpt_tables.reader.dataset import LakeDataset
-from lakeckpt_tables.reader.loaders import (
-    dataset_of,
-    reader_state_of,
-    restore_reader,
-    states_from_loader,
-)
-from lakeckpt_tables.reader.state import (
-    ReaderState,
-    decode_state,
-    encode_state,
-    merge_states,
-)
+Names load lazily, so that decoding a reader state (``lakeckpt progress``, ``verify``)
+imports neither torch nor the dataset: a command answers in a fraction of torch's import time.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lakeckpt_tables.reader.convert import Ragged
+    from lakeckpt_tables.reader.dataset import LakeDataset
+    from lakeckpt_tables.reader.loaders import (
+        dataset_of,
+        reader_state_of,
+        restore_reader,
+        states_from_loader,
+    )
+    from lakeckpt_tables.reader.state import (
+        ReaderState,
+        decode_state,
+        encode_state,
+        merge_states,
+    )
+
+_HOMES = {
+    "LakeDataset": "lakeckpt_tables.reader.dataset",
+    "Ragged": "lakeckpt_tables.reader.convert",
+    "ReaderState": "lakeckpt_tables.reader.state",
+    "dataset_of": "lakeckpt_tables.reader.loaders",
+    "decode_state": "lakeckpt_tables.reader.state",
+    "encode_state": "lakeckpt_tables.reader.state",
+    "merge_states": "lakeckpt_tables.reader.state",
+    "reader_state_of": "lakeckpt_tables.reader.loaders",
+    "restore_reader": "lakeckpt_tables.reader.loaders",
+    "states_from_loader": "lakeckpt_tables.reader.loaders",
+}
 __all__ = [
     "LakeDataset",
     "Ragged",
@@ -27,3 +49,13 @@ __all__ = [
     "restore_reader",
     "states_from_loader",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -7,6 +7,7 @@ imports neither torch nor the dataset: a command answers in a fraction of torch'
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
         encode_state,
         merge_states,
     )
+
+# StatefulDataLoader.__init__ calls torch.set_vital, a no-op torch deprecated with a UserWarning
+# that every run of a loader this library is used with printed. The call is torchdata's, so the
+# filter names its module: a set_vital call of anyone else still warns. (docs/limits.md)
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning,
+                        module=r"torchdata\.stateful_dataloader\.stateful_dataloader\Z")
 
 _HOMES = {
     "LakeDataset": "lakeckpt_tables.reader.dataset",

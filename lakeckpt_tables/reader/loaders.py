@@ -34,7 +34,6 @@ the fix. A loader with ``batch_size=None`` never collates: it costs nothing per 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
@@ -62,13 +61,6 @@ SNAPSHOT = "_snapshot"
 WORKER_SNAPSHOTS = "_worker_snapshots"
 DATASET_STATE = "dataset_state"
 ITERATOR_FINISHED = "_iterator_finished"
-
-# StatefulDataLoader.__init__ calls torch.set_vital, a no-op torch deprecated with a UserWarning
-# that every run of a loader this library is used with printed. The call is torchdata's, so the
-# filter names its module: a set_vital call of anyone else still warns. (docs/limits.md)
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning,
-                        module=r"torchdata\.stateful_dataloader\.stateful_dataloader\Z")
-
 
 def is_loader_state(state: Any) -> bool:
     """Whether ``state`` is a ``StatefulDataLoader.state_dict()`` (with or without workers)."""

@@ -6,9 +6,10 @@ imports neither torch nor the dataset: a command answers in a fraction of torch'
 
 from __future__ import annotations
 
-import importlib
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lakeckpt_tables.lazy import lazy_names
 
 if TYPE_CHECKING:
     from lakeckpt_tables.reader.convert import Ragged
@@ -58,11 +59,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(_HOMES[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, __all__)

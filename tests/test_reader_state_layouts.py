@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import (
+    LEGACY,
     SHUFFLERS,
     EpochPlan,
     Piece,
@@ -109,7 +110,7 @@ def test_a_damaged_compact_layout_is_refused_as_a_corrupt_state(change: Any,
 
 
 def _state(shape: tuple[int, int, int], layouts: dict[int, tuple[Piece, ...]],
-           slices: list[tuple[int, int]]) -> ReaderState:
+           slices: list[tuple[int, int] | None]) -> ReaderState:
     identity = TableIdentity("delta", "s3://lake/warehouse/pretrain/tokens_10tb",
                              "8d1f0c7e-3a52-4f1e-9b6c-2f0d6a9e4b11")
     config = {"seed": 1234, "shuffle": True, "shuffle_window": 128, "drop_last": False,
@@ -145,3 +146,16 @@ def test_every_worker_state_stays_under_64_kb_after_two_elastic_re_plans_of_256_
         sizes.append(_worker_bytes(_state((ranks, 8, 1024), layouts, [(0, 0)] * (ranks * 8))))
     assert len(layouts[0]) >= 5_632
     assert max(sizes) <= 64 * 1024, sizes
+
+
+def test_the_states_of_every_worker_share_one_decoded_layout() -> None:
+    """Rank 0 merges every worker's state, each carrying the same layout: decoded once
+    (1,024 states of 5,600 pieces took 29 s decoded one by one)."""
+    layout = tuple(Piece(((i * 10, i * 10 + 10),), i if i % 2 else None, 0, 10,
+                         SHUFFLERS[-1] if i % 2 else LEGACY) for i in range(50))
+    states = [json.loads(json.dumps(_state((2, 1, 5), {0: layout}, s).to_dict()))
+              for s in ([(0, 5), None], [None, (0, 10)])]
+    first, second = (ReaderState.from_dict(s).layouts[0] for s in states)
+    assert first == layout and first is second
+    assert merge_states(states).layouts == {0: layout}
+    assert encode_layout(first) == states[0]["layouts"]["0"]

@@ -4,15 +4,16 @@ NOTE [ compact layouts ]
 An elastic re-plan's layout has two pieces per old slice (the rest of a begun window, then
 the slice's whole windows not begun): 4,096 pieces after 256 x 8 slices were re-planned, and
 every worker's state carries it. As JSON (``[[[a, b]], seed, lo, hi, shuffler]`` per piece)
-that was 247 KiB a worker, 360 KiB after a second re-plan; zlib of that JSON still ~110 KB.
+that was 247 KiB a worker, 360 KiB after a second re-plan (zlib of that JSON: 110 KB).
 Encoded instead as columns of int64 (per piece: kind, span count, ``lo``, rows cut off the
 end; per span: the gap to the previous span's end, which is 0 where a layout's spans tile the
 base space as a re-plan's do, and its length; window seeds once each, in first-use order, and
 per seeded piece the index of its seed), each column's bytes split into 8 byte planes (zeros
-of small numbers end up in long runs), zlib, base85: 24 KB and 34 KB there. What remains is
-mostly the window seeds, 8 random bytes each: a derivation of the layout from the old shape
-and positions (smaller still) would need the table's units to decode a state, which the
-audits (``lakeckpt progress``, ``verify``) read without. The encoding is exact, so a state
+of small numbers end up in long runs), zlib, base85: 31 KB and 40 KB there (``lakeckpt
+bench scale``: a worker's state 40 KB and 45 KB). Half of it is the window seeds, 8 random
+bytes each. A derivation of the layout from the old shape and positions would be smaller
+still, but would need the table's units to decode a state, which the audits (``lakeckpt
+progress``, ``verify``) read without. The encoding is exact, so a state
 decoded from it plans the same rows in the same order; the JSON form of earlier states
 (a list of pieces) still loads. Base85 (no quote nor backslash in its alphabet) keeps the
 state JSON-clean and is a sixth shorter than base64.
@@ -21,6 +22,7 @@ state JSON-clean and is a sixth shorter than base64.
 from __future__ import annotations
 
 import base64
+import threading
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,23 +40,42 @@ KEY_COLUMNS = "columns"
 _KEYS = {KEY_PIECES, KEY_SHUFFLERS, KEY_COLUMNS}
 
 
-_last: tuple[Sequence[Piece], dict[str, Any]] | None = None
-"""The last layout encoded, and its form: a worker's every ``state_dict()`` carries the same
-layout object (10 ms a call at 6,000 pieces)."""
+_Key = tuple[int, tuple[str, ...], str]  # pieces, shufflers, columns
+_KEPT = 4
+_layouts: dict[_Key, tuple[Piece, ...]] = {}
+_forms: dict[int, tuple[tuple[Piece, ...], _Key]] = {}  # by id() of the layout it holds
+"""The last few layouts encoded or decoded, both ways. Every ``state_dict()`` of a worker
+encodes the same layout object (10 ms at 6,000 pieces), and rank 0 merges every worker's
+state, each with the same layout (1,024 states of 5,600 pieces: 29 s decoded one by one,
+0.3 s now)."""
+
+
+_lock = threading.Lock()
+
+
+def _remember(layout: tuple[Piece, ...], key: _Key) -> None:
+    with _lock:
+        if len(_layouts) >= _KEPT:
+            del _layouts[next(iter(_layouts))]
+        if len(_forms) >= _KEPT:
+            del _forms[next(iter(_forms))]
+        _layouts[key] = layout
+        _forms[id(layout)] = (layout, key)
 
 
 def encode_layout(layout: Sequence[Piece]) -> dict[str, Any]:
     """``layout`` as ``{"pieces": n, "shufflers": [name, ...], "columns": "<base85>"}``."""
-    global _last
-    last = _last
-    if not isinstance(layout, tuple):
-        return _encode(layout)
-    if last is None or last[0] is not layout:
-        last = _last = (layout, _encode(layout))
-    return {**last[1], KEY_SHUFFLERS: list(last[1][KEY_SHUFFLERS])}
+    known = _forms.get(id(layout))
+    if known is not None and known[0] is layout:
+        key = known[1]
+    else:
+        key = _encode(layout)
+        if isinstance(layout, tuple):
+            _remember(layout, key)
+    return {KEY_PIECES: key[0], KEY_SHUFFLERS: list(key[1]), KEY_COLUMNS: key[2]}
 
 
-def _encode(layout: Sequence[Piece]) -> dict[str, Any]:
+def _encode(layout: Sequence[Piece]) -> _Key:
     shufflers = sorted({p.shuffler for p in layout if p.seed is not None})
     kinds = [0 if p.seed is None else 1 + shufflers.index(p.shuffler) for p in layout]
     counts = [len(p.spans) for p in layout]
@@ -72,8 +93,8 @@ def _encode(layout: Sequence[Piece]) -> dict[str, Any]:
     columns = np.array([*kinds, *counts, *gaps, *lengths, *lo, *cut, *uses, *seeds],
                        dtype="<i8")
     planes = columns.view(np.uint8).reshape(-1, 8).T.tobytes()
-    return {KEY_PIECES: len(layout), KEY_SHUFFLERS: shufflers,
-            KEY_COLUMNS: base64.b85encode(zlib.compress(planes, 9)).decode("ascii")}
+    return (len(layout), tuple(shufflers),
+            base64.b85encode(zlib.compress(planes, 9)).decode("ascii"))
 
 
 def decode_layout(value: Any) -> tuple[Piece, ...]:
@@ -91,12 +112,21 @@ def decode_layout(value: Any) -> tuple[Piece, ...]:
     if (not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(text, str)
             or not isinstance(shufflers, list)):
         raise ValueError(f"malformed compact layout {value!r:.80}")
+    key = (n, tuple(map(str, shufflers)), text)
+    found = _layouts.get(key)
+    if found is None:
+        found = _decode(*key)
+        _remember(found, key)
+    return found
+
+
+def _decode(n: int, shufflers: tuple[str, ...], text: str) -> tuple[Piece, ...]:
     try:
         planes = zlib.decompress(base64.b85decode(text))
         if len(planes) % 8:
             raise ValueError("not whole int64 columns")
         columns = np.frombuffer(planes, dtype=np.uint8).reshape(8, -1).T.copy().view("<i8")
-        return _pieces(n, [str(s) for s in shufflers], columns.ravel())
+        return _pieces(n, list(shufflers), columns.ravel())
     except (ValueError, IndexError, zlib.error) as exc:
         raise ValueError(f"compact layout is damaged: {exc}") from exc
 

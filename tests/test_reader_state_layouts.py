@@ -94,6 +94,8 @@ def test_a_state_whose_layouts_are_in_the_older_json_form_reads_the_same_rows(
     (lambda c: {**c, "pieces": c["pieces"] + 1}, "compact layout is damaged"),
     (lambda c: {**c, "shufflers": []}, "compact layout is damaged"),
     (lambda c: {**c, "extra": 1}, "a layout is a list of pieces or a dict with keys"),
+    (lambda c: encode_layout([Piece(((2**62, 2**62 + 1),), None, 0, 1)] * 2),
+     "spans past any table"),
 ])
 def test_a_damaged_compact_layout_is_refused_as_a_corrupt_state(change: Any,
                                                                   named: str) -> None:

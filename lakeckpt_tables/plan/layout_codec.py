@@ -148,6 +148,8 @@ def _pieces(n: int, shufflers: list[str], values: np.ndarray[Any, Any]) -> tuple
     seeds = values[at + 2 * n + seeded:]
     if len(uses) < seeded or not np.array_equal(np.unique(uses), np.arange(len(seeds))):
         raise ValueError("columns too short, or seeds not each used once at least")
+    if np.abs(gaps).sum(dtype=np.float64) + np.abs(lengths).sum(dtype=np.float64) >= 2**62:
+        raise ValueError("spans past any table")  # and no int64 sum below overflows
     ends = np.cumsum(gaps + lengths)
     starts = ends - lengths
     cum = np.concatenate([[0], np.cumsum(lengths)])

@@ -4,7 +4,10 @@ NOTE [ compact layouts ] in ``lakeckpt_tables.plan.layout_codec``): exact, a few
 
 from __future__ import annotations
 
+import base64
 import json
+import re
+import zlib
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +19,7 @@ from hypothesis import strategies as st
 
 from lakeckpt_tables.errors import StateMismatchError
 from lakeckpt_tables.plan import (
+    FEISTEL,
     LEGACY,
     SHUFFLERS,
     EpochPlan,
@@ -109,6 +113,29 @@ def test_a_damaged_compact_layout_is_refused_as_a_corrupt_state(change: Any,
     with pytest.raises(StateMismatchError, match="reader state is corrupt") as info:
         ReaderState.from_dict(state)
     assert named in str(info.value)
+
+
+def _form(n: int, values: list[int], shufflers: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A compact layout of ``n`` pieces holding ``values`` (the columns, flat)."""
+    planes = np.array(values, dtype="<i8").view(np.uint8).reshape(-1, 8).T.tobytes()
+    return {"pieces": n, "shufflers": list(shufflers),
+            "columns": base64.b85encode(zlib.compress(planes)).decode()}
+
+
+@pytest.mark.parametrize(("form", "named"), [
+    (_form(1, [0, 1, 0, 5, 0]), "5 values for 1 pieces of 1 spans"),  # no "cut" column
+    (_form(1, [0, 1, 0, 5, 0, 0, 7]), "a seed no piece uses"),
+    (_form(1, [1, 1, 0, 5, 0, 0, 1, 7], (FEISTEL,)), "a piece using no seed"),  # seed 1
+    (_form(1, [1, 1, 0, 5, 0, 0, 0, 7], ("pcg65",)), "unknown shuffler"),
+    (_form(1, [0, 1, -1, 5, 0, 0]), "spans or [lo, hi) out of range"),
+    (_form(1, [0, 1, 0, 5, 3, 3]), "spans or [lo, hi) out of range"),
+])
+def test_compact_columns_that_do_not_add_up_are_refused_naming_what(form: dict[str, Any],
+                                                                      named: str) -> None:
+    assert decode_layout(_form(1, [1, 1, 0, 5, 2, 1, 0, 7], (FEISTEL,))) == (
+        Piece(((0, 5),), 7, 2, 4, FEISTEL),)  # the columns of one well-formed piece
+    with pytest.raises(ValueError, match=re.escape(named)):
+        decode_layout(form)
 
 
 def _state(shape: tuple[int, int, int], layouts: dict[int, tuple[Piece, ...]],

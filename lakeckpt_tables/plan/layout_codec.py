@@ -135,8 +135,7 @@ def _pieces(n: int, shufflers: list[str], values: np.ndarray[Any, Any]) -> tuple
     """The pieces of ``n`` from the flat columns, checked as :meth:`Piece.from_json` checks
     one (at once: a 6,000-piece layout decodes in a few ms)."""
     kinds, counts = values[:n], values[n:2 * n]
-    if (len(counts) < n or (counts < 0).any() or (kinds < 0).any()
-            or (kinds > len(shufflers)).any()):
+    if (counts < 0).any() or (kinds < 0).any() or (kinds > len(shufflers)).any():
         raise ValueError("bad piece kinds or span counts")
     if any(name not in SHUFFLERS for name in shufflers):
         raise ValueError(f"unknown shuffler in {shufflers}")
@@ -146,8 +145,10 @@ def _pieces(n: int, shufflers: list[str], values: np.ndarray[Any, Any]) -> tuple
     lo, cut, uses = values[at:at + n], values[at + n:at + 2 * n], values[at + 2 * n:
                                                                        at + 2 * n + seeded]
     seeds = values[at + 2 * n + seeded:]
-    if len(uses) < seeded or not np.array_equal(np.unique(uses), np.arange(len(seeds))):
-        raise ValueError("columns too short, or seeds not each used once at least")
+    if len(values) < at + 2 * n + seeded:
+        raise ValueError(f"{len(values)} values for {n} pieces of {spans} spans")
+    if not np.array_equal(np.unique(uses), np.arange(len(seeds))):
+        raise ValueError("a seed no piece uses, or a piece using no seed")
     if np.abs(gaps).sum(dtype=np.float64) + np.abs(lengths).sum(dtype=np.float64) >= 2**62:
         raise ValueError("spans past any table")  # and no int64 sum below overflows
     ends = np.cumsum(gaps + lengths)
@@ -163,8 +164,8 @@ def _pieces(n: int, shufflers: list[str], values: np.ndarray[Any, Any]) -> tuple
     seed_of = seeds[uses].tolist()
     out: list[Piece] = []
     used = 0
-    for k, c, f, a, b in zip(kinds.tolist(), counts.tolist(), first.tolist(), lo.tolist(),
-                             (totals - cut).tolist(), strict=False):
+    for k, c, f, a, b in zip(kinds.tolist(), counts.tolist(), first[:-1].tolist(), lo.tolist(),
+                             (totals - cut).tolist(), strict=True):
         seed = None
         if k:
             seed, used = seed_of[used], used + 1

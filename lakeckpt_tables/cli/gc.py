@@ -7,7 +7,9 @@ Tags given after the commit (``lakeckpt tag``) are honoured too: they live in th
 by a commit that crashed before landing, provably named by no log entry, older than the grace
 period) are removed too (``DeltaLedger.remove_orphans``), and so are the files a compaction
 replaced more than a week ago (``DeltaLedger.remove_replaced``; ``--replaced-older-than-hours``):
-nothing else of the ledger.
+nothing else of the ledger. An Iceberg ledger's files that no snapshot it keeps names (a
+compaction expires the snapshots of the files it replaced) are removed past the orphans' grace
+period (``IcebergLedger.remove_orphans``).
 Removing a committed checkpoint's model files records a ``removed`` event, so ``lakeckpt
 checkpoints`` shows it ``removed`` (not restorable).
 """
@@ -38,8 +40,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="grace period of orphan ledger files (default 24: a commit may "
                         "be writing a younger file)")
     parser.add_argument("--replaced-older-than-hours", type=int, default=None, metavar="H",
-                        help="keep ledger files a compaction replaced this long (default 168: "
-                        "an audit of an older ledger version may still read them)")
+                        help="keep Delta ledger files a compaction replaced this long (default "
+                        "168: an audit of an older ledger version may still read them)")
     parser.add_argument("--dry-run", action="store_true", help="list, remove nothing")
     add_output(parser)
 
@@ -82,13 +84,15 @@ def _ledger_orphans(args: argparse.Namespace, ledger: Any) -> list[dict[str, str
     from lakeckpt_tables.ledger.delta import DeltaLedger
     from lakeckpt_tables.ledger.delta_upkeep import ORPHAN_GRACE_HOURS, REPLACED_GRACE_HOURS
 
-    if not isinstance(ledger, DeltaLedger):
-        return []
     orphans = ORPHAN_GRACE_HOURS if args.orphans_older_than_hours is None \
         else args.orphans_older_than_hours
     replaced = REPLACED_GRACE_HOURS if args.replaced_older_than_hours is None \
         else args.replaced_older_than_hours
-    paths = ledger.remove_replaced(older_than_hours=replaced, dry_run=args.dry_run)
+    paths = []
+    if isinstance(ledger, DeltaLedger):
+        paths += ledger.remove_replaced(older_than_hours=replaced, dry_run=args.dry_run)
+    # an Iceberg ledger's compaction expires the snapshots naming the files it replaced: they
+    # are orphans then
     paths += ledger.remove_orphans(older_than_hours=orphans, dry_run=args.dry_run)
     return [{"run_id": "(ledger)", "location": f"{ledger.describe()}/{path}"} for path in paths]
 

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pa_ds
+import pyarrow.fs as pa_fs
 
 from lakeckpt_tables.errors import LakeckptError, LedgerCorruptError, LedgerError, StorageError
 from lakeckpt_tables.io import Storage
@@ -38,20 +39,29 @@ class LedgerSnapshot:
     Attributes:
         where: the ledger's spec (``delta:<uri>`` or ``iceberg:<ns.table>``).
         version: the Delta version or Iceberg snapshot id read (None: an empty Iceberg table).
-        catalog: the pyiceberg catalog of an Iceberg ledger (to find Iceberg sources).
         dataset: the lazy dataset of a Delta ledger, None when the rows are in memory.
     """
 
     def __init__(self, where: str, version: int | None, rows: pa.Table | None = None,
                  catalog: Any = None, *, dataset: pa_ds.Dataset | None = None,
                  consumed: Callable[[], pa.Table] | None = None,
-                 damaged: Callable[[Exception], LakeckptError] | None = None) -> None:
+                 damaged: Callable[[Exception], LakeckptError] | None = None,
+                 load_catalog: Callable[[], Any] | None = None) -> None:
         if (rows is None) == (dataset is None):
             raise ValueError("a ledger snapshot holds either rows or a dataset")
-        self.where, self.version, self.catalog, self.dataset = where, version, catalog, dataset
+        self.where, self.version, self.dataset = where, version, dataset
+        self._catalog, self._load_catalog = catalog, load_catalog
         self._rows = rows
         self._consumed = consumed
         self._damaged = damaged
+
+    @property
+    def catalog(self) -> Any:
+        """The pyiceberg catalog of an Iceberg ledger (to find Iceberg sources), loaded on
+        first use when the ledger was read without it (NOTE [ direct iceberg read ])."""
+        if self._catalog is None and self._load_catalog is not None:
+            self._catalog, self._load_catalog = self._load_catalog(), None
+        return self._catalog
 
     @functools.cached_property
     def rows(self) -> pa.Table:
@@ -99,7 +109,8 @@ def read_ledger(target: Any, *, catalog: Any = None,
     Args:
         target: a checkpoint root (its ``_ledger`` directory, or the ledger directory
             itself), ``"delta:<uri>"``, ``"iceberg:<namespace.table>"``, or a ledger object.
-        catalog: the pyiceberg catalog of an ``iceberg:`` spec; the default catalog when None.
+        catalog: the pyiceberg catalog of an ``iceberg:`` spec (an object, or a name or SQL
+            catalog URI to load); the default catalog when None.
         storage_options: storage options of the ledger's store (NOTE [ storage options ] in
             :mod:`lakeckpt_tables.io.options`); for an Iceberg ledger, of its catalog's
             warehouse (NOTE [ iceberg ledger store ] in :mod:`lakeckpt_tables.ledger.iceberg`).
@@ -198,6 +209,13 @@ def damage_error(target: Any, cause: Exception, *,
 
 def _iceberg(identifier: str, catalog: Any,
              storage_options: Mapping[str, str] | None = None) -> LedgerSnapshot:
+    if isinstance(catalog, str):
+        direct = _iceberg_direct(identifier, catalog)
+        if direct is not None:
+            return direct
+        from lakeckpt_tables.audit.registry import load_catalog
+
+        catalog = load_catalog(catalog)
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
     from lakeckpt_tables.ledger.iceberg import with_store
@@ -233,6 +251,38 @@ def _iceberg(identifier: str, catalog: Any,
         raise LedgerError(f"ledger {where} could not be read: {e}") from e
     return LedgerSnapshot(f"iceberg:{identifier}", int(current.snapshot_id), _conform(rows),
                           catalog)
+
+
+def _iceberg_direct(identifier: str, uri: str) -> LedgerSnapshot | None:
+    """The ledger read without pyiceberg, or None (NOTE [ direct iceberg read ]); its catalog
+    is loaded when a source lookup needs it. Read as ``IcebergFiles`` reads it: a lazy dataset
+    of the live files, consumption totals from their summaries."""
+    if "://" not in uri:
+        return None
+    from lakeckpt_tables.audit.iceberg_direct import read_direct
+
+    found = read_direct(identifier, uri)
+    if found is None or found.properties.get(s.FORMAT_PROPERTY) != str(s.LEDGER_FORMAT_VERSION):
+        return None  # pyiceberg's path reads it, or names what is wrong
+    from lakeckpt_tables.audit.registry import load_catalog
+    from lakeckpt_tables.ledger.summary import consumed, read_summary
+
+    fs, base = pa_fs.LocalFileSystem(), found.base
+
+    def dataset(paths: list[str]) -> pa_ds.Dataset:
+        return pa_ds.dataset(paths, schema=s.LEDGER_SCHEMA, filesystem=fs, format="parquet")
+
+    def summary_of(path: str, size: int) -> pa.Table | None:
+        relative = path[len(base) + 1:] if path.startswith(base + "/") else path
+        return read_summary(fs, base, relative, size)
+
+    def totals() -> pa.Table:
+        return consumed(found.files, summary_of, lambda paths, columns: dataset(paths).to_table(
+            columns=columns, filter=pc.field(s.RECORD) == s.RECORD_CONSUMPTION))
+
+    return LedgerSnapshot(f"iceberg:{identifier}", found.snapshot_id,
+                          dataset=dataset([path for path, _ in found.files]), consumed=totals,
+                          load_catalog=functools.partial(load_catalog, uri))
 
 
 def _from_object(ledger: Any) -> LedgerSnapshot:

@@ -111,8 +111,10 @@ def connect(target: Any = None, *, catalog: Any = None,
         target: a checkpoint root, ``"delta:<uri>"``, ``"iceberg:<namespace.table>"``, or a
             ledger object. None with ``catalog``: every ledger the runs registered in that
             catalog name (:mod:`lakeckpt_tables.audit.registry`).
-        catalog: a pyiceberg catalog (or the name of one pyiceberg can load): where an
-            ``iceberg:`` target lives, and, without a target, whose registered runs to read.
+        catalog: a pyiceberg catalog (or the name or SQL catalog URI of one pyiceberg can
+            load): where an ``iceberg:`` target lives, and, without a target, whose
+            registered runs to read. A URI is loaded only when a lookup needs the catalog
+            (NOTE [ direct iceberg read ] in :mod:`lakeckpt_tables.audit.iceberg_direct`).
         storage_options: storage options of the ledger, the checkpoints and Delta sources,
             as ``CheckpointManager(storage_options=)`` takes them; None for the environment's.
         source_catalog: the catalog holding the runs' Iceberg sources when it is neither the
@@ -129,8 +131,8 @@ def connect(target: Any = None, *, catalog: Any = None,
             read.
         AuditError: ``stale_after`` is not a multiple or a duration.
     """
-    catalog = _load_catalog(catalog)
     if target is None:
+        catalog = _load_catalog(catalog)
         if catalog is None:
             raise LedgerError("connect() needs a target (checkpoint root or ledger spec) or "
                               "catalog= to read every run registered there")
@@ -183,9 +185,11 @@ def connect_snapshots(snapshots: Iterable[LedgerSnapshot], *,
         return pa.concat_tables(parts) if parts else \
             s.LEDGER_SCHEMA.empty_table().select(columns)
 
-    catalogs = [sn.catalog for sn in snapshots if sn.catalog is not None]
+    def ledger_catalog() -> Any:  # loaded only when a source lookup needs it
+        return next((sn.catalog for sn in snapshots if sn.catalog is not None), None)
+
     con.register("_pass_sizes", pass_sizes(scan, look_up_sources=look_up_sources,
-                                           catalog=catalogs[0] if catalogs else None,
+                                           ledger_catalog=ledger_catalog,
                                            storage_options=storage_options,
                                            source_catalog=source_catalog))
     con.register("_source_versions", _source_versions(scan, storage_options)
@@ -223,7 +227,8 @@ Scan = Callable[[pc.Expression, list[str]], pa.Table]
 """Reads the ledger rows matching a filter, with the given columns."""
 
 
-def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
+def pass_sizes(scan: Scan, *, look_up_sources: bool = True,
+               ledger_catalog: Callable[[], Any] | None = None,
                storage_options: Mapping[str, str] | None = None,
                source_catalog: Any = None) -> pa.Table:
     """Rows in each pass (segment, epoch) of each run and Mixture source (``source_key``,
@@ -278,7 +283,7 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
                         "from_version": detail.get("from_version"),
                         "to_version": detail.get("to_version"), "origin": "segment"}
     if look_up_sources:
-        for key, size in _pinned_sizes(scan, out, catalog, storage_options,
+        for key, size in _pinned_sizes(scan, out, ledger_catalog, storage_options,
                                        source_catalog).items():
             size["delivered"] = size["rows"] - undelivered.get(key, 0)
             out[key] = size
@@ -293,7 +298,8 @@ def pass_sizes(scan: Scan, *, look_up_sources: bool = True, catalog: Any = None,
     }, schema=PASS_SIZES_SCHEMA)
 
 
-def _pinned_sizes(scan: Scan, known: dict[tuple[str, int, int], Any], catalog: Any,
+def _pinned_sizes(scan: Scan, known: dict[tuple[str, int, int], Any],
+                  ledger_catalog: Callable[[], Any] | None,
                   storage_options: Mapping[str, str] | None,
                   source_catalog: Any) -> dict[tuple[str, int, int], dict[str, Any]]:
     """Epochs of the pinned snapshot (segment 0) of every run, sized from table metadata."""
@@ -331,7 +337,8 @@ def _pinned_sizes(scan: Scan, known: dict[tuple[str, int, int], Any], catalog: A
         where = (c[s.SOURCE_FORMAT], c[s.SOURCE_LOCATION], int(c[s.SOURCE_VERSION]))
         key = (where[1], where[2])
         if key not in sizes:
-            sizes[key] = _snapshot_rows(*where, catalog=catalog,
+            ledger = ledger_catalog() if ledger_catalog and where[0] == "iceberg" else None
+            sizes[key] = _snapshot_rows(*where, catalog=ledger,
                                         storage_options=storage_options,
                                         source_catalog=source_catalog,
                                         recorded=recorded.get(where[1]))

@@ -247,3 +247,32 @@ def test_cli_progress_imports_neither_sqlalchemy_nor_pyiceberg_and_answers_the_s
     monkeypatch.setattr(direct, "read_direct", lambda identifier, uri: None)  # pyiceberg's
     assert main(argv) == 0
     assert json.loads(done.stdout) == json.loads(capsys.readouterr().out)
+
+
+def test_the_default_catalog_is_read_directly_unless_configured_otherwise(
+        table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No catalog given: the packaged default's SQLite file, read directly as pyiceberg reads
+    it; a pyiceberg configuration (environment or file) may point elsewhere: pyiceberg's."""
+    from lakeckpt_tables.sources.iceberg import default_catalog, default_catalog_uri
+
+    for name in [n for n in os.environ if n.lower().startswith("pyiceberg_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    uri = default_catalog_uri()
+    assert uri == f"sqlite:///{tmp_path}/home/catalog.db"
+    _fill(default_catalog(), "ml.ledger", table, iceberg_run=False)
+    fast, slow = read_ledger("iceberg:ml.ledger"), read_ledger(
+        "iceberg:ml.ledger", catalog=default_catalog())
+    assert direct.read_direct("ml.ledger", uri) is not None
+    assert fast.version == slow.version
+    assert fast.scan().sort_by("checksum").equals(slow.scan().sort_by("checksum"))
+    assert fast.catalog.properties["warehouse"] == f"file://{tmp_path}/home/warehouse"
+    (tmp_path / ".pyiceberg.yaml").write_text("catalog: {}\n")
+    assert default_catalog_uri() is None
+    (tmp_path / ".pyiceberg.yaml").unlink()
+    monkeypatch.setenv("PYICEBERG_CATALOG__LAKECKPT__URI", f"sqlite:///{tmp_path}/other.db")
+    assert default_catalog_uri() is None
+    with pytest.raises(LedgerError, match=r"no ledger iceberg:ml\.ledger"):
+        read_ledger("iceberg:ml.ledger")  # the configured catalog, which has no such ledger

@@ -209,12 +209,19 @@ def damage_error(target: Any, cause: Exception, *,
 
 def _iceberg(identifier: str, catalog: Any,
              storage_options: Mapping[str, str] | None = None) -> LedgerSnapshot:
-    if isinstance(catalog, str):
-        direct = _iceberg_direct(identifier, catalog)
+    from lakeckpt_tables.audit.registry import load_catalog
+
+    if catalog is None:  # the default catalog: read directly unless configured otherwise
+        from lakeckpt_tables.sources.iceberg import default_catalog, default_catalog_uri
+
+        uri = default_catalog_uri()
+        direct = _iceberg_direct(identifier, uri, default_catalog) if uri else None
         if direct is not None:
             return direct
-        from lakeckpt_tables.audit.registry import load_catalog
-
+    if isinstance(catalog, str):
+        direct = _iceberg_direct(identifier, catalog, functools.partial(load_catalog, catalog))
+        if direct is not None:
+            return direct
         catalog = load_catalog(catalog)
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
@@ -253,10 +260,11 @@ def _iceberg(identifier: str, catalog: Any,
                           catalog)
 
 
-def _iceberg_direct(identifier: str, uri: str) -> LedgerSnapshot | None:
+def _iceberg_direct(identifier: str, uri: str,
+                    load: Callable[[], Any]) -> LedgerSnapshot | None:
     """The ledger read without pyiceberg, or None (NOTE [ direct iceberg read ]); its catalog
-    is loaded when a source lookup needs it. Read as ``IcebergFiles`` reads it: a lazy dataset
-    of the live files, consumption totals from their summaries."""
+    is loaded by ``load`` when a source lookup needs it. Read as ``IcebergFiles`` reads it: a
+    lazy dataset of the live files, consumption totals from their summaries."""
     if "://" not in uri:
         return None
     from lakeckpt_tables.audit.iceberg_direct import read_direct
@@ -264,7 +272,6 @@ def _iceberg_direct(identifier: str, uri: str) -> LedgerSnapshot | None:
     found = read_direct(identifier, uri)
     if found is None or found.properties.get(s.FORMAT_PROPERTY) != str(s.LEDGER_FORMAT_VERSION):
         return None  # pyiceberg's path reads it, or names what is wrong
-    from lakeckpt_tables.audit.registry import load_catalog
     from lakeckpt_tables.ledger.summary import consumed, read_summary
 
     fs, base = pa_fs.LocalFileSystem(), found.base
@@ -282,7 +289,7 @@ def _iceberg_direct(identifier: str, uri: str) -> LedgerSnapshot | None:
 
     return LedgerSnapshot(f"iceberg:{identifier}", found.snapshot_id,
                           dataset=dataset([path for path, _ in found.files]), consumed=totals,
-                          load_catalog=functools.partial(load_catalog, uri))
+                          load_catalog=load)
 
 
 def _from_object(ledger: Any) -> LedgerSnapshot:

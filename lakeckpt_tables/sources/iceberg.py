@@ -63,6 +63,16 @@ def default_catalog() -> Any:
     return load_catalog(DEFAULT_CATALOG_NAME, **props)
 
 
+def default_catalog_uri() -> str | None:
+    """default_catalog's URI unless pyiceberg is configured (NOTE [ direct iceberg read ])."""
+    if any(name.lower().startswith("pyiceberg_") for name in os.environ) or any(
+            (Path(d) / ".pyiceberg.yaml").exists() for d in (Path.home(), Path.cwd())):
+        return None
+    props = _default_catalog_properties()
+    return props["uri"] if set(props) == {"type", "uri", "warehouse"} and \
+        props["type"] == "sql" else None
+
+
 class IcebergSource:
     """An Iceberg table in a pyiceberg catalog.
 

@@ -263,12 +263,13 @@ def test_the_default_catalog_is_read_directly_unless_configured_otherwise(
     uri = default_catalog_uri()
     assert uri == f"sqlite:///{tmp_path}/home/catalog.db"
     _fill(default_catalog(), "ml.ledger", table, iceberg_run=False)
-    fast, slow = read_ledger("iceberg:ml.ledger"), read_ledger(
-        "iceberg:ml.ledger", catalog=default_catalog())
+    slow = read_ledger("iceberg:ml.ledger", catalog=default_catalog())
     assert direct.read_direct("ml.ledger", uri) is not None
-    assert fast.version == slow.version
-    assert fast.scan().sort_by("checksum").equals(slow.scan().sort_by("checksum"))
-    assert fast.catalog.properties["warehouse"] == f"file://{tmp_path}/home/warehouse"
+    for name in (None, "lakeckpt"):
+        fast = read_ledger("iceberg:ml.ledger", catalog=name)
+        assert fast.version == slow.version
+        assert fast.scan().sort_by("checksum").equals(slow.scan().sort_by("checksum"))
+        assert fast.catalog.properties["warehouse"] == f"file://{tmp_path}/home/warehouse"
     (tmp_path / ".pyiceberg.yaml").write_text("catalog: {}\n")
     assert default_catalog_uri() is None
     (tmp_path / ".pyiceberg.yaml").unlink()

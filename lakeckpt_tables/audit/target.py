@@ -210,27 +210,28 @@ def damage_error(target: Any, cause: Exception, *,
 def _iceberg(identifier: str, catalog: Any,
              storage_options: Mapping[str, str] | None = None) -> LedgerSnapshot:
     from lakeckpt_tables.audit.registry import load_catalog
+    from lakeckpt_tables.sources.iceberg import (
+        DEFAULT_CATALOG_NAME,
+        default_catalog,
+        default_catalog_uri,
+    )
 
-    if catalog is None:  # the default catalog: read directly unless configured otherwise
-        from lakeckpt_tables.sources.iceberg import default_catalog, default_catalog_uri
-
-        uri = default_catalog_uri()
-        direct = _iceberg_direct(identifier, uri, default_catalog) if uri else None
-        if direct is not None:
-            return direct
-    if isinstance(catalog, str):
-        direct = _iceberg_direct(identifier, catalog, functools.partial(load_catalog, catalog))
-        if direct is not None:
-            return direct
-        catalog = load_catalog(catalog)
+    load: Callable[[], Any] | None = None
+    if catalog is None:
+        load = default_catalog
+    elif isinstance(catalog, str):
+        load = functools.partial(load_catalog, catalog)
+    # read without pyiceberg where it can be (NOTE [ direct iceberg read ]), else loaded
+    uri = default_catalog_uri() if catalog in (None, DEFAULT_CATALOG_NAME) else catalog
+    direct = _iceberg_direct(identifier, uri, load) if load and isinstance(uri, str) else None
+    if direct is not None:
+        return direct
+    if load is not None:
+        catalog = load()
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
     from lakeckpt_tables.ledger.iceberg import with_store
 
-    if catalog is None:
-        from lakeckpt_tables.sources.iceberg import default_catalog
-
-        catalog = default_catalog()
     warehouse = catalog.properties.get("warehouse")
     if storage_options and warehouse:
         catalog = with_store(catalog, Storage(warehouse, storage_options))

@@ -2,9 +2,11 @@
 
 Read commands never write. :func:`~lakeckpt_tables.ledger.open_ledger` creates a missing
 ledger (a run needs one); here a missing ledger is an error and nothing is created. Every
-read goes through the table format's own reader (deltalake, pyiceberg) at ONE version, so a
-compaction that left its replaced files on disk is never double counted, and every view of a
-connection sees the same commit.
+read lists the live files of ONE version as the table format's own reader does (deltalake,
+pyiceberg; or, for a local Iceberg ledger of a SQL catalog, its metadata read directly:
+NOTE [ direct iceberg read ] in :mod:`lakeckpt_tables.audit.iceberg_direct`), so a compaction
+that left its replaced files on disk is never double counted, and every view of a connection
+sees the same commit.
 """
 
 from __future__ import annotations

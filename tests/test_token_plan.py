@@ -137,15 +137,14 @@ def test_a_packed_batch_splits_a_document_with_its_positions(tmp_path):
     assert np.asarray(ids).dtype == np.int64
 
 
-@pytest.mark.parametrize("chunk", [1, 20, 1 << 16])
-def test_packing_a_unit_in_several_calls_gives_the_same_batches(source, monkeypatch, chunk):
-    from lakeckpt_tables.reader import token_plan
-
+@pytest.mark.parametrize("batch_size", [1, 3, 1000])
+def test_the_batch_size_cuts_the_same_stream_into_full_batches(source, batch_size):
     plan, units, reader = plan_of(source, 2)
-    whole = [run(plan, units, reader, q, batch_size=5) for q in range(2)]
-    monkeypatch.setattr(token_plan, "CHUNK_TOKENS", chunk)  # a call packs max(5, chunk // L)
     for q in range(2):
-        again = run(plan, units, reader, q, batch_size=5)
-        assert [(b[0].tolist(), b[1].tolist(), b[2]) for b in again] == [
-            (b[0].tolist(), b[1].tolist(), b[2]) for b in whole[q]]
-        assert all(len(b[0]) == 5 for b in again[:-1])
+        whole = run(plan, units, reader, q, batch_size=4)
+        again = run(plan, units, reader, q, batch_size=batch_size)
+        assert tokens_of(again) == tokens_of(whole)
+        assert [p for b in again for p in b[1].ravel().tolist()] == [
+            p for b in whole for p in b[1].ravel().tolist()]
+        assert all(len(b[0]) == batch_size for b in again[:-1])
+        assert again[-1][2] == whole[-1][2] == plan.per_slice

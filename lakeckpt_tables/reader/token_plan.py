@@ -31,7 +31,6 @@ Rows are permuted by row group, not within one: a document is read whole from it
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,18 +40,13 @@ import pyarrow as pa
 
 from lakeckpt_tables.errors import PackingError
 from lakeckpt_tables.plan.pieces import cut_spans
-from lakeckpt_tables.reader.packing import stream_pieces
+from lakeckpt_tables.reader.packing import StreamWriter, warn_eos
 from lakeckpt_tables.reader.readahead import ReadAhead
 from lakeckpt_tables.types import Unit
 
 __all__ = ["TokenPlan", "packed_batches", "stream_sizes"]
 
 Interval = tuple[int, int]
-CHUNK_TOKENS = 1 << 15
-"""Stream elements computed per numpy pass at least (256 KiB of int64 ids, as much of
-positions): numpy's fixed cost per call spread over several batches, the arrays still in
-cache (2026-11-25, a 1M-token row group, CPU time: 2.2 ns a token at 2^15, 2.7 at 2^14, 3.6
-at 2^16, 5.2 at 2^17)."""
 _TAG = 0x7061636B  # "pack": the token plan's permutations are its own
 
 
@@ -179,8 +173,9 @@ def packed_batches(plan: TokenPlan, units: Sequence[Unit], q: int, start: int, *
 
     ``read(unit)`` gives the unit's live rows with the token column: ``read_ahead`` units are
     read ahead on threads (NOTE [ read-ahead ] in ``reader/readahead.py``) while this thread
-    packs. Each unit's share of the slice's stream is computed a piece at a time as batches
-    are cut (``packing.stream_pieces``), as views of one piece where a batch lies in it.
+    packs. Each batch's two arrays are allocated once and the units' shares of the slice's
+    stream written straight into them (``packing.StreamWriter``): no piece is joined or
+    copied again, and torch takes the arrays as they are.
     """
     starts = plan.starts
     jobs: list[tuple[int, int, int]] = []  # (unit in stream order, first, end): unit-relative
@@ -202,41 +197,33 @@ def packed_batches(plan: TokenPlan, units: Sequence[Unit], q: int, start: int, *
         return read(units[plan.order[k]]).column(column), first, end
 
     want = batch_size * seq_len
-    held: deque[tuple[Any, Any]] = deque()
-    have = inside = 0
+    ids = positions = _EMPTY
+    fill = inside = 0  # stream elements (and eos inside documents) in the batch being filled
     position = start
+    stream = None
     for array, first, end in ReadAhead(work, jobs, depth=read_ahead,
                                        size=lambda r: r[0].nbytes):
-        for ids, positions, found in stream_pieces(array, first, end, eos_id=eos_id,
-                                                   piece=max(CHUNK_TOKENS, want)):
-            held.append((ids, positions))
-            have, inside = have + len(ids), inside + found
-            while have >= want:
-                ids, pos = _take(held, want)
-                have, position = have - want, position + batch_size
-                yield ids.reshape(-1, seq_len), pos.reshape(-1, seq_len), position, inside
-                inside = 0
-    if have:  # the slice's last batch: fewer sequences (its intervals hold whole ones)
-        ids, pos = _take(held, have)
-        yield ids.reshape(-1, seq_len), pos.reshape(-1, seq_len), position + have // seq_len, \
-            inside
+        stream = StreamWriter.of(array, eos_id=eos_id, reuse=stream)
+        if end > stream.total:
+            raise PackingError(f"stream elements up to {end} were planned, but the rows hold "
+                               f"{stream.total}: a data file's footer statistics disagree with "
+                               "its rows. Rewrite the file (or report it), and start the run "
+                               "again")
+        while first < end:
+            if fill == 0:  # the batch's own memory: the tensors handed out keep it
+                ids, positions = np.empty(want, np.int64), np.empty(want, np.int64)
+            n = min(end - first, want - fill)
+            found = stream.write(first, first + n, ids[fill:fill + n], positions[fill:fill + n])
+            if found:
+                warn_eos(eos_id, found)
+            first, fill, inside = first + n, fill + n, inside + found
+            if fill == want:
+                position += batch_size
+                yield ids.reshape(-1, seq_len), positions.reshape(-1, seq_len), position, inside
+                fill = inside = 0
+    if fill:  # the slice's last batch: fewer sequences (its intervals hold whole ones)
+        yield (ids[:fill].reshape(-1, seq_len), positions[:fill].reshape(-1, seq_len),
+               position + fill // seq_len, inside)
 
 
-def _take(held: deque[tuple[Any, Any]], n: int) -> tuple[Any, Any]:
-    """The next ``n`` stream elements (ids, positions) of ``held``: views of one piece when
-    they lie in it, else joined."""
-    ids, pos = held.popleft()
-    if len(ids) >= n:
-        if len(ids) > n:
-            held.appendleft((ids[n:], pos[n:]))
-        return ids[:n], pos[:n]
-    parts = [(ids, pos)]
-    got = len(ids)
-    while got < n:
-        ids, pos = held.popleft()
-        if got + len(ids) > n:
-            held.appendleft((ids[n - got:], pos[n - got:]))
-            ids, pos = ids[:n - got], pos[:n - got]
-        parts.append((ids, pos))
-        got += len(ids)
-    return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
+_EMPTY = np.empty(0, np.int64)

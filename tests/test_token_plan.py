@@ -137,6 +137,32 @@ def test_a_packed_batch_splits_a_document_with_its_positions(tmp_path):
     assert np.asarray(ids).dtype == np.int64
 
 
+def test_eos_ids_inside_documents_are_counted_in_the_batch_that_holds_them(tmp_path):
+    from deltalake import write_deltalake
+
+    from lakeckpt_tables import DeltaSource
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 4, rng.integers(0, 12)).tolist() for _ in range(60)]
+    docs[10:20] = [[d + 1 for d in doc] for doc in docs[10:20]]  # a stretch without eos
+    write_deltalake(str(tmp_path), pa.table({"tokens": pa.array(docs, pa.list_(pa.int64()))}))
+    snap = DeltaSource(str(tmp_path)).snapshot()
+    reader = snap.row_reader()
+    plan = TokenPlan.of(stream_sizes(reader, snap.units, "tokens"), slices=1, seq_len=3,
+                        seed=0, epoch=0, shuffle=False)
+    inside = [int(t == 0) for d in docs for t in [*d, None]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EosInDocumentWarning)
+        batches = list(packed_batches(
+            plan, snap.units, 0, 0, read=lambda u: reader.read(u, ["tokens"]),
+            column="tokens", seq_len=3, eos_id=0, batch_size=2))
+    a = 0
+    for ids, _, _, count in batches:
+        assert count == sum(inside[a:a + ids.size])
+        a += ids.size
+    assert a == plan.per_slice * 3 and sum(b[3] for b in batches) > 0
+
+
 @pytest.mark.parametrize("batch_size", [1, 3, 1000])
 def test_the_batch_size_cuts_the_same_stream_into_full_batches(source, batch_size):
     plan, units, reader = plan_of(source, 2)

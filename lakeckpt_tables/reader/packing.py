@@ -245,6 +245,11 @@ class StreamWriter:
         offsets, values = _buffers(array)
         return cls(offsets, values, eos_id=eos_id, reuse=reuse)
 
+    @property
+    def clean(self) -> bool:
+        """Whether no document holds the eos id (a write's count is then 0)."""
+        return self._inside is None
+
     def write(self, a: int, b: int, ids: _Int, positions: _Int) -> int:
         """Stream elements ``[a, b)`` into ``ids`` and their position ids into ``positions``
         (each ``b - a`` long); returns the eos ids among their document tokens.

@@ -47,11 +47,12 @@ from lakeckpt_tables.types import Unit
 __all__ = ["TokenPlan", "packed_batches", "stream_sizes"]
 
 Interval = tuple[int, int]
-GROUP_TOKENS = 1 << 16
+GROUP_TOKENS = 1 << 15
 """Stream elements written into one pair of arrays at least, the batches handed out as views
-of them: a write's fixed cost (~10 us of numpy calls) spread over more tokens, the arrays still
-small enough to stay in cache and in the allocator's reuse (2026-11-25, thread CPU time per
-token of the writes: 1.7-2.0 ns at 2^14, 1.4-1.6 at 2^16, 9.6 at 2^18)."""
+of them: a write's fixed cost (~10 us of numpy calls) spread over more tokens, the arrays
+small enough to stay in cache and to be reused by the allocator, not mapped afresh (2026-11-25,
+the bench's packed loop, main-thread CPU a token, median of 4: 3.9 ns at 2^14, 3.15 at 2^15,
+3.3 at 2^16, 8.8 at 2^17 with 20x the page faults)."""
 _TAG = 0x7061636B  # "pack": the token plan's permutations are its own
 
 

@@ -44,7 +44,7 @@ from lakeckpt_tables.reader.packing import StreamWriter, warn_eos
 from lakeckpt_tables.reader.readahead import ReadAhead
 from lakeckpt_tables.types import Unit
 
-__all__ = ["TokenPlan", "packed_batches", "stream_sizes"]
+__all__ = ["StreamSizes", "TokenPlan", "packed_batches", "stream_sizes"]
 
 Interval = tuple[int, int]
 GROUP_TOKENS = 1 << 15
@@ -126,17 +126,33 @@ class TokenPlan:
         return out
 
 
-def stream_sizes(reader: Any, units: Sequence[Unit], column: str) -> list[int]:
+@dataclass(frozen=True)
+class StreamSizes:
+    """What the footers say of a snapshot's units (row groups), in canonical unit order."""
+
+    sizes: list[int]
+    """Stream elements (tokens + one eos per row) of each unit."""
+    eos_free: list[bool]
+    """Whether the unit's token statistics (min, max) rule the eos id out of its documents:
+    its writer then skips looking for one (a pass over its tokens, ~0.25 ns a token)."""
+
+
+def stream_sizes(reader: Any, units: Sequence[Unit], column: str,
+                 eos_id: int | None = None) -> StreamSizes:
     """Stream elements (tokens + one eos per row) of each unit: from the Parquet footer where
     it can say, by reading the token column otherwise (NOTE [ token plan ])."""
-    sizes = []
+    sizes, free = [], []
     for unit in units:
-        tokens = _footer_tokens(reader, unit, column)
+        stats = _footer_stats(reader, unit, column)
+        tokens = stats[0] if stats is not None else None
         if tokens is None:
             array = reader.read(unit, [column]).column(column)
             tokens = int(sum(_value_count(chunk) for chunk in array.chunks))
         sizes.append(tokens + unit.rows)
-    return sizes
+        low, high = stats[1:] if stats is not None else (None, None)
+        free.append(eos_id is not None and low is not None and high is not None
+                    and not low <= eos_id <= high)
+    return StreamSizes(sizes, free)
 
 
 def _value_count(array: pa.Array) -> int:
@@ -146,16 +162,16 @@ def _value_count(array: pa.Array) -> int:
     return int(offsets[-1].as_py() - offsets[0].as_py()) if len(array) else 0
 
 
-def _footer_tokens(reader: Any, unit: Unit, column: str) -> int | None:
-    """Tokens of a row group from its footer, or None when the footer cannot say."""
+def _footer_stats(reader: Any, unit: Unit,
+                  column: str) -> tuple[int | None, Any, Any] | None:
+    """A row group's tokens (None when deleted rows make the count wrong) and its tokens'
+    min and max (None when not recorded) from its footer; None when the footer cannot say."""
     from lakeckpt_tables.sources.base import DataFile
 
     data_file = unit.file if isinstance(unit.file, DataFile) else None
     # TODO(packing-footer-counts): a RowGroupReader method in sources/ would spare these
     # private calls (the same seam null_counts uses)
     handle = reader._handle(unit.path, data_file)
-    if handle.row_group_rows[unit.row_group] != unit.rows:
-        return None  # deleted rows: their tokens are in the footer's count
     physical = reader._null_source(handle, data_file, column)
     if not isinstance(physical, str):
         return None
@@ -165,19 +181,25 @@ def _footer_tokens(reader: Any, unit: Unit, column: str) -> int | None:
     if len(leaves) != 1:
         return None
     stats = leaves[0].statistics
-    if stats is None or not stats.has_null_count:
+    if stats is None:
         return None
-    return int(leaves[0].num_values) - int(stats.null_count)
+    whole = handle.row_group_rows[unit.row_group] == unit.rows  # else deleted rows' tokens
+    tokens = (int(leaves[0].num_values) - int(stats.null_count)
+              if whole and stats.has_null_count else None)
+    low, high = (stats.min, stats.max) if stats.has_min_max else (None, None)
+    return tokens, low, high
 
 
 def packed_batches(plan: TokenPlan, units: Sequence[Unit], q: int, start: int, *,
                    read: Callable[[Unit], pa.Table], column: str, seq_len: int, eos_id: int,
-                   batch_size: int, read_ahead: int = 0
+                   batch_size: int, read_ahead: int = 0, eos_free: Sequence[bool] = ()
                    ) -> Iterator[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int, int]]:
     """Slice ``q``'s batches after ``start`` sequences: (input_ids, position_ids, position
     after the batch, eos ids found inside documents since the previous batch).
 
-    ``read(unit)`` gives the unit's live rows with the token column: ``read_ahead`` units are
+    ``eos_free``: per unit (canonical order), whether its footer rules the eos id out of its
+    documents (:class:`StreamSizes`). ``read(unit)`` gives the unit's live rows with the token
+    column: ``read_ahead`` units are
     read ahead on threads (NOTE [ read-ahead ] in ``reader/readahead.py``) while this thread
     packs. The units' shares of the slice's stream are written straight into arrays of at
     least :data:`GROUP_TOKENS` elements (``packing.StreamWriter``), each batch a view of them:
@@ -200,9 +222,10 @@ def packed_batches(plan: TokenPlan, units: Sequence[Unit], q: int, start: int, *
                 jobs.append((k, lo - int(starts[k]), end - int(starts[k])))
             lo, k = end, k + 1
 
-    def work(job: tuple[int, int, int]) -> tuple[pa.Array | pa.ChunkedArray, int, int]:
+    def work(job: tuple[int, int, int]) -> tuple[pa.Array | pa.ChunkedArray, int, int, bool]:
         k, first, end = job
-        return read(units[plan.order[k]]).column(column), first, end
+        u = plan.order[k]
+        return read(units[u]).column(column), first, end, u < len(eos_free) and eos_free[u]
 
     want = batch_size * seq_len
     left = sum(end - first for _, first, end in jobs)  # whole sequences
@@ -210,9 +233,9 @@ def packed_batches(plan: TokenPlan, units: Sequence[Unit], q: int, start: int, *
     fill = done = inside = 0  # elements written, yielded; eos inside the batch being filled
     position = start
     stream = None
-    for array, first, end in ReadAhead(work, jobs, depth=read_ahead,
-                                       size=lambda r: r[0].nbytes):
-        stream = StreamWriter.of(array, eos_id=eos_id, reuse=stream)
+    for array, first, end, free in ReadAhead(work, jobs, depth=read_ahead,
+                                             size=lambda r: r[0].nbytes):
+        stream = StreamWriter.of(array, eos_id=eos_id, reuse=stream, eos_free=free)
         if end > stream.total:
             raise PackingError(f"stream elements up to {end} were planned, but the rows hold "
                                f"{stream.total}: a data file's footer statistics disagree with "

@@ -64,7 +64,9 @@ class Gathered:
 
     def __init__(self, runs: Sequence[Run], order: np.ndarray[Any, Any]) -> None:
         slices = [table.slice(first, end - first) for table, first, end in runs]
-        if any(t.schema != slices[0].schema for t in slices):  # evolved: types promoted
+        tables = {id(table): table for table, _, _ in runs}  # a window's runs share ~10
+        schema = slices[0].schema
+        if any(t.schema != schema for t in tables.values()):  # evolved: types promoted
             slices = [pa.concat_tables(slices, promote_options="permissive")]
         self.schema: pa.Schema = slices[0].schema
         self.num_rows = len(order)

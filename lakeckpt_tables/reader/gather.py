@@ -63,19 +63,28 @@ class Gathered:
     batch by batch (:meth:`slice`); holds the runs' tables, never a copy of them."""
 
     def __init__(self, runs: Sequence[Run], order: np.ndarray[Any, Any]) -> None:
-        slices = [table.slice(first, end - first) for table, first, end in runs]
-        tables = {id(table): table for table, _, _ in runs}  # a window's runs share ~10
-        schema = slices[0].schema
+        tables = {id(table): table for table, _, _ in runs}  # a window's ~120 runs share ~10
+        schema = runs[0][0].schema
+        slices: list[pa.Table] | None = None  # the runs as tables, made only when needed
         if any(t.schema != schema for t in tables.values()):  # evolved: types promoted
-            slices = [pa.concat_tables(slices, promote_options="permissive")]
-        self.schema: pa.Schema = slices[0].schema
+            slices = [pa.concat_tables([table.slice(first, end - first)
+                                        for table, first, end in runs],
+                                       promote_options="permissive")]
+            schema = slices[0].schema
+        self.schema: pa.Schema = schema
         self.num_rows = len(order)
         self.order = order
-        self._columns = [_source(self.schema.field(i).type,
+        self._columns: list[_Plain | _Arrow | _Lists] = []
+        for i in range(len(schema)):
+            column = None if slices is not None else _plain(runs, tables, i, order)
+            if column is None:
+                if slices is None:
+                    slices = [table.slice(first, end - first) for table, first, end in runs]
+                column = _source(schema.field(i).type,
                                  [chunk for t in slices for chunk in t.column(i).chunks], order)
-                         for i in range(len(self.schema))]
-        self.nbytes = sum(int(table.nbytes) * (end - first) // max(table.num_rows, 1)
-                          for table, first, end in runs)
+            self._columns.append(column)
+        per_row = {key: int(t.nbytes) / max(t.num_rows, 1) for key, t in tables.items()}
+        self.nbytes = int(sum(per_row[id(table)] * (end - first) for table, first, end in runs))
         row_bytes = self.nbytes // max(self.num_rows, 1)
         self._block_rows = max(min(BLOCK_ROWS, BLOCK_BYTES // max(row_bytes, 1)), 1)
         if all(isinstance(column, _Plain) for column in self._columns):
@@ -149,6 +158,25 @@ class _Lists:
                                        [None, taken.buffers()[2]], offset=first // self.width)
         return pa.Array.from_buffers(self.kind, rows, [None, pa.py_buffer(offsets)],
                                      children=[values])
+
+
+def _plain(runs: Sequence[Run], tables: dict[int, pa.Table], i: int,
+           order: np.ndarray[Any, Any]) -> _Plain | None:
+    """Column ``i`` gathered whole when it is plain numeric without nulls in every row group
+    (else None): each row group's column made a numpy array once, its runs numpy slices of it
+    (a window's ~120 runs, one Python call each instead of four Arrow ones)."""
+    kind = next(iter(tables.values())).schema.field(i).type
+    if kind.id not in PLAIN_NUMERIC:
+        return None
+    arrays = {}
+    for key, table in tables.items():
+        column = table.column(i)
+        if column.null_count or column.num_chunks != 1:
+            return None
+        arrays[key] = column.chunk(0).to_numpy(zero_copy_only=True)
+    parts = [arrays[id(table)][first:end] for table, first, end in runs]
+    values = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return _Plain(kind, np.take(values, order))
 
 
 def _source(kind: pa.DataType, chunks: list[pa.Array],

@@ -147,3 +147,18 @@ def test_gc_removes_an_iceberg_ledgers_unreferenced_files_and_keeps_every_row(
     assert restored.restore(model=torch.nn.Linear(2, 1)) == 3
     restored.save(4, model=torch.nn.Linear(2, 1))  # and the ledger goes on committing
     assert [c.step for c in again.checkpoints("r")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--keep-last", "0"), ("--keep-last", "-1"),
+                                           ("--orphans-older-than-hours", "-1"),
+                                           ("--replaced-older-than-hours", "-1")])
+def test_a_count_below_one_or_a_negative_grace_is_refused_before_anything_is_removed(
+        tmp_path: Path, flag: str, value: str) -> None:
+    job = CheckpointManager(tmp_path, "r")
+    for step in (1, 2):
+        job.save(step, model=torch.nn.Linear(2, 1))
+    before = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    with pytest.raises(SystemExit) as exited:
+        main(["gc", str(tmp_path), flag, value])
+    assert exited.value.code == 2
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == before

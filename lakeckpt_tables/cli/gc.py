@@ -34,16 +34,36 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--catalog", default=None, metavar="NAME|URI",
                         help="pyiceberg catalog of an Iceberg ledger")
     add_storage_options(parser)
-    parser.add_argument("--keep-last", type=int, default=3,
+    parser.add_argument("--keep-last", type=_count, default=3,
                         help="untagged checkpoints kept per run (default 3)")
-    parser.add_argument("--orphans-older-than-hours", type=int, default=None, metavar="H",
+    parser.add_argument("--orphans-older-than-hours", type=_hours, default=None, metavar="H",
                         help="grace period of orphan ledger files (default 24: a commit may "
                         "be writing a younger file)")
-    parser.add_argument("--replaced-older-than-hours", type=int, default=None, metavar="H",
+    parser.add_argument("--replaced-older-than-hours", type=_hours, default=None, metavar="H",
                         help="keep Delta ledger files a compaction replaced this long (default "
                         "168: an audit of an older ledger version may still read them)")
     parser.add_argument("--dry-run", action="store_true", help="list, remove nothing")
     add_output(parser)
+
+
+def _whole(text: str, what: str, least: int) -> int:
+    """A whole number of at least ``least``, checked before anything is removed (a negative
+    count would remove every checkpoint)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what} >= {least}")
+    return value
+
+
+def _hours(text: str) -> int:
+    return _whole(text, "hours", 0)
+
+
+def _count(text: str) -> int:
+    return _whole(text, "checkpoints", 1)  # as CheckpointManager(keep_last=): the newest stays
 
 
 def run(args: argparse.Namespace) -> int:

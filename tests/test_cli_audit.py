@@ -254,6 +254,11 @@ def test_progress_watch_shows_again_until_told_to_stop(root: tuple[Path, list[Si
                          "csv"], capsys)
     assert code == 0
     assert out.count("run_id,segment,epoch") == 3
+    for bad in ("0", "-1", "nan"):  # a busy loop, or a crash after the first display
+        with pytest.raises(SystemExit) as exited:
+            main(["progress", str(path), "--watch", bad])
+        assert exited.value.code == 2
+        assert "is not a number of seconds > 0" in capsys.readouterr().err
 
 
 def test_audit_where_without_table_uses_each_runs_own_table(

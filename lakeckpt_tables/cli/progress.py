@@ -26,11 +26,21 @@ def add_stale_after(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stale-after", default=None, metavar="Nx|SECONDS", help=STALE_HELP)
 
 
+def _interval(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return seconds
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     add_target(parser, sources=True)
     parser.add_argument("--run", default=None, help="only this run id")
     add_stale_after(parser)
-    parser.add_argument("--watch", nargs="?", type=float, const=5.0, default=None,
+    parser.add_argument("--watch", nargs="?", type=_interval, const=5.0, default=None,
                         metavar="SECONDS", help="show again every SECONDS (default 5) until "
                         "interrupted")
     parser.add_argument("--times", type=int, default=None, help=argparse.SUPPRESS)

@@ -226,7 +226,7 @@ class SealedConsumption:
                 raise ValueError(f"consumption sealed for different commits: {first.common} "
                                  f"and {part.common}; every rank seals with the values rank 0 "
                                  "broadcast")
-        return replace(first, rows=pa.concat_tables([p.rows for p in parts]).combine_chunks())
+        return replace(first, rows=pa.concat_tables([p.rows for p in parts]))
 
     @property
     def common(self) -> dict[str, object]:

@@ -84,7 +84,9 @@ class CheckpointRecord:
         tags: free-form labels.
         config_hash: hash of the run configuration.
         wall_time_s: training wall time up to the checkpoint.
-        committed_at: set by the ledger when the commit lands; ignored on input.
+        committed_at: when the commit was made, set by the ledger (or by the coordinator just
+            before, for sealed consumption: NOTE [ consumption sealed where made ]); ignored on
+            input.
     """
 
     run_id: str

@@ -247,3 +247,27 @@ def test_the_consumption_view_names_each_sources_key_table_and_version(
         identity = snapshot.identity
         want.append((key, identity.location, identity.table_id, snapshot.version))
     assert got == want
+
+
+@pytest.mark.timeout(120)
+def test_audit_where_counts_a_document_two_slices_delivered_once_per_checkpoint(
+        tables: dict[str, Any], tmp_path: Path) -> None:
+    """Two DataLoader workers are two slices of the packed stream: the document cut at their
+    boundary is delivered by both within one checkpoint, and is still one row trained on."""
+    from lakeckpt_tables.audit.where import trained_on
+
+    manager = CheckpointManager(tmp_path, "w")
+    loader = loader_for(LakeDataset(tables["web"](), pack_tokens="tokens", seq_len=8,
+                                    eos_id=EOS, batch_size=2, seed=3), 2)
+    rows: list[set[int]] = [set(), set()]  # per worker: the rows it delivered a token of
+    last = [-1, -1]
+    step = 0
+    for step, batch in enumerate(loader, 1):
+        worker = (step - 1) % 2  # an IterableDataset's batches come from its workers in turn
+        for t in batch["input_ids"].numpy().ravel().tolist():
+            last[worker] = last[worker] if t == EOS else t // SPREAD
+            rows[worker].add(last[worker])
+    manager.save(step, dataloader=loader)
+    assert rows[0] & rows[1]  # a document cut between the two slices
+    got = trained_on(str(tmp_path), "id >= 0")
+    assert got["rows"].to_pylist() == [len(rows[0] | rows[1])]

@@ -67,7 +67,7 @@ def test_peers_report_covers_every_loop_ratio_and_resume_point_of_both_shapes(ro
     hf = {"hf@0"} if hf_available() else set()
     for shape in SHAPES:
         result = report.shapes[shape]
-        assert set(result.passes) == {"raw", "plain@0", "library@0", "shuffled@0",
+        assert set(result.passes) == {"raw", "plain@0", "library@0", "inline@0", "shuffled@0",
                                       "deleted@0"} | hf
         assert all(len(p) == 2 and all(t.wall_s > 0 for t in p)
                    for p in result.passes.values())
@@ -82,6 +82,7 @@ def test_peers_report_covers_every_loop_ratio_and_resume_point_of_both_shapes(ro
     assert ratios["tokens: library / raw read, 0 workers"] is not None
     assert ratios["tokens: library shuffle on / off, 0 workers"] is not None
     assert ratios["tokens: deletion vectors / none, 0 workers"] is not None
+    assert ratios["narrow: read-ahead / read_ahead=0, 0 workers"] is not None
     assert (ratios["tokens: library / HF datasets, 0 workers"] is None) is not hf
     text = format_peers(report)
     assert "narrow table (id int64, x/y/z float32): 6,000 rows, 2 files, 6 row groups" in text

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from lakeckpt_tables.cli import main
-from lakeckpt_tables.tools.chaos.campaign import _kill_spec, _repair_ledger, _trial_rng
+from lakeckpt_tables.tools.chaos.campaign import _kill_spec, _trial_rng
+from lakeckpt_tables.tools.chaos.faults import repair_ledger
 
 _CLI = "import sys; from lakeckpt_tables.cli import main; sys.exit(main())"
 
@@ -142,7 +143,7 @@ def test_the_campaign_takes_the_way_out_on_the_file_the_error_names(tmp_path: Pa
         CheckpointManager(tmp_path, "run").restore(model=torch.nn.Linear(2, 1))
     assert caught.value.file == str(named)
     named.write_bytes(kept.read_bytes())  # readable by pyarrow now
-    _repair_ledger(tmp_path, caught.value.file)  # moved aside all the same
+    repair_ledger(tmp_path, caught.value.file)  # moved aside all the same
     assert (tmp_path / f"aside-{named.name}").exists() and kept.exists()
     assert [Path(f).name for f in DeltaTable(str(ledger)).file_uris()] == [kept.name]
     assert CheckpointManager(tmp_path, "run").restore(model=torch.nn.Linear(2, 1)) == 1

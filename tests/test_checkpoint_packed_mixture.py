@@ -109,6 +109,39 @@ def test_a_mixture_resumed_from_its_checkpoint_delivers_the_uninterrupted_schedu
         assert sum(n for k, n in seen.items() if k[0] == name) == eos
 
 
+@pytest.mark.timeout(120)
+def test_a_mixture_saved_by_two_workers_resumes_on_none_with_each_token_once(
+        delta_table: Table, iceberg_table: Table, tmp_path: Path) -> None:
+    """Another DataLoader worker count: the schedule goes on from the first draw no worker
+    delivered, each source re-plans its rows, and verify proves every source exactly once."""
+    from lakeckpt_tables.audit import verify
+
+    manager = CheckpointManager(tmp_path, "w")
+    loader = loader_for(mixture(delta_table, iceberg_table), 2)
+    trained: list[tuple[str, list[int]]] = []
+    for step, batch in enumerate(loader, 1):
+        trained.append((batch["source"], batch["input_ids"].ravel().tolist()))
+        if step == 6:
+            manager.save(step, dataloader=loader)
+            break
+    resumed = mixture(delta_table, iceberg_table)
+    again = CheckpointManager(tmp_path, "w")
+    loader = loader_for(resumed, 0)
+    assert again.restore(dataloader=loader) == 6
+    for batch in loader:
+        trained.append((batch["source"], batch["input_ids"].ravel().tolist()))
+    again.save(len(trained) + 1, dataloader=loader)
+    names = [s for s, _ in trained]
+    assert names[6:16] == resumed.source_of(torch.arange(6, 16).numpy())  # the schedule goes on
+    seen = consumed_rows(DeltaLedger(str(tmp_path / "_ledger")), "w")
+    assert max(seen.values()) == 1
+    for name in ("web", "code"):
+        eos = sum(ids.count(EOS) for s, ids in trained if s == name)
+        assert sum(n for k, n in seen.items() if k[0] == name) == eos
+    (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
+    assert verdict.violations == []
+
+
 def _mixture_run(delta: Table, iceberg: Table, root: Path) -> Counter[str]:
     """An unpacked mixture read to its end (the first source to run out), checkpointed."""
     sources = {"web": delta.dataset(batch_size=23, seed=2),

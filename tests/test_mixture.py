@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakeckpt_tables import Mixture
 from lakeckpt_tables.errors import MixtureError, MixtureStateError, StateMismatchError
 from lakeckpt_tables.mixture import schedule
-from tests.conftest import Table, loader_for
+from tests.conftest import Table, loader_for, raised_in_workers
 
 WINDOW = 10_000
 
@@ -282,8 +283,7 @@ def test_source_states_merge_each_sources_workers_and_ranks(delta_table, iceberg
 
 
 @pytest.mark.timeout(60)
-def test_cycle_under_two_workers_resumes_exactly_and_another_worker_count_is_refused(
-        delta_table, iceberg_table):
+def test_cycle_under_two_workers_resumes_exactly_through_the_loader(delta_table, iceberg_table):
     def loader() -> Any:
         return loader_for(mixture(delta_table, iceberg_table, on_exhausted="cycle"), 2)
 
@@ -295,11 +295,48 @@ def test_cycle_under_two_workers_resumes_exactly_and_another_worker_count_is_ref
     again = loader()
     again.load_state_dict(saved)
     assert head + delivered(itertools.islice(again, 29)) == whole
-    del again
-    alone = mixture(delta_table, iceberg_table, on_exhausted="cycle")
-    alone.load_state_dict(saved)
-    with pytest.raises(MixtureStateError, match="saved by 2 DataLoader worker"):
-        next(iter(alone))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("before", "after"), [(2, 0), (0, 2)])
+def test_another_worker_count_goes_on_with_the_schedule_and_each_row_once(
+        delta_table, iceberg_table, before, after):
+    loader = loader_for(mixture(delta_table, iceberg_table), before)
+    head = delivered(itertools.islice(loader, 13))
+    saved = loader.state_dict()
+    del loader
+    mix = mixture(delta_table, iceberg_table)
+    mix.load_state_dict(saved)
+    rest = delivered(loader_for(mix, after))
+    assert [name for name, _ in rest[:10]] == mix.source_of(np.arange(13, 23))
+    web = per_source(head)["web"] + per_source(rest)["web"]
+    assert sorted(web) == delta_table.ids.tolist()  # web ran out: every row once
+    code = per_source(head)["code"] + per_source(rest)["code"]
+    assert len(code) == len(set(code))
+
+
+def test_another_worker_count_is_refused_by_name_for_a_source_that_cannot_re_plan(
+        delta_table, iceberg_table):
+    class Rows(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from ({"id": torch.tensor([i])} for i in range(100))
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    def mix() -> Mixture:
+        return Mixture({"web": delta_table.dataset(batch_size=16, seed=3), "other": Rows()},
+                       weights={"web": 0.5, "other": 0.5})
+
+    first = mix()
+    delivered(itertools.islice(first, 4))
+    again = mix()
+    again.load_state_dict(first.state_dict())
+    with raised_in_workers(MixtureStateError, r"source\(s\) \['other'\] are not LakeDatasets"):
+        next(iter(loader_for(again, 2)))
 
 
 def test_a_cycling_mixture_resumed_elastic_in_a_second_pass_gives_each_row_once_an_epoch(

@@ -3,6 +3,7 @@ documents + eos stream, cut anywhere and resumed from any carry, with per-docume
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 
@@ -16,6 +17,7 @@ from lakeckpt_tables.errors import EosInDocumentWarning, PackingError
 from lakeckpt_tables.reader import packing
 from lakeckpt_tables.reader.packing import (
     PackCarry,
+    StreamWriter,
     check_packing,
     check_token_column,
     finish,
@@ -105,6 +107,29 @@ def test_resuming_from_any_carry_gives_the_same_output(docs, seq_len, limit, sto
     rest_tokens, rest_positions, _ = pack_in_calls(docs[row:], seq_len, [], [limit], carry)
     assert tokens + rest_tokens == whole_tokens
     assert positions + rest_positions == whole_positions
+
+
+@settings(max_examples=200, deadline=None)
+@given(docs=st.lists(st.lists(st.integers(0, 3), max_size=30), max_size=25),
+       cuts=st.lists(st.integers(0, 800), max_size=8), eos=st.sampled_from([0, 9]))
+def test_writes_of_any_ranges_are_the_stream_and_count_the_eos_inside_documents(docs, cuts, eos):
+    """The reader's kernel against the one-document-at-a-time oracle: empty documents,
+    documents longer than a write, writes of 1 element, eos ids inside documents (0) or not,
+    in the scratch memory of a previous writer."""
+    offsets, values = as_arrays(docs)
+    tokens, positions = stream_of(docs)
+    tokens = [eos if t == EOS else t for t in tokens]
+    inside = [int(t == eos) for d in docs for t in [*d, None]]  # None: the eos slot
+    bounds = sorted({min(c, len(tokens)) for c in cuts} | {0, len(tokens)})
+    ids = np.full(len(tokens), -7, dtype=np.int64)
+    pos = np.full(len(tokens), -7, dtype=np.int64)
+    previous = StreamWriter(np.array([0, 900]), np.zeros(900, np.int64), eos_id=0)  # stale
+    writer = StreamWriter(offsets, values.astype(np.int32), eos_id=eos, reuse=previous)
+    assert writer.total == len(tokens) and writer.clean == (sum(inside) == 0)
+    for a, b in itertools.pairwise(bounds):
+        assert writer.write(a, b, ids[a:b], pos[a:b]) == sum(inside[a:b])
+    assert ids.tolist() == tokens
+    assert pos.tolist() == positions
 
 
 def test_a_document_longer_than_a_sequence_goes_on_in_the_next_with_its_positions():

@@ -91,3 +91,23 @@ def test_memory_held_does_not_grow_with_batches_delivered(delta_table: Table) ->
         tracemalloc.stop()
     grown = held[1] - held[0]
     assert grown < 8 * (per_epoch - 27), f"{grown} bytes kept by {per_epoch - 27} batches"
+
+
+def test_a_reads_plan_units_are_located_at_once_exactly_as_one_by_one() -> None:
+    # row groups split into plan units (compact lookups), carried ranges first, whole ones
+    import numpy as np
+
+    from lakeckpt_tables.plan.rounds import RoundUnits
+    from lakeckpt_tables.reader.loop import _at
+    from lakeckpt_tables.types import Unit
+
+    groups = [Unit("a.parquet", g, rows) for g, rows in enumerate((10, 3, 25, 7))]
+    for carried in ((), ((Unit("b.parquet", 0, 40), 5, 30, (None, 1)),)):
+        units = RoundUnits.of(groups, unit_rows=4, carried=carried)
+        rng = np.random.default_rng(0)
+        chunks = []
+        for u in rng.permutation(len(units.rows)).tolist():
+            r0 = int(rng.integers(0, int(units.rows[u]) + 1))
+            chunks.append((u, r0, int(rng.integers(r0, int(units.rows[u]) + 1))))
+        assert _at(units, chunks) == [units.at(*chunk) for chunk in chunks]
+        assert len(chunks) > len(groups) and _at(units, []) == []

@@ -386,7 +386,9 @@ def test_the_reader_state_after_an_elastic_resume_stays_under_64_kb_and_not_with
     encoded = _elastic_state(BIG_UNITS)
     assert len(encoded) < 64 * 1024
     four_times = _elastic_state(np.repeat(BIG_UNITS // 4, 4))  # 4x the row groups
-    assert len(four_times) < 1.1 * len(encoded)
+    # as many pieces; only their numbers differ (more slices' rests start after whole
+    # windows delivered: a gap to encode): 14.7 -> 17.5 KB, where growing with the data is 4x
+    assert len(four_times) < 1.25 * len(encoded)
 
 
 def test_the_exactly_once_checker_names_duplicated_missing_and_unexpected_ids() -> None:

@@ -85,7 +85,8 @@ def test_an_error_is_raised_at_its_job_after_the_results_before_it() -> None:
     assert got == [0, 1, 2]
 
 
-def test_leaving_the_loop_early_stops_reading_and_ends_the_threads() -> None:
+def test_leaving_the_loop_early_stops_reading_and_its_threads_serve_the_next_read_ahead(
+) -> None:
     started: list[int] = []
 
     def read(i: int) -> int:
@@ -93,15 +94,54 @@ def test_leaving_the_loop_early_stops_reading_and_ends_the_threads() -> None:
         time.sleep(0.01)
         return i
 
-    before = threading.active_count()
     reader = iter(ReadAhead(read, range(1000), depth=2))
     assert [next(reader) for _ in range(3)] == [0, 1, 2]
     reader.close()  # type: ignore[attr-defined]
     assert len(started) <= 5
-    deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert threading.active_count() == before
+    alive = {t.ident for t in threading.enumerate()}
+    # NOTE [ reused threads ]: the next read-ahead runs on them, no new thread starts
+    used: set[int | None] = set()
+    assert list(ReadAhead(lambda i: used.add(threading.get_ident()) or i, range(20),
+                          depth=2)) == list(range(20))
+    assert used and used <= alive
+    assert {t.ident for t in threading.enumerate()} <= alive
+
+
+def test_read_aheads_at_once_never_share_threads() -> None:
+    used: dict[str, set[int]] = {"a": set(), "b": set()}
+
+    def reader(name: str) -> Any:
+        def read(i: int) -> int:
+            used[name].add(threading.get_ident())
+            time.sleep(0.001)
+            return i
+        return iter(ReadAhead(read, range(30), depth=2))
+
+    a, b = reader("a"), reader("b")
+    assert [(next(a), next(b)) for _ in range(30)] == [(i, i) for i in range(30)]
+    assert used["a"] and used["b"] and not used["a"] & used["b"]
+
+
+def _read_ahead_in_child(queue: Any) -> None:
+    queue.put(list(ReadAhead(lambda i: i * 2, range(10), depth=2)))
+
+
+def test_a_forked_process_starts_threads_of_its_own() -> None:
+    import multiprocessing
+
+    assert list(ReadAhead(lambda i: i, range(10), depth=2)) == list(range(10))  # pool idle
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_ahead_in_child, args=(queue,))
+    child.start()
+    try:
+        # the parent's idle threads do not exist in the child: reusing them would hang
+        assert queue.get(timeout=20) == [i * 2 for i in range(10)]
+    finally:
+        child.join(timeout=5)
+        if child.exitcode is None:
+            child.kill()
+    assert child.exitcode == 0
 
 
 @pytest.mark.parametrize("bad", [{"depth": -1}, {"max_bytes": -1}])

@@ -6,6 +6,8 @@ columns as numpy, any other column taken as it is)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -98,3 +100,42 @@ def test_numeric_columns_are_numpy_and_evolved_types_are_promoted() -> None:
     plain = Gathered([(new, 0, 2), (new, 0, 1)], np.array([2, 0, 1])).plain()
     assert plain is not None and [name for name, _ in plain] == ["id", "x"]
     assert plain[0][1].tolist() == [4, 4, 5]  # gathered whole, in emission order
+
+
+def _counted_cuts(gathered: Gathered, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows of each gather of the list column (a spy on its ``cut``)."""
+    from lakeckpt_tables.reader import gather
+
+    sizes: list[int] = []
+    real = gather._Lists.cut
+
+    def cut(self: Any, first: int, at: np.ndarray[Any, Any]) -> pa.Array:
+        sizes.append(len(at))
+        return real(self, first, at)
+
+    monkeypatch.setattr(gather._Lists, "cut", cut)
+    return sizes
+
+
+@pytest.mark.parametrize(("block_rows", "block_bytes", "want"), [
+    (16, 1 << 20, 15),  # rows bound the block: 5 batches of 3
+    (10_000, 700, 6),  # bytes bound it (~100 bytes a row): 2 batches
+    (10_000, 10, 3),  # a batch is never split
+])
+def test_batches_are_cut_from_blocks_gathered_once(
+        monkeypatch: pytest.MonkeyPatch, block_rows: int, block_bytes: int, want: int) -> None:
+    from lakeckpt_tables.reader import gather
+
+    monkeypatch.setattr(gather, "BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(gather, "BLOCK_BYTES", block_bytes)
+    groups = _row_groups({"id": [pa.array(np.arange(k * 100, k * 100 + 80)) for k in range(2)],
+                          "tokens": [_lists(80, k, pa.int64(), most=20) for k in range(2)]})
+    runs = [(groups[0], 0, 80), (groups[1], 0, 80)]
+    whole = pa.concat_tables([t for t, _, _ in runs])
+    order = np.random.default_rng(3).permutation(160)
+    gathered = Gathered(runs, order)
+    sizes = _counted_cuts(gathered, monkeypatch)
+    got = [gathered.slice(first, min(3, 160 - first)) for first in range(0, 160, 3)]
+    assert pa.concat_tables(got).equals(whole.take(order))  # the same rows, in order
+    assert max(sizes) == want and sum(sizes) == 160  # each row gathered once, in blocks
+    assert gathered.slice(150, 10).equals(whole.take(order[150:]))  # asked again: gathered

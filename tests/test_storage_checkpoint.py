@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -251,6 +253,39 @@ def test_per_node_roots_fail_by_name_before_anything_is_saved(
     assert "StorageRootNotSharedError" in run.stderr and "rank 1" in run.stderr
     assert DeltaLedger(str(node0 / "_ledger")).checkpoints("run") == []
     assert not (node0 / "run").exists() and not (node1 / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_rank_that_misses_a_checkpoint_file_fails_the_restore_by_name_on_every_rank(
+        local_table: str, tmp_path: Path) -> None:
+    """Rank 1's root is a copy that lost a model file (and passes the shared-root probe): the
+    restore is refused on every rank, naming the rank and the file, before anything is loaded
+    or claimed."""
+    node0, node1, out = tmp_path / "node0", tmp_path / "node1", tmp_path / "out"
+    alone = subprocess.run([sys.executable, JOB, "--table", local_table, "--root", str(node0),
+                            "--out", str(out), "--kill-after-step", "4"],
+                           capture_output=True, text=True, timeout=240)
+    assert alone.returncode == -signal.SIGKILL, alone.stderr[-2000:]
+    ledger = DeltaLedger(str(node0 / "_ledger"))
+    (saved,) = ledger.checkpoints("run")
+    owner = ledger.owner("run")
+    shutil.copytree(node0, node1)
+    lost = sorted((node1 / saved.model_location).glob("*.distcp"))[0]
+    lost.unlink()
+    # where rank 0's probe of a shared root writes is shared: the probe passes
+    shutil.rmtree(node1 / "_nodes", ignore_errors=True)
+    (node0 / "_nodes").mkdir(exist_ok=True)
+    (node1 / "_nodes").symlink_to(node0 / "_nodes")
+    run = _torchrun(local_table, str(node0), out, options=None,
+                    roots=(str(node0), str(node1)))
+    assert run.returncode != 0
+    # raised on both ranks (their lines may interleave)
+    assert run.stderr.count("StorageRootNotSharedError") == 2, run.stderr[-3000:]
+    said = run.stderr.count(f"cannot be restored: rank 1 under {node1} misses ['{lost.name}']")
+    assert said == 2, run.stderr[-3000:]
+    assert [c.checkpoint_id for c in ledger.checkpoints("run")] == [saved.checkpoint_id]
+    assert DeltaLedger(str(node0 / "_ledger")).owner("run") == owner  # nobody claimed the run
 
 
 def test_a_lost_response_after_a_landed_ledger_commit_on_s3_loses_nothing(

@@ -15,7 +15,7 @@ import pytest
 from lakeckpt_tables.errors import EosInDocumentWarning
 from lakeckpt_tables.reader.token_plan import (
     TokenPlan,
-    _footer_tokens,
+    _footer_stats,
     packed_batches,
     stream_sizes,
 )
@@ -39,15 +39,17 @@ def stream(table: Table, plan: TokenPlan) -> list[int]:
 def plan_of(table: Table, slices: int, **kwargs) -> tuple[TokenPlan, list, object]:
     snap = table.make_source().snapshot()
     reader = snap.row_reader()
-    sizes = stream_sizes(reader, snap.units, "tokens")
-    plan = TokenPlan.of(sizes, slices=slices, seq_len=L, seed=5, epoch=0, shuffle=True,
+    footers = stream_sizes(reader, snap.units, "tokens", EOS)
+    plan = TokenPlan.of(footers.sizes, slices=slices, seq_len=L, seed=5, epoch=0, shuffle=True,
                         **kwargs)
     return plan, snap.units, reader
 
 
 def run(plan: TokenPlan, units, reader, q: int, start: int = 0, batch_size: int = 4):
+    free = stream_sizes(reader, units, "tokens", EOS).eos_free
     return list(packed_batches(plan, units, q, start, read=lambda u: reader.read(u, ["tokens"]),
-                               column="tokens", seq_len=L, eos_id=EOS, batch_size=batch_size))
+                               column="tokens", seq_len=L, eos_id=EOS, batch_size=batch_size,
+                               eos_free=free))
 
 
 def tokens_of(batches) -> list[int]:
@@ -57,11 +59,16 @@ def tokens_of(batches) -> list[int]:
 def test_footer_counts_are_the_tokens_the_rows_hold(source):
     snap = source.make_source().snapshot()
     reader = snap.row_reader()
-    sizes = stream_sizes(reader, snap.units, "tokens")
-    for unit, size in zip(snap.units, sizes, strict=True):
+    footers = stream_sizes(reader, snap.units, "tokens", EOS)
+    for unit, size, free in zip(snap.units, footers.sizes, footers.eos_free, strict=True):
         docs = reader.read(unit, ["tokens"]).column("tokens").to_pylist()
         assert size == sum(len(d) + 1 for d in docs)
-        assert _footer_tokens(reader, unit, "tokens") is not None  # no read needed
+        assert _footer_stats(reader, unit, "tokens")[0] is not None  # no read needed
+        assert free  # token ids drawn are >= 0, EOS is -1: the footer's min says so
+    tokens = [t for u in snap.units for d in reader.read(u, ["tokens"]).column("tokens")
+              .to_pylist() for t in d]
+    inside = stream_sizes(reader, snap.units, "tokens", tokens[len(tokens) // 2]).eos_free
+    assert not all(inside)  # a token id that occurs: some footer cannot rule it out
 
 
 @pytest.mark.parametrize("slices", [1, 3, 6])
@@ -124,7 +131,7 @@ def test_a_packed_batch_splits_a_document_with_its_positions(tmp_path):
         [list(range(10)), [100, 101]], pa.list_(pa.int32()))}))
     snap = DeltaSource(str(tmp_path)).snapshot()
     reader = snap.row_reader()
-    plan = TokenPlan.of(stream_sizes(reader, snap.units, "tokens"), slices=1, seq_len=4,
+    plan = TokenPlan.of(stream_sizes(reader, snap.units, "tokens").sizes, slices=1, seq_len=4,
                         seed=0, epoch=0, shuffle=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EosInDocumentWarning)
@@ -137,15 +144,41 @@ def test_a_packed_batch_splits_a_document_with_its_positions(tmp_path):
     assert np.asarray(ids).dtype == np.int64
 
 
-@pytest.mark.parametrize("chunk", [1, 20, 1 << 16])
-def test_packing_a_unit_in_several_calls_gives_the_same_batches(source, monkeypatch, chunk):
-    from lakeckpt_tables.reader import token_plan
+def test_eos_ids_inside_documents_are_counted_in_the_batch_that_holds_them(tmp_path):
+    from deltalake import write_deltalake
 
+    from lakeckpt_tables import DeltaSource
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 4, rng.integers(0, 12)).tolist() for _ in range(60)]
+    docs[10:20] = [[d + 1 for d in doc] for doc in docs[10:20]]  # a stretch without eos
+    write_deltalake(str(tmp_path), pa.table({"tokens": pa.array(docs, pa.list_(pa.int64()))}))
+    snap = DeltaSource(str(tmp_path)).snapshot()
+    reader = snap.row_reader()
+    footers = stream_sizes(reader, snap.units, "tokens", 0)
+    assert not any(footers.eos_free)  # 0 is among the token ids
+    plan = TokenPlan.of(footers.sizes, slices=1, seq_len=3, seed=0, epoch=0, shuffle=False)
+    inside = [int(t == 0) for d in docs for t in [*d, None]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EosInDocumentWarning)
+        batches = list(packed_batches(
+            plan, snap.units, 0, 0, read=lambda u: reader.read(u, ["tokens"]),
+            column="tokens", seq_len=3, eos_id=0, batch_size=2))
+    a = 0
+    for ids, _, _, count in batches:
+        assert count == sum(inside[a:a + ids.size])
+        a += ids.size
+    assert a == plan.per_slice * 3 and sum(b[3] for b in batches) > 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 1000])
+def test_the_batch_size_cuts_the_same_stream_into_full_batches(source, batch_size):
     plan, units, reader = plan_of(source, 2)
-    whole = [run(plan, units, reader, q, batch_size=5) for q in range(2)]
-    monkeypatch.setattr(token_plan, "CHUNK_TOKENS", chunk)  # a call packs max(5, chunk // L)
     for q in range(2):
-        again = run(plan, units, reader, q, batch_size=5)
-        assert [(b[0].tolist(), b[1].tolist(), b[2]) for b in again] == [
-            (b[0].tolist(), b[1].tolist(), b[2]) for b in whole[q]]
-        assert all(len(b[0]) == 5 for b in again[:-1])
+        whole = run(plan, units, reader, q, batch_size=4)
+        again = run(plan, units, reader, q, batch_size=batch_size)
+        assert tokens_of(again) == tokens_of(whole)
+        assert [p for b in again for p in b[1].ravel().tolist()] == [
+            p for b in whole for p in b[1].ravel().tolist()]
+        assert all(len(b[0]) == batch_size for b in again[:-1])
+        assert again[-1][2] == whole[-1][2] == plan.per_slice

@@ -239,7 +239,7 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
     passes that did not give exactly their tokens)."""
     if not head.reader_state:
         return []
-    from lakeckpt_tables.mixture import is_mixture_state  # imports torch
+    from lakeckpt_tables.mixture import is_mixture_state
     from lakeckpt_tables.reader.state import ReaderState, decode_state
 
     decoded = decode_state(head.reader_state)

@@ -83,14 +83,19 @@ def trained_on(target: Any, predicate: str, table: str | None = None, *, catalog
         replayed = checkpoint_rows(record, parent, snapshot, sources=sources, only=only,
                                    storage_options=storage_options, datasets=datasets,
                                    source_catalog=source_catalog)
-        count = 0
+        # a row counts once per checkpoint and pass: two slices that each delivered tokens
+        # of one document (packed) both name it
+        hit: dict[tuple[Any, ...], list[np.ndarray[Any, Any]]] = {}
         for part in replayed.parts:
             for u in np.unique(part.unit_index):
                 unit = part.units[u]
                 key = (unit.path, unit.row_group, unit.rows)
                 if key not in matches:
                     matches[key] = _matching_rows(part.dataset, unit, predicate)
-                count += int(np.isin(part.row[part.unit_index == u], matches[key]).sum())
+                rows = part.row[part.unit_index == u]
+                hit.setdefault((part.source_key, part.segment, part.epoch, *key), []).append(
+                    rows[np.isin(rows, matches[key])])
+        count = sum(len(np.unique(np.concatenate(found))) for found in hit.values())
         if count:
             for name, value in zip(MATCHES_SCHEMA.names,
                                    (record.run_id, record.checkpoint_id, record.step, count),
@@ -107,8 +112,9 @@ class RunExposure:
         run_id: the run.
         first_step, last_step: the first and last checkpoints that trained on matching rows.
         first_checkpoint, last_checkpoint: their ids.
-        rows: matching rows trained on, summed over checkpoints (a row read in two epochs
-            counts twice).
+        rows: matching rows trained on, summed over checkpoints: a row counts once per
+            checkpoint and pass, so a row read in two epochs counts twice, and so does a packed
+            document whose tokens two checkpoints delivered.
         checkpoints: ids of the checkpoints that trained on matching rows.
         exposed: ids of every checkpoint whose model has seen a matching row: those above and
             every checkpoint whose lineage holds one of them. These must be retrained or deleted.

@@ -10,7 +10,7 @@ merged state of that source, every record named by the source's key (``source_ke
 events' details too. A source not drawn yet has no plan and consumed nothing. The checkpoint
 record names no single source table (``source`` is null): the ``source`` events do, per key.
 With ``on_exhausted="cycle"`` a source's next pass is its next epochs (NOTE [ cycling sources ]
-in ``lakeckpt_tables/mixture.py``): its records name the epoch that read each row, as for a
+in ``lakeckpt_tables/mixture/dataset.py``): its records name the epoch that read each row, as for a
 reader built with ``epochs=N``.
 """
 

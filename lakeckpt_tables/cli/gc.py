@@ -5,7 +5,11 @@ checkpoints and every tagged one, and remove directories of attempts no checkpoi
 Tags given after the commit (``lakeckpt tag``) are honoured too: they live in the ledger as
 ``tag`` events, which the ``checkpoints`` view folds in. A Delta ledger's orphan files (written
 by a commit that crashed before landing, provably named by no log entry, older than the grace
-period) are removed too, and nothing else of the ledger (``DeltaLedger.remove_orphans``).
+period) are removed too (``DeltaLedger.remove_orphans``), and so are the files a compaction
+replaced more than a week ago (``DeltaLedger.remove_replaced``; ``--replaced-older-than-hours``):
+nothing else of the ledger. An Iceberg ledger's files that no snapshot it keeps names (a
+compaction expires the snapshots of the files it replaced) are removed past the orphans' grace
+period (``IcebergLedger.remove_orphans``).
 Removing a committed checkpoint's model files records a ``removed`` event, so ``lakeckpt
 checkpoints`` shows it ``removed`` (not restorable).
 """
@@ -35,6 +39,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--orphans-older-than-hours", type=int, default=None, metavar="H",
                         help="grace period of orphan ledger files (default 24: a commit may "
                         "be writing a younger file)")
+    parser.add_argument("--replaced-older-than-hours", type=int, default=None, metavar="H",
+                        help="keep Delta ledger files a compaction replaced this long (default "
+                        "168: an audit of an older ledger version may still read them)")
     parser.add_argument("--dry-run", action="store_true", help="list, remove nothing")
     add_output(parser)
 
@@ -74,14 +81,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ledger_orphans(args: argparse.Namespace, ledger: Any) -> list[dict[str, str]]:
-    from lakeckpt_tables.ledger.delta import ORPHAN_GRACE_HOURS, DeltaLedger
+    from lakeckpt_tables.ledger.delta import DeltaLedger
+    from lakeckpt_tables.ledger.delta_upkeep import ORPHAN_GRACE_HOURS, REPLACED_GRACE_HOURS
 
-    if not isinstance(ledger, DeltaLedger):
-        return []
-    hours = ORPHAN_GRACE_HOURS if args.orphans_older_than_hours is None \
+    orphans = ORPHAN_GRACE_HOURS if args.orphans_older_than_hours is None \
         else args.orphans_older_than_hours
-    return [{"run_id": "(ledger)", "location": f"{ledger.describe()}/{path}"}
-            for path in ledger.remove_orphans(older_than_hours=hours, dry_run=args.dry_run)]
+    replaced = REPLACED_GRACE_HOURS if args.replaced_older_than_hours is None \
+        else args.replaced_older_than_hours
+    paths = []
+    if isinstance(ledger, DeltaLedger):
+        paths += ledger.remove_replaced(older_than_hours=replaced, dry_run=args.dry_run)
+    # an Iceberg ledger's compaction expires the snapshots naming the files it replaced: they
+    # are orphans then
+    paths += ledger.remove_orphans(older_than_hours=orphans, dry_run=args.dry_run)
+    return [{"run_id": "(ledger)", "location": f"{ledger.describe()}/{path}"} for path in paths]
 
 
 def _removable(store: Any, records: list[tuple[str, str, bool]], run_id: str,

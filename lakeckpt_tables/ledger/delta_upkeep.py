@@ -19,12 +19,16 @@ from lakeckpt_tables.ledger.compaction import ORDER, Slice, fragmented, sorted_f
 from lakeckpt_tables.ledger.delta_files import DeltaFiles
 from lakeckpt_tables.ledger.summary import SUMMARY_DIR, summarize, summary_path, write_summary
 
-__all__ = ["COMPACTION_PROPERTY", "ORPHAN_GRACE_HOURS", "DeltaUpkeep"]
+__all__ = ["COMPACTION_PROPERTY", "ORPHAN_GRACE_HOURS", "REPLACED_GRACE_HOURS", "DeltaUpkeep"]
 
 log = logging.getLogger("lakeckpt_tables.ledger.delta")
 
 ORPHAN_GRACE_HOURS = 24
 """Files younger than this are never orphans: a commit may be writing them."""
+
+REPLACED_GRACE_HOURS = 168
+"""Files a compaction replaced are kept this long (Delta's default retention): a reader of an
+older ledger version, an audit in flight, may still read them."""
 
 
 COMPACTION_PROPERTY = "lakeckpt.compaction"
@@ -155,6 +159,26 @@ class DeltaUpkeep(DeltaFiles):
             with contextlib.suppress(FileNotFoundError):
                 self._fs.delete_file(self._data_path(path))
         return orphans
+
+    def remove_replaced(self, *, older_than_hours: int = REPLACED_GRACE_HOURS,
+                        dry_run: bool = False) -> list[str]:
+        """Remove the data files compactions replaced more than ``older_than_hours`` ago, so
+        that a ledger that lives for months keeps one copy of its rows on disk, not one more
+        per compaction. The log still names them as removed (as after Delta's VACUUM, without
+        its commits); their summaries become stale, which :meth:`remove_orphans` removes.
+
+        Returns:
+            The removed files, relative to the table.
+        """
+        with self._lock:
+            self._refresh()
+            replaced = sorted(self._table.vacuum(
+                retention_hours=older_than_hours, dry_run=True,
+                enforce_retention_duration=False))
+        for path in replaced if not dry_run else ():
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(self._data_path(path))
+        return replaced
 
     def _stale_summaries(self, live: set[str], older_than_hours: int) -> list[str]:
         where = self._data_path(SUMMARY_DIR)

@@ -55,7 +55,7 @@ from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.compaction import ORDER, Slice, fragmented, sorted_files
-from lakeckpt_tables.ledger.iceberg_files import IcebergFiles
+from lakeckpt_tables.ledger.iceberg_files import IcebergFiles, IcebergUpkeep
 from lakeckpt_tables.ledger.records import CheckpointRecord
 from lakeckpt_tables.ledger.spec import LedgerSpec
 from lakeckpt_tables.ledger.summary import summarize
@@ -125,7 +125,7 @@ class _AssertNoCommitSince(ValidatableTableRequirement):
             )
 
 
-class IcebergLedger(LedgerBase[list[DataFile]]):
+class IcebergLedger(IcebergUpkeep, LedgerBase[list[DataFile]]):
     """A ledger kept in an Iceberg table, created (with its namespace) on first use.
 
     Args:

@@ -10,6 +10,10 @@ here under the table's location.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pa_ds
@@ -18,9 +22,21 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from lakeckpt_tables.ledger import schema as s
-from lakeckpt_tables.ledger.summary import consumed, read_summary, write_summary
+from lakeckpt_tables.ledger.summary import (
+    SUMMARY_DIR,
+    consumed,
+    read_summary,
+    summary_path,
+    write_summary,
+)
 
-__all__ = ["IcebergFiles", "snapshot_files"]
+__all__ = ["ORPHAN_GRACE_HOURS", "IcebergFiles", "IcebergUpkeep", "snapshot_files"]
+
+ORPHAN_GRACE_HOURS = 24
+"""Files younger than this are kept whatever they are: a commit may be writing them."""
+
+_SWEPT = ("data", "metadata", SUMMARY_DIR)
+"""The folders of the table's location the sweep looks in (the table's own, nothing else)."""
 
 
 def snapshot_files(table: Table, snapshot_id: int) -> list[tuple[str, int]] | None:
@@ -49,6 +65,16 @@ class IcebergFiles:
         scheme, netloc, base = io.parse_location(table.location(), io.properties)
         return cls(io.fs_by_scheme(scheme, netloc), io, base.rstrip("/"))
 
+    @property
+    def fs(self) -> pa_fs.FileSystem:
+        """The filesystem the table's files are read with."""
+        return self._fs
+
+    @property
+    def base(self) -> str:
+        """The table's location, as :attr:`fs` names it."""
+        return self._base
+
     def path(self, location: str) -> str:
         """A data file's location as the filesystem names it."""
         return self._io.parse_location(location, self._io.properties)[2]
@@ -68,7 +94,7 @@ class IcebergFiles:
 
         return consumed([(self.path(f), size) for f, size in files],
                         lambda path, size: read_summary(self._fs, self._base,
-                                                        self._relative(path), size), rows_of)
+                                                        self.relative(path), size), rows_of)
 
     def summarize(self, location: str, size: int, summary: pa.Table) -> None:
         """Write the consumption summary of a compacted data file.
@@ -76,8 +102,68 @@ class IcebergFiles:
         Raises:
             OSError: it could not be written (the caller may go on without it).
         """
-        write_summary(self._fs, self._base, self._relative(self.path(location)), size,
+        write_summary(self._fs, self._base, self.relative(self.path(location)), size,
                       summary)
 
-    def _relative(self, path: str) -> str:
+    def relative(self, path: str) -> str:
+        """A path of :attr:`fs` relative to the table's location."""
         return path[len(self._base) + 1:] if path.startswith(self._base + "/") else path
+
+
+class IcebergUpkeep:
+    """Removal of an Iceberg ledger's unreferenced files (a mixin of
+    :class:`~lakeckpt_tables.ledger.IcebergLedger`)."""
+
+    _table: Table
+    _lock: threading.RLock
+
+    def _refresh(self) -> None:
+        raise NotImplementedError
+
+    def remove_orphans(self, *, older_than_hours: int = ORPHAN_GRACE_HOURS,
+                       dry_run: bool = False) -> list[str]:
+        """Remove the files under the table's location that no snapshot it keeps names: data
+        files a compaction replaced (the snapshots that named them expired) and their
+        summaries, a crashed commit's files, manifests of expired snapshots. Metadata files
+        the log names, and files younger than ``older_than_hours`` (a commit may be writing
+        them), are kept.
+
+        Returns:
+            The removed files, relative to the table's location (empty when the table's
+            FileIO is not pyarrow's: nothing is removed then).
+        """
+        with self._lock:
+            self._refresh()
+            files = IcebergFiles.of(self._table)
+            if files is None:
+                return []
+            kept = {files.path(location) for location in _referenced(self._table)}
+        kept |= {summary_path(files.base, files.relative(path)) for path in kept}
+        cutoff = time.time() - older_than_hours * 3600
+        removed = []
+        for folder in _SWEPT:
+            selector = pa_fs.FileSelector(f"{files.base}/{folder}", recursive=True,
+                                          allow_not_found=True)
+            for info in files.fs.get_file_info(selector):
+                if (info.type == pa_fs.FileType.File and info.path not in kept
+                        and info.mtime is not None and info.mtime.timestamp() <= cutoff):
+                    removed.append(info.path)
+        for path in removed if not dry_run else ():
+            with contextlib.suppress(FileNotFoundError):
+                files.fs.delete_file(path)
+        return sorted(files.relative(path) for path in removed)
+
+
+def _referenced(table: Table) -> set[str]:
+    """Every file the table's metadata names: its metadata files, and each kept snapshot's
+    manifest list, manifests and live data and delete files (an entry marked deleted names a
+    file of an older snapshot: reachable only while that one is kept)."""
+    meta = table.metadata
+    names = {table.metadata_location, *(entry.metadata_file for entry in meta.metadata_log)}
+    for snapshot in meta.snapshots:
+        names.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(table.io):
+            names.add(manifest.manifest_path)
+            names.update(entry.data_file.file_path for entry in
+                         manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+    return names

@@ -27,6 +27,7 @@ mode carried into the next segment (NOTE [ segment tails are carried ] in
 """
 
 from lakeckpt_tables.plan.epoch import EpochPlan
+from lakeckpt_tables.plan.layout_codec import decode_layout, encode_layout
 from lakeckpt_tables.plan.order import BALANCE_CYCLE
 from lakeckpt_tables.plan.pieces import Piece, cut_spans
 from lakeckpt_tables.plan.policy import DEFAULT_SHUFFLE_WINDOW, PlanPolicy, derive_seed
@@ -44,7 +45,9 @@ __all__ = [
     "Piece",
     "PlanPolicy",
     "cut_spans",
+    "decode_layout",
     "derive_seed",
+    "encode_layout",
     "permutation",
     "replan",
     "replan_rounds",

@@ -34,7 +34,7 @@ from lakeckpt_tables.plan.shuffle import BALANCED, LEGACY, SHUFFLERS
 from lakeckpt_tables.reader.columns import resolve_columns
 from lakeckpt_tables.reader.convert import check_convertible
 from lakeckpt_tables.reader.options import Packing, ReaderOptions
-from lakeckpt_tables.reader.packed import TokenPlanner
+from lakeckpt_tables.reader.packed import StreamSizes, TokenPlanner
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
 from lakeckpt_tables.reader.rounds import FollowPolicy, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
@@ -68,7 +68,7 @@ class ReaderConfig:
     follow: FollowPolicy | None
     shuffler: str = BALANCED
     cycle: bool = False
-    stream_sizes: dict[int, list[int]] = dataclasses.field(default_factory=dict, repr=False)
+    stream_sizes: dict[int, StreamSizes] = dataclasses.field(default_factory=dict, repr=False)
     """Packing: each pinned version's row groups' stream sizes, counted once per process
     (NOTE [ token plan ] in ``reader/token_plan.py``)."""
     identity: dict[str, Any] = dataclasses.field(init=False)

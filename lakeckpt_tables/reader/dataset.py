@@ -323,8 +323,8 @@ def cycling(dataset: LakeDataset) -> LakeDataset:
     """A copy of ``dataset`` that never ends: after its last epoch it reads the next ones (each
     with its own permutation, accounted as that epoch). What a Mixture with
     ``on_exhausted="cycle"`` reads, so that a source's next pass is its next epochs (NOTE
-    [ cycling sources ] in ``lakeckpt_tables/mixture.py``); its states name ``"cycle"`` and load
-    only into a cycling reader.
+    [ cycling sources ] in ``lakeckpt_tables/mixture/dataset.py``); its states name
+    ``"cycle"`` and load only into a cycling reader.
 
     Raises:
         ValueError: a ``follow=True`` or ``refresh="epoch"`` dataset.

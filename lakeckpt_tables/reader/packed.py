@@ -28,10 +28,15 @@ from lakeckpt_tables.reader.options import Packing, ReaderOptions
 from lakeckpt_tables.reader.planner import Cursor, rank_slices, require_whole
 from lakeckpt_tables.reader.rounds import Round, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
-from lakeckpt_tables.reader.token_plan import TokenPlan, packed_batches, stream_sizes
+from lakeckpt_tables.reader.token_plan import (
+    StreamSizes,
+    TokenPlan,
+    packed_batches,
+    stream_sizes,
+)
 from lakeckpt_tables.sources.base import Snapshot
 
-__all__ = ["TokenPlanner", "sequences"]
+__all__ = ["StreamSizes", "TokenPlanner", "sequences"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +62,7 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
         for ids, positions, position, _ in packed_batches(
                 plan, units, g, start, read=read, column=packing.column,
                 seq_len=packing.seq_len, eos_id=packing.eos_id, batch_size=cursor.shape[2],
-                read_ahead=planner.read_ahead):
+                read_ahead=planner.read_ahead, eos_free=planner.footers().eos_free):
             cursor.epoch, cursor.position = index, position
             batch = Batch(input_ids=torch.from_numpy(ids),
                           position_ids=torch.from_numpy(positions))
@@ -73,8 +78,9 @@ class TokenPlanner:
     follows = False
 
     def __init__(self, packing: Packing, options: ReaderOptions, snapshot: Snapshot,
-                 sizes: dict[int, list[int]], rounds: RoundSequence) -> None:
-        """``sizes``: the stream sizes per version, a cache the reader's configuration keeps."""
+                 sizes: dict[int, StreamSizes], rounds: RoundSequence) -> None:
+        """``sizes``: what the footers say per version, a cache the reader's configuration
+        keeps."""
         self.packing, self.snapshot, self.sizes, self.rounds = packing, snapshot, sizes, rounds
         o = options
         self.rank, self.seed, self.shuffle = o.rank, o.seed, o.shuffle
@@ -82,14 +88,19 @@ class TokenPlanner:
         self.epochs = rounds.epochs  # None: endless (ReaderConfig.cycle)
         self.where = snapshot.describe()
 
-    def stream_sizes(self) -> list[int]:
-        """Stream elements (tokens + eos) of each row group of the pinned snapshot."""
+    def footers(self) -> StreamSizes:
+        """What the footers say of each row group of the pinned snapshot."""
         snapshot = self.snapshot
         sizes = self.sizes.get(snapshot.version)
         if sizes is None:
             sizes = self.sizes[snapshot.version] = stream_sizes(
-                snapshot.row_reader(), snapshot.units, self.packing.column)
+                snapshot.row_reader(), snapshot.units, self.packing.column,
+                self.packing.eos_id)
         return sizes
+
+    def stream_sizes(self) -> list[int]:
+        """Stream elements (tokens + eos) of each row group of the pinned snapshot."""
+        return self.footers().sizes
 
     def token_plan(self, shape: PlanShape, epoch: int,
                    layout: Sequence[Piece] | None) -> TokenPlan:

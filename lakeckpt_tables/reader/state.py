@@ -13,7 +13,7 @@ Schema (``format`` = :data:`STATE_FORMAT`)::
                   "epochs": 1, "columns": ["id", "x"]},   # what defines the rows: identity
       "policy":  {"on_change": "fail", "until_version": null, ...},  # may change on resume
       "plan":    {"world_size": 2, "workers": 2, "batch_size": 64} | null,
-      "layouts": {"<epoch>": [piece, ...]},  # only epochs re-planned by an elastic resume
+      "layouts": {"<epoch>": {"pieces": 4096, "shufflers": ["balanced"], "columns": "..."}},
       "rounds":  {"<round>": [index, segment, epoch, base, to, skipped]},  # follow mode only
       "slices":  [[epoch, rows delivered] | null, ...]   # one per (rank, worker)
     }
@@ -23,6 +23,11 @@ only into a reader with the same. ``policy`` holds the options that do not defin
 mode's ``on_change``, ``until_version``, ``max_idle``, ``poll_interval``): they may change on
 resume, and the change is recorded in the ledger as a ``policy_change`` event. Format 1 (with a
 ``segment`` field that was always 0) is refused by name.
+
+``layouts`` holds only rounds re-planned by an elastic resume, as integer columns
+(NOTE [ compact layouts ] in ``lakeckpt_tables.plan.layout_codec``); a layout written as a
+list of pieces (``[[[a, b], ...], seed, lo, hi(, shuffler)]``, states written before) loads
+too, so the format stays ``lakeckpt.reader/2``.
 
 A state captured in one DataLoader worker knows only its own slice (others are null); states
 are merged with :func:`merge_states`. ``plan`` may differ on load (another world size, worker
@@ -40,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from lakeckpt_tables.errors import StateMismatchError
-from lakeckpt_tables.plan import Piece
+from lakeckpt_tables.plan import Piece, decode_layout, encode_layout
 from lakeckpt_tables.plan.rounds import Round
 from lakeckpt_tables.types import TableIdentity
 
@@ -111,7 +116,7 @@ class ReaderState:
             KEY_POLICY: dict(self.policy),
             KEY_PLAN: None if self.plan is None else dict(
                 zip(("world_size", "workers", "batch_size"), self.plan, strict=True)),
-            KEY_LAYOUTS: {str(e): [p.to_json() for p in ps] for e, ps in self.layouts.items()},
+            KEY_LAYOUTS: {str(e): encode_layout(ps) for e, ps in self.layouts.items()},
             KEY_SLICES: [None if s is None else list(s) for s in self.slices],
             **({KEY_ROUNDS: {str(r): d.to_json() for r, d in sorted(self.rounds.items())}}
                if self.rounds else {}),
@@ -163,8 +168,7 @@ class ReaderState:
             raise ValueError(f"{len(slices)} slices for {shape[0]} ranks x {shape[1]} workers")
         if shape is None and (slices or state[KEY_LAYOUTS] or state.get(KEY_ROUNDS)):
             raise ValueError("a state without a plan (nothing read yet) holds no positions")
-        layouts = {int(e): tuple(Piece.from_json(p) for p in ps)
-                   for e, ps in state[KEY_LAYOUTS].items()}
+        layouts = {int(e): decode_layout(ps) for e, ps in state[KEY_LAYOUTS].items()}
         rounds = {int(r): Round.from_json(d) for r, d in state.get(KEY_ROUNDS, {}).items()}
         return cls(
             table=TableIdentity(_table_format(t["format"]), _text(t["location"]),

@@ -31,7 +31,6 @@ Rows are permuted by row group, not within one: a document is read whole from it
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,18 +40,19 @@ import pyarrow as pa
 
 from lakeckpt_tables.errors import PackingError
 from lakeckpt_tables.plan.pieces import cut_spans
-from lakeckpt_tables.reader.packing import stream_pieces
+from lakeckpt_tables.reader.packing import StreamWriter, warn_eos
 from lakeckpt_tables.reader.readahead import ReadAhead
 from lakeckpt_tables.types import Unit
 
-__all__ = ["TokenPlan", "packed_batches", "stream_sizes"]
+__all__ = ["StreamSizes", "TokenPlan", "packed_batches", "stream_sizes"]
 
 Interval = tuple[int, int]
-CHUNK_TOKENS = 1 << 15
-"""Stream elements computed per numpy pass at least (256 KiB of int64 ids, as much of
-positions): numpy's fixed cost per call spread over several batches, the arrays still in
-cache (2026-11-25, a 1M-token row group, CPU time: 2.2 ns a token at 2^15, 2.7 at 2^14, 3.6
-at 2^16, 5.2 at 2^17)."""
+GROUP_TOKENS = 1 << 15
+"""Stream elements written into one pair of arrays at least, the batches handed out as views
+of them: a write's fixed cost (~10 us of numpy calls) spread over more tokens, the arrays
+small enough to stay in cache and to be reused by the allocator, not mapped afresh (2026-11-25,
+the bench's packed loop, main-thread CPU a token, median of 4: 3.9 ns at 2^14, 3.15 at 2^15,
+3.3 at 2^16, 8.8 at 2^17 with 20x the page faults)."""
 _TAG = 0x7061636B  # "pack": the token plan's permutations are its own
 
 
@@ -126,17 +126,33 @@ class TokenPlan:
         return out
 
 
-def stream_sizes(reader: Any, units: Sequence[Unit], column: str) -> list[int]:
+@dataclass(frozen=True)
+class StreamSizes:
+    """What the footers say of a snapshot's units (row groups), in canonical unit order."""
+
+    sizes: list[int]
+    """Stream elements (tokens + one eos per row) of each unit."""
+    eos_free: list[bool]
+    """Whether the unit's token statistics (min, max) rule the eos id out of its documents:
+    its writer then skips looking for one (a pass over its tokens, ~0.25 ns a token)."""
+
+
+def stream_sizes(reader: Any, units: Sequence[Unit], column: str,
+                 eos_id: int | None = None) -> StreamSizes:
     """Stream elements (tokens + one eos per row) of each unit: from the Parquet footer where
     it can say, by reading the token column otherwise (NOTE [ token plan ])."""
-    sizes = []
+    sizes, free = [], []
     for unit in units:
-        tokens = _footer_tokens(reader, unit, column)
+        stats = _footer_stats(reader, unit, column)
+        tokens = stats[0] if stats is not None else None
         if tokens is None:
             array = reader.read(unit, [column]).column(column)
             tokens = int(sum(_value_count(chunk) for chunk in array.chunks))
         sizes.append(tokens + unit.rows)
-    return sizes
+        low, high = stats[1:] if stats is not None else (None, None)
+        free.append(eos_id is not None and low is not None and high is not None
+                    and not low <= eos_id <= high)
+    return StreamSizes(sizes, free)
 
 
 def _value_count(array: pa.Array) -> int:
@@ -146,16 +162,16 @@ def _value_count(array: pa.Array) -> int:
     return int(offsets[-1].as_py() - offsets[0].as_py()) if len(array) else 0
 
 
-def _footer_tokens(reader: Any, unit: Unit, column: str) -> int | None:
-    """Tokens of a row group from its footer, or None when the footer cannot say."""
+def _footer_stats(reader: Any, unit: Unit,
+                  column: str) -> tuple[int | None, Any, Any] | None:
+    """A row group's tokens (None when deleted rows make the count wrong) and its tokens'
+    min and max (None when not recorded) from its footer; None when the footer cannot say."""
     from lakeckpt_tables.sources.base import DataFile
 
     data_file = unit.file if isinstance(unit.file, DataFile) else None
     # TODO(packing-footer-counts): a RowGroupReader method in sources/ would spare these
     # private calls (the same seam null_counts uses)
     handle = reader._handle(unit.path, data_file)
-    if handle.row_group_rows[unit.row_group] != unit.rows:
-        return None  # deleted rows: their tokens are in the footer's count
     physical = reader._null_source(handle, data_file, column)
     if not isinstance(physical, str):
         return None
@@ -165,22 +181,31 @@ def _footer_tokens(reader: Any, unit: Unit, column: str) -> int | None:
     if len(leaves) != 1:
         return None
     stats = leaves[0].statistics
-    if stats is None or not stats.has_null_count:
+    if stats is None:
         return None
-    return int(leaves[0].num_values) - int(stats.null_count)
+    whole = handle.row_group_rows[unit.row_group] == unit.rows  # else deleted rows' tokens
+    tokens = (int(leaves[0].num_values) - int(stats.null_count)
+              if whole and stats.has_null_count else None)
+    low, high = (stats.min, stats.max) if stats.has_min_max else (None, None)
+    return tokens, low, high
 
 
 def packed_batches(plan: TokenPlan, units: Sequence[Unit], q: int, start: int, *,
                    read: Callable[[Unit], pa.Table], column: str, seq_len: int, eos_id: int,
-                   batch_size: int, read_ahead: int = 0
+                   batch_size: int, read_ahead: int = 0, eos_free: Sequence[bool] = ()
                    ) -> Iterator[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int, int]]:
     """Slice ``q``'s batches after ``start`` sequences: (input_ids, position_ids, position
     after the batch, eos ids found inside documents since the previous batch).
 
-    ``read(unit)`` gives the unit's live rows with the token column: ``read_ahead`` units are
+    ``eos_free``: per unit (canonical order), whether its footer rules the eos id out of its
+    documents (:class:`StreamSizes`). ``read(unit)`` gives the unit's live rows with the token
+    column: ``read_ahead`` units are
     read ahead on threads (NOTE [ read-ahead ] in ``reader/readahead.py``) while this thread
-    packs. Each unit's share of the slice's stream is computed a piece at a time as batches
-    are cut (``packing.stream_pieces``), as views of one piece where a batch lies in it.
+    packs. The units' shares of the slice's stream are written straight into arrays of at
+    least :data:`GROUP_TOKENS` elements (``packing.StreamWriter``), each batch a view of them:
+    no piece is joined or copied again, and torch takes the views as they are (a tensor of a
+    view holds its own bytes only: sharing it with another process or pinning it copies
+    those).
     """
     starts = plan.starts
     jobs: list[tuple[int, int, int]] = []  # (unit in stream order, first, end): unit-relative
@@ -197,46 +222,45 @@ def packed_batches(plan: TokenPlan, units: Sequence[Unit], q: int, start: int, *
                 jobs.append((k, lo - int(starts[k]), end - int(starts[k])))
             lo, k = end, k + 1
 
-    def work(job: tuple[int, int, int]) -> tuple[pa.Array | pa.ChunkedArray, int, int]:
+    def work(job: tuple[int, int, int]) -> tuple[pa.Array | pa.ChunkedArray, int, int, bool]:
         k, first, end = job
-        return read(units[plan.order[k]]).column(column), first, end
+        u = plan.order[k]
+        return read(units[u]).column(column), first, end, u < len(eos_free) and eos_free[u]
 
     want = batch_size * seq_len
-    held: deque[tuple[Any, Any]] = deque()
-    have = inside = 0
+    left = sum(end - first for _, first, end in jobs)  # whole sequences
+    ids = positions = _EMPTY  # the arrays being filled: the next batches' memory
+    fill = done = inside = 0  # elements written, yielded; eos inside the batch being filled
     position = start
-    for array, first, end in ReadAhead(work, jobs, depth=read_ahead,
-                                       size=lambda r: r[0].nbytes):
-        for ids, positions, found in stream_pieces(array, first, end, eos_id=eos_id,
-                                                   piece=max(CHUNK_TOKENS, want)):
-            held.append((ids, positions))
-            have, inside = have + len(ids), inside + found
-            while have >= want:
-                ids, pos = _take(held, want)
-                have, position = have - want, position + batch_size
-                yield ids.reshape(-1, seq_len), pos.reshape(-1, seq_len), position, inside
-                inside = 0
-    if have:  # the slice's last batch: fewer sequences (its intervals hold whole ones)
-        ids, pos = _take(held, have)
-        yield ids.reshape(-1, seq_len), pos.reshape(-1, seq_len), position + have // seq_len, \
-            inside
+    stream = None
+    for array, first, end, free in ReadAhead(work, jobs, depth=read_ahead,
+                                             size=lambda r: r[0].nbytes):
+        stream = StreamWriter.of(array, eos_id=eos_id, reuse=stream, eos_free=free)
+        if end > stream.total:
+            raise PackingError(f"stream elements up to {end} were planned, but the rows hold "
+                               f"{stream.total}: a data file's footer statistics disagree with "
+                               "its rows. Rewrite the file (or report it), and start the run "
+                               "again")
+        while first < end:
+            if fill == len(ids):
+                size = min(max(1, GROUP_TOKENS // want) * want, left)
+                ids, positions = np.empty(size, np.int64), np.empty(size, np.int64)
+                left, fill, done = left - size, 0, 0
+            # a write may fill several batches, unless its eos count must be told per batch
+            stop = len(ids) if stream.clean else done + want
+            n = min(end - first, stop - fill)
+            found = stream.write(first, first + n, ids[fill:fill + n], positions[fill:fill + n])
+            if found:
+                warn_eos(eos_id, found)
+            first, fill, inside = first + n, fill + n, inside + found
+            while fill - done >= want:
+                position += batch_size
+                yield (ids[done:done + want].reshape(-1, seq_len),
+                       positions[done:done + want].reshape(-1, seq_len), position, inside)
+                done, inside = done + want, 0
+    if fill > done:  # the slice's last batch: fewer sequences (its intervals hold whole ones)
+        yield (ids[done:fill].reshape(-1, seq_len), positions[done:fill].reshape(-1, seq_len),
+               position + (fill - done) // seq_len, inside)
 
 
-def _take(held: deque[tuple[Any, Any]], n: int) -> tuple[Any, Any]:
-    """The next ``n`` stream elements (ids, positions) of ``held``: views of one piece when
-    they lie in it, else joined."""
-    ids, pos = held.popleft()
-    if len(ids) >= n:
-        if len(ids) > n:
-            held.appendleft((ids[n:], pos[n:]))
-        return ids[:n], pos[:n]
-    parts = [(ids, pos)]
-    got = len(ids)
-    while got < n:
-        ids, pos = held.popleft()
-        if got + len(ids) > n:
-            held.appendleft((ids[n - got:], pos[n - got:]))
-            ids, pos = ids[:n - got], pos[:n - got]
-        parts.append((ids, pos))
-        got += len(ids)
-    return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
+_EMPTY = np.empty(0, np.int64)

@@ -8,6 +8,8 @@ one run, by:
   read: the ceiling for any dataset under that loader (per-batch hand-off included);
 - ``library``: the same loader over :class:`~lakeckpt_tables.LakeDataset` (shuffle off, so the
   rows read are the same; read-ahead at its default);
+- ``inline``: the same with ``read_ahead=0`` (0 workers only): what read-ahead gains or costs
+  (``read-ahead / read_ahead=0``; issue 20 wants it never below 1x);
 - ``shuffled``: the same with shuffle on (what shuffling costs: ``library shuffle on / off``);
 - ``deleted``: the same (shuffle off) over a copy of the table whose every file has a deletion
   vector deleting 1% of its rows (``bench tables``' ``add_deletion_vectors``): what deletion
@@ -132,11 +134,11 @@ def _loader(dataset: Any, workers: int, **kwargs: Any) -> Any:
 
 
 def _library(table: ShapeTable, batch_size: int, *, shuffle: bool = False,
-             uri: str | None = None) -> Any:
+             uri: str | None = None, **options: Any) -> Any:
     from lakeckpt_tables import DeltaSource, LakeDataset
 
     return LakeDataset(DeltaSource(uri or table.uri), columns=list(table.columns),
-                       batch_size=batch_size, shuffle=shuffle)
+                       batch_size=batch_size, shuffle=shuffle, **options)
 
 
 def _plain_loader(table: ShapeTable, batch: int, workers: int) -> Any:
@@ -145,8 +147,9 @@ def _plain_loader(table: ShapeTable, batch: int, workers: int) -> Any:
 
 
 def _library_loader(table: ShapeTable, batch: int, workers: int, *, shuffle: bool = False,
-                    uri: str | None = None) -> Any:
-    return _loader(_library(table, batch, shuffle=shuffle, uri=uri), workers, batch_size=None)
+                    uri: str | None = None, **options: Any) -> Any:
+    return _loader(_library(table, batch, shuffle=shuffle, uri=uri, **options), workers,
+                   batch_size=None)
 
 
 def deleted_copy(table: ShapeTable) -> tuple[str, int]:
@@ -218,6 +221,8 @@ class ShapeResult:
             out[f"library / plain loader, {w} workers"] = (f"library@{w}", f"plain@{w}")
             out[f"library / raw read, {w} workers"] = (f"library@{w}", "raw")
             out[f"library / HF datasets, {w} workers"] = (f"library@{w}", f"hf@{w}")
+            if not w:
+                out["read-ahead / read_ahead=0, 0 workers"] = ("library@0", "inline@0")
             out[f"library shuffle on / off, {w} workers"] = (f"shuffled@{w}", f"library@{w}")
             out[f"deletion vectors / none, {w} workers"] = (f"deleted@{w}", f"library@{w}")
             if w and 0 in workers:
@@ -275,6 +280,9 @@ def _makers(table: ShapeTable, batch: int, workers: Sequence[int], hf: bool,
     for w in workers:
         makers[f"plain@{w}"] = functools.partial(_plain_loader, table, batch, w)
         makers[f"library@{w}"] = functools.partial(_library_loader, table, batch, w)
+        if not w:
+            makers["inline@0"] = functools.partial(_library_loader, table, batch, 0,
+                                                   read_ahead=0)
         makers[f"shuffled@{w}"] = functools.partial(_library_loader, table, batch, w,
                                                     shuffle=True)
         makers[f"deleted@{w}"] = functools.partial(_library_loader, table, batch, w,

@@ -27,26 +27,23 @@ Single-process jobs are forked from a server that imported torch and deltalake o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import json
-import multiprocessing
 import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields
-from multiprocessing.context import ForkServerContext
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import IO, Any
+
+from lakeckpt_tables.tools.chaos.faults import damage, repair_ledger
+from lakeckpt_tables.tools.chaos.launcher import Launcher, Proc
 
 __all__ = ["register", "run"]
 
@@ -100,126 +97,10 @@ class Trial:
     undetected_damage: int = 0
 
 
-class _Proc:
-    """A job's process, started fresh or forked from the server; its own process group."""
-
-    def __init__(self, proc: subprocess.Popen[bytes] | BaseProcess) -> None:
-        self.proc = proc
-
-    def wait(self, timeout: float) -> bool:
-        """True when the process ended within ``timeout`` seconds."""
-        if isinstance(self.proc, subprocess.Popen):
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                return False
-            return True
-        self.proc.join(timeout)
-        return self.proc.exitcode is not None
-
-    def kill(self) -> None:
-        """SIGKILL the job's process group and its descendants' (torchrun's ranks each start a
-        session of their own, so killing torchrun's group alone would orphan them)."""
-        if self.proc.pid is None:
-            return
-        groups = [self.proc.pid, *_descendants(self.proc.pid)]
-        for pid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-        self.wait(60.0)
-
-    @property
-    def returncode(self) -> int | None:
-        if isinstance(self.proc, subprocess.Popen):
-            return self.proc.returncode
-        return self.proc.exitcode
-
-
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except OSError:
-                continue
-            found.extend(children)
-            todo.extend(children)
-    return found
-
-
-class _Stopped(Exception):
-    """The campaign is stopping: no job starts any more."""
-
-
-class _Launcher:
-    """Starts jobs: torchrun jobs always fresh; single-process ones forked or fresh."""
-
-    def __init__(self, launch: str) -> None:
-        self.server: ForkServerContext | None = None
-        self.lock = threading.Lock()
-        self.live: set[_Proc] = set()
-        self.stopped = False
-        if launch == "fork":
-            from lakeckpt_tables.tools.chaos.job import PRELOAD
-
-            os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the server, as by fresh jobs
-            self.server = multiprocessing.get_context("forkserver")
-            self.server.set_forkserver_preload(list(PRELOAD))
-
-    def start(self, args: list[str], *, nproc: int, crash: str | None, log: Path) -> _Proc:
-        """Start a job; its stdout and stderr (warnings, tracebacks) go to ``log``."""
-        with self.lock:
-            if self.stopped:
-                raise _Stopped
-            self.live = {p for p in self.live if p.returncode is None}
-            proc = self._start(args, nproc=nproc, crash=crash, log=log)
-            self.live.add(proc)
-            return proc
-
-    def stop(self) -> None:
-        """Kill every job still running: a trial cut short is run again by the next campaign,
-        and no job of this one may write into its directory then."""
-        with self.lock:
-            self.stopped = True
-            live = list(self.live)
-        for proc in live:
-            proc.kill()
-
-    def _start(self, args: list[str], *, nproc: int, crash: str | None, log: Path) -> _Proc:
-        if nproc == 1 and self.server is not None:
-            from lakeckpt_tables.tools.chaos.job import forked
-
-            process = self.server.Process(target=forked, args=(args, crash, str(log)),
-                                          daemon=False)
-            process.start()  # under the lock: the server starts once, and this is not thread-safe
-            return _Proc(process)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        env.pop("LAKECKPT_CRASH_AT", None)
-        if crash:
-            env["LAKECKPT_CRASH_AT"] = crash
-        module = ["-m", "lakeckpt_tables.tools.chaos.job"]
-        if nproc == 1:
-            cmd = [sys.executable, *module, *args]
-        else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={nproc}", "--max-restarts=0", *module, *args]
-        with open(log, "ab") as output:
-            return _Proc(subprocess.Popen(cmd, env=env, stdout=output, stderr=output,
-                                          start_new_session=True))
-
-
 class _Job:
     """Runs the chaos job (alone or under torchrun) against one root and output directory."""
 
-    def __init__(self, launcher: _Launcher, table: Path, root: Path, out: Path,
+    def __init__(self, launcher: Launcher, table: Path, root: Path, out: Path,
                  timeout: float) -> None:
         self.launcher = launcher
         self.starts = 0
@@ -227,7 +108,7 @@ class _Job:
         self.damaged: str | None = None  # the ledger file the last LedgerCorruptError blamed
 
     def start(self, *, nproc: int = 1, crash: str | None = None, out: Path | None = None,
-              pause: float = 0.0) -> _Proc:
+              pause: float = 0.0) -> Proc:
         args = ["--table", str(self.table), "--root", str(self.root),
                 "--out", str(out or self.out), "--batch", str(_BATCH), "--pause", str(pause)]
         (out or self.out).mkdir(parents=True, exist_ok=True)
@@ -238,7 +119,7 @@ class _Job:
         log = (out or self.out).parent / f"job{self.starts}.log"
         return self.launcher.start(args, nproc=nproc, crash=crash, log=log)
 
-    def wait(self, proc: _Proc, trial: Trial, *, crash: bool, out: Path | None = None) -> bool:
+    def wait(self, proc: Proc, trial: Trial, *, crash: bool, out: Path | None = None) -> bool:
         """Wait for a job; record its errors; True when every rank finished."""
         trial.attempts += 1
         if not proc.wait(self.timeout):
@@ -269,35 +150,7 @@ class _Job:
                 trial.finished = True
                 return
             if trial.named and trial.named[-1] == "LedgerCorruptError":
-                _repair_ledger(self.root, self.damaged)
-
-
-def _repair_ledger(root: Path, damaged: str | None) -> None:
-    """The way out LedgerCorruptError names: move the file it blames (``damaged``, its
-    ``file``) and any file pyarrow cannot read aside, then repair the log. A flipped bit in a
-    footer's schema can leave a file pyarrow reads but the ledger cannot: only the error
-    names that one."""
-    import pyarrow.parquet as pq
-    from deltalake import DeltaTable
-
-    ledger = root / "_ledger"
-    for path in ledger.glob("*.parquet"):
-        if str(path) != damaged:
-            try:
-                pq.read_table(path, page_checksum_verification=True)
-                continue
-            except Exception:
-                pass
-        path.rename(root / f"aside-{path.name}")
-    DeltaTable(str(ledger)).repair()
-
-
-def _flip_bits(path: Path, rng: random.Random, flips: int) -> None:
-    data = bytearray(path.read_bytes())
-    for _ in range(flips):
-        k = rng.randrange(len(data))
-        data[k] ^= 1 << rng.randrange(8)
-    path.write_bytes(bytes(data))
+                repair_ledger(self.root, self.damaged)
 
 
 def _events(root: Path, name: str) -> int:
@@ -315,7 +168,7 @@ def _newest(root: Path) -> Any:
 
 
 def _trial(scenario: str, rng: random.Random, table: Path, work: Path, timeout: float,
-           launcher: _Launcher) -> Trial:
+           launcher: Launcher) -> Trial:
     root, out = work / "ckpt", work / "out"
     job = _Job(launcher, table, root, out, timeout)
     if scenario in ("kill", "kill-torchrun"):
@@ -339,7 +192,7 @@ def _trial(scenario: str, rng: random.Random, table: Path, work: Path, timeout: 
         job.run(trial, crash=crash)
         newest = _newest(root)
         if newest is not None:
-            _damage(scenario, rng, root, newest, trial)
+            trial.fault = f"{trial.fault}, {damage(scenario, rng, root, newest)}"
         retired_before = _safe_events(root, "retired") if newest is not None else 0
         job.finish(trial)
         detected = bool(trial.named) or _safe_events(root, "retired") > retired_before
@@ -366,40 +219,6 @@ def _safe_events(root: Path, name: str) -> int:
         return _events(root, name)
     except Exception:
         return 0
-
-
-def _damage(scenario: str, rng: random.Random, root: Path, newest: Any, trial: Trial) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if scenario == "model-bitflip":
-        files = sorted(p for p in (root / newest.model_location).iterdir() if p.is_file())
-        target = rng.choice(files)
-        _flip_bits(target, rng, rng.randint(1, 4))
-        trial.fault = f"{trial.fault}, bits flipped in {target.name}"
-    elif scenario == "ledger-bitflip":
-        files = sorted((root / "_ledger").glob("*.parquet"))
-        target = rng.choice(files)
-        _flip_bits(target, rng, rng.randint(1, 8))
-        trial.fault = f"{trial.fault}, bits flipped in ledger file {files.index(target)}"
-    else:  # tampered-state: a validly written file whose newest reader state says otherwise
-        for path in (root / "_ledger").glob("*.parquet"):
-            rows = pq.read_table(path)
-            ids = rows["checkpoint_id"].to_pylist()
-            kinds = rows["record"].to_pylist()
-            states = rows["reader_state"].to_pylist()
-            changed = False
-            for k, (cid, kind) in enumerate(zip(ids, kinds, strict=True)):
-                if cid == newest.checkpoint_id and kind == "checkpoint" and states[k]:
-                    text = states[k]
-                    i = rng.randrange(len(text))
-                    states[k] = text[:i] + ("A" if text[i] != "A" else "B") + text[i + 1:]
-                    changed = True
-            if changed:
-                col = rows.schema.get_field_index("reader_state")
-                pq.write_table(rows.set_column(col, rows.schema.field(col),
-                                               pa.array(states, pa.string())), path)
-                trial.fault = f"{trial.fault}, reader state of step {newest.step} rewritten"
 
 
 def _check(trial: Trial, table: Path, root: Path, outs: list[Path]) -> None:
@@ -555,7 +374,7 @@ def _code_version() -> str:
 
 
 def _run_one(k: int, seed: int, scenarios: list[str], base: Path, timeout: float,
-             launcher: _Launcher, code: str) -> Trial:
+             launcher: Launcher, code: str) -> Trial:
     """Trial ``k``: its scenario and every random choice follow from ``(seed, k)`` alone."""
     rng = _trial_rng(seed, k)
     work = base / f"trial-{k:04d}"
@@ -591,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
     done = {k: t for k, t in _finished(base).items() if k < args.trials}
     resumed = len(done)
     todo = iter([k for k in range(args.trials) if k not in done])
-    launcher = _Launcher(args.launch)
+    launcher = Launcher(args.launch)
     code = _code_version()
     t0 = time.monotonic()
     _end_line(base / _RESULTS)

@@ -31,7 +31,11 @@ Loaded by torchdata's loader, each worker gets its own state back. A source whos
 delivered its whole pass is exhausted at the mixture's next draw of it, as without a resume
 (the mixture's own end is what NOTE [ torchdata's end-of-pass trap ] is about). At another
 world size the sources' merged states are re-planned by the sources (elastic) and every rank
-goes on from the same draw; the number of DataLoader workers per rank must stay.
+goes on from the same draw. At another number of DataLoader workers per rank, worker ``w`` of
+``W`` goes on from draw ``d + w`` (``d``: the first draw no old worker delivered), taking every
+``W``-th, and every source re-plans its merged state for the new slices (sources must be
+LakeDatasets: another dataset cannot re-plan its rows). Rows stay exactly once per pass, and
+the schedule goes on from ``d``, as after an elastic change.
 
 State (JSON-clean, ``format`` = :data:`MIXTURE_FORMAT`): the schedule's configuration, per
 worker its next draw, restarts (``passes``) and end, each source's table and own state: every
@@ -40,66 +44,42 @@ row of a source is delivered once per pass, by that source's own accounting.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakeckpt_tables.errors import MixtureError, MixtureStateError, StateMismatchError
-from lakeckpt_tables.plan.schedule import schedule, scheduled, thresholds
+from lakeckpt_tables.mixture.state import (
+    KEY_CONFIG,
+    KEY_FORMAT,
+    KEY_POSITIONS,
+    KEY_SOURCES,
+    KEY_TABLES,
+    KEY_WORKERS,
+    KEYS,
+    MIXTURE_FORMAT,
+    Position,
+    Resume,
+    is_reader_state,
+    merge_positions,
+    merged_source_state,
+    same_json,
+)
+from lakeckpt_tables.plan.schedule import scheduled, thresholds
 from lakeckpt_tables.reader.dataset import LakeDataset, cycling
 from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
 
-__all__ = [
-    "MIXTURE_FORMAT",
-    "SOURCE_KEY",
-    "Mixture",
-    "is_mixture_state",
-    "merge_mixture_states",
-    "schedule",
-]
+__all__ = ["SOURCE_KEY", "Mixture"]
 
-MIXTURE_FORMAT = "lakeckpt.mixture/1"
 SOURCE_KEY = "source"
 """The key naming the source of each batch."""
 
 OnExhausted = Literal["stop", "cycle"]
 _POLICIES, _BLOCK = ("stop", "cycle"), 4096  # _BLOCK: draws computed at once
 
-KEY_FORMAT, KEY_CONFIG, KEY_WORKERS = "format", "config", "workers"
-KEY_POSITIONS, KEY_TABLES, KEY_SOURCES = "positions", "tables", "sources"
-_KEYS = (KEY_FORMAT, KEY_CONFIG, KEY_WORKERS, KEY_POSITIONS, KEY_TABLES, KEY_SOURCES)
-
-
-@dataclass
-class _Position:
-    """Where one worker's mixture stands."""
-
-    draw: int  # the next draw this worker takes
-    passes: dict[str, int] = field(default_factory=dict)  # passes started after the first
-    ended: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {"draw": self.draw, "passes": dict(self.passes), "ended": self.ended}
-
-    @classmethod
-    def from_json(cls, value: Any, names: list[str]) -> _Position:
-        if not isinstance(value, Mapping) or set(value) != {"draw", "passes", "ended"}:
-            raise ValueError(f"a mixture position has keys draw, passes, ended; got {value!r}")
-        draw, passes, ended = value["draw"], value["passes"], value["ended"]
-        if not _natural(draw) or not isinstance(ended, bool) or not isinstance(passes, Mapping):
-            raise ValueError(f"bad mixture position {value!r}")
-        if set(passes) - set(names) or not all(_natural(p) for p in passes.values()):
-            raise ValueError(f"a mixture position's passes name sources {names}; got {value!r}")
-        return cls(draw, dict(passes), ended)
-
-
-def _natural(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class Mixture(IterableDataset[dict[str, Any]]):
@@ -145,8 +125,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
         self.weights = {n: float(weights[n]) for n in self.names}
         self.seed, self.on_exhausted = seed, on_exhausted
         self._thresholds = thresholds([self.weights[n] for n in self.names])
-        self._resume: _Resume | None = None
-        self._live: tuple[int, int, _Position] | None = None  # workers, worker, position
+        self._resume: Resume | None = None
+        self._live: tuple[int, int, Position] | None = None  # workers, worker, position
 
     @property
     def config(self) -> dict[str, Any]:
@@ -188,7 +168,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
             yield _tagged(batch, name)
 
     def _next(self, name: str, iterators: dict[str, Iterator[Any]],
-              position: _Position) -> Any | None:
+              position: Position) -> Any | None:
         """The next batch of source ``name``; None when the mixture ends."""
         it = iterators.get(name)
         if it is None:
@@ -210,17 +190,14 @@ class Mixture(IterableDataset[dict[str, Any]]):
                                "workers, or its reader ends at once; use on_exhausted='stop' "
                                "or give it rows") from None
 
-    def _start(self, workers: int, worker: int) -> _Position:
+    def _start(self, workers: int, worker: int) -> Position:
         """This worker's position, its sources resumed to match (NOTE [ mixture resume ])."""
         resume, self._resume = self._resume, None  # a later pass starts afresh
         if resume is None or resume.workers is None:  # nothing loaded, or nothing drawn yet
-            return _Position(worker)
-        if resume.workers != workers:
-            raise MixtureStateError(
-                f"the mixture state was saved by {resume.workers} DataLoader worker(s) per "
-                f"rank and is resumed with {workers}; resume a Mixture with the number of "
-                "workers it was saved with")
+            return Position(worker)
         held = [i for i, p in enumerate(resume.positions) if p is not None]
+        if resume.workers != workers:
+            return self._rescheduled(resume, workers, worker, held)
         if len(held) == 1 and get_worker_info() is not None:
             old = held[0]  # handed its own state by torchdata's loader
         elif len(held) == workers:
@@ -235,7 +212,30 @@ class Mixture(IterableDataset[dict[str, Any]]):
             _resume_source(name, source, resume.sources[name], workers, old)
         position = resume.positions[old]
         assert position is not None
-        return _Position(position.draw, dict(position.passes), position.ended)
+        return Position(position.draw, dict(position.passes), position.ended)
+
+
+    def _rescheduled(self, resume: Resume, workers: int, worker: int,
+                     held: list[int]) -> Position:
+        """This worker's position at another worker count (NOTE [ mixture resume ]): the
+        draws go on from the first no old worker delivered, and every source re-plans its
+        merged state for the new slices."""
+        if len(held) != resume.workers:
+            raise MixtureStateError(
+                f"the mixture state holds positions of DataLoader workers {held} of "
+                f"{resume.workers}; load the whole loader state (all workers) to resume with "
+                f"{workers}")
+        fixed = [n for n, s in self.sources.items() if not isinstance(s, LakeDataset)]
+        if fixed:
+            raise MixtureStateError(
+                f"the mixture state was saved by {resume.workers} DataLoader worker(s) per "
+                f"rank and is resumed with {workers}, but source(s) {fixed} are not "
+                "LakeDatasets and cannot re-plan their rows for other workers; resume with "
+                f"{resume.workers} worker(s)")
+        for name, source in self.sources.items():  # another shape: the merged state re-plans
+            _resume_source(name, source, resume.sources[name], workers, worker)
+        first = min(p.draw for p in resume.positions if p is not None)
+        return Position(first + worker)
 
     # ----------------------------------------------------------------------------- state
 
@@ -273,14 +273,14 @@ class Mixture(IterableDataset[dict[str, Any]]):
             states = [state_dict]
         for state in states:
             _check_state(self, state)
-        workers, positions = _merge_positions(self.names, states)
+        workers, positions = merge_positions(self.names, states)
         sources = {n: [s[KEY_SOURCES][n] for s in states] for n in self.names}
         if get_worker_info() is None:
             # checked (and a version adopted) here; each worker resumes its own part as it
             # starts (NOTE [ mixture resume ])
             for name, source in self.sources.items():
-                source.load_state_dict(_merged(name, sources[name]))
-        self._resume = _Resume(workers, positions, sources)
+                source.load_state_dict(merged_source_state(name, sources[name]))
+        self._resume = Resume(workers, positions, sources)
         self._live = None
 
     def source_states(self, state_dict: Mapping[str, Any] | list[Mapping[str, Any]]
@@ -302,66 +302,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
                 states.append(one)
         for state in states:
             _check_state(self, state)
-        return {n: _merged(n, [s[KEY_SOURCES][n] for s in states]) for n in self.names}
-
-
-def merge_mixture_states(states: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """One mixture state from those of several DataLoader workers and ranks (what a
-    checkpoint keeps): every worker's position, and each source's states merged. Ranks take
-    the same draws in lockstep, so their positions of a worker agree.
-
-    Raises:
-        StateMismatchError: states of other mixtures (schedule, sources, tables), or
-            positions that disagree.
-    """
-    first = states[0]
-    for other in states[1:]:
-        for key in (KEY_FORMAT, KEY_CONFIG, KEY_TABLES):
-            if not _same_json(first.get(key), other.get(key)):
-                raise StateMismatchError(f"cannot merge mixture states with different {key}: "
-                                         f"{first.get(key)} vs {other.get(key)}")
-        if set(other.get(KEY_SOURCES, ())) != set(first.get(KEY_SOURCES, ())):
-            raise StateMismatchError("cannot merge mixture states of different sources")
-    names = sorted(first[KEY_SOURCES])
-    workers, positions = _merge_positions(names, states)
-    return {KEY_FORMAT: MIXTURE_FORMAT, KEY_CONFIG: first[KEY_CONFIG], KEY_WORKERS: workers,
-            KEY_POSITIONS: [None if p is None else p.to_json() for p in positions],
-            KEY_TABLES: first[KEY_TABLES],
-            KEY_SOURCES: {n: _merged(n, [s[KEY_SOURCES][n] for s in states]) for n in names}}
-
-
-def is_mixture_state(state: Any) -> bool:
-    """Whether ``state`` is a mixture state (not a loader's state over a mixture)."""
-    return isinstance(state, Mapping) and state.get(KEY_FORMAT) == MIXTURE_FORMAT
-
-
-def _merge_positions(names: list[str], states: list[Mapping[str, Any]]
-                     ) -> tuple[int | None, list[_Position | None]]:
-    workers = None
-    positions: list[_Position | None] = []
-    for state in states:
-        w = state[KEY_WORKERS]
-        if w is None:
-            continue
-        try:
-            parsed = [None if p is None else _Position.from_json(p, names)
-                      for p in state[KEY_POSITIONS]]
-        except ValueError as exc:
-            raise StateMismatchError(f"mixture state is corrupt: {exc}") from exc
-        if not _natural(w) or w == 0 or len(parsed) != w:
-            raise StateMismatchError(f"mixture state is corrupt: {w!r} workers, "
-                                     f"{len(parsed)} positions")
-        if workers is None:
-            workers, positions = w, [None] * w
-        elif w != workers:
-            raise StateMismatchError(f"mixture states of {workers} and {w} workers cannot "
-                                     "be merged")
-        for i, p in enumerate(parsed):
-            if p is not None:
-                if positions[i] is not None and positions[i] != p:
-                    raise StateMismatchError(f"two mixture states disagree on worker {i}")
-                positions[i] = p
-    return workers, positions
+        return {n: merged_source_state(n, [s[KEY_SOURCES][n] for s in states]) for n in self.names}
 
 
 def _check_state(mixture: Mixture, state: Any) -> None:
@@ -370,9 +311,9 @@ def _check_state(mixture: Mixture, state: Any) -> None:
         found = state.get(KEY_FORMAT) if isinstance(state, Mapping) else type(state).__name__
         raise StateMismatchError(f"not a mixture state (format {found!r}, this Mixture "
                                  f"reads {MIXTURE_FORMAT!r})")
-    if set(state) != set(_KEYS):
+    if set(state) != set(KEYS):
         raise StateMismatchError(f"mixture state is corrupt: keys {sorted(state)}, "
-                                 f"expected {sorted(_KEYS)}")
+                                 f"expected {sorted(KEYS)}")
     names = set(mixture.names)
     for key in (KEY_SOURCES, KEY_TABLES):
         if not isinstance(state[key], Mapping):
@@ -390,44 +331,15 @@ def _check_state(mixture: Mixture, state: Any) -> None:
                 "run, or build the Mixture with the run's sources")
     for name in mixture.names:
         saved, ours = state[KEY_TABLES][name], _identity(mixture.sources[name])
-        if saved is not None and ours is not None and not _same_json(saved, ours):
+        if saved is not None and ours is not None and not same_json(saved, ours):
             raise MixtureStateError(
                 f"source {name!r} is another table than the state's: the state read "
                 f"{saved}, this Mixture's {name!r} reads {ours}; build it over the run's "
                 "table")
-    if not _same_json(state[KEY_CONFIG], mixture.config):
+    if not same_json(state[KEY_CONFIG], mixture.config):
         raise StateMismatchError(f"mixture state has schedule {state[KEY_CONFIG]}, this "
                                  f"Mixture {mixture.config}; build it with the run's seed, "
                                  "weights and on_exhausted")
-
-
-@dataclass
-class _Resume:
-    """A loaded mixture state: per worker its position, per source the states saved."""
-
-    workers: int | None
-    positions: list[_Position | None]
-    sources: dict[str, list[Any]]
-
-
-def _is_reader_state(state: Any) -> bool:
-    from lakeckpt_tables.reader.state import STATE_FORMAT
-
-    return isinstance(state, Mapping) and state.get("format") == STATE_FORMAT
-
-
-def _merged(name: str, states: list[Any]) -> Any:
-    """One source's states of several workers (and ranks) as one (reader states merge;
-    anything else must come from one worker)."""
-    if len(states) == 1:
-        return states[0]
-    from lakeckpt_tables.reader.state import merge_states
-
-    if all(_is_reader_state(s) for s in states):
-        return merge_states(states).to_dict()
-    raise MixtureStateError(f"source {name!r}'s states of {len(states)} DataLoader workers "
-                            "cannot be merged (not LakeDataset states); resume through the "
-                            "loader (loader.load_state_dict)")
 
 
 def _resume_source(name: str, source: Any, states: list[Any], workers: int, old: int) -> None:
@@ -436,8 +348,8 @@ def _resume_source(name: str, source: Any, states: list[Any], workers: int, old:
     paired); after an elastic change, the whole merged state (the source re-plans it)."""
     from lakeckpt_tables.errors import ResumePathError
 
-    state = _merged(name, states)
-    if _is_reader_state(state) and state.get("plan") is not None:
+    state = merged_source_state(name, states)
+    if is_reader_state(state) and state.get("plan") is not None:
         plan = state["plan"]
         shape = (getattr(source, "world_size", None), workers, getattr(source, "batch_size", None))
         if (plan["world_size"], plan["workers"], plan["batch_size"]) == shape:
@@ -483,10 +395,6 @@ def _check_epoch_delivers(name: str, source: Any, workers: int, worker: int) -> 
 def _identity(source: Any) -> dict[str, str] | None:
     identity = getattr(getattr(source, "snapshot", None), "identity", None)
     return None if identity is None else identity.to_json()
-
-
-def _same_json(a: Any, b: Any) -> bool:
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _tagged(batch: Any, name: str) -> dict[str, Any]:

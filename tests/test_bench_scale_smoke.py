@@ -22,6 +22,10 @@ def test_bench_scale_reports_every_figure_and_they_add_up() -> None:
                                                 zip(data["commit_ms"], data["gather_ms"],
                                                     strict=True))
     assert data["commit_p50_ms"] <= data["commit_p99_ms"]
+    # the slowest rank's sealing counts in the commit, beside the gather
+    assert len(data["seal_ms"]) == 2 and all(
+        c > g + s and s > 0 for c, g, s in zip(data["commit_ms"], data["gather_ms"],
+                                               data["seal_ms"], strict=True))
     # 3 saves of 3 batches of 1,024 rows by each of 16 slices, every row accounted once
     assert data["consumed_rows"] == 16 * 3 * 3 * 1024 == data["recorded_rows"]
     assert data["records_per_save"] >= 16  # at least a record per slice

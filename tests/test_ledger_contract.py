@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from lakeckpt_tables.ledger import (
     LedgerEvent,
     open_ledger,
 )
+from lakeckpt_tables.ledger.records import SealedConsumption, commit_rows
 from lakeckpt_tables.ledger.schema import CONSUMPTION_COLUMNS, FORMAT_PROPERTY
 from lakeckpt_tables.types import TableIdentity
 
@@ -580,3 +582,40 @@ def test_consumption_rows_default_to_the_whole_range_and_may_be_a_subset(ledger:
     assert whole.rows == 10
     ledger.commit(checkpoint(1), [whole, part])
     assert ledger.consumption()["rows"].to_pylist() == [10, 17]
+
+
+# -- consumption sealed by the ranks (NOTE [ consumption sealed where made ]) ---------------------
+
+
+def _sealed(records: list[ConsumptionRecord], at: datetime, step: int = 1,
+            owner: str | None = "42") -> SealedConsumption:
+    return SealedConsumption.of(records, run_id="run-a", checkpoint_id=f"run-a-ckpt-{step}",
+                                step=step, committed_at=at, owner=owner)
+
+
+def test_sealed_consumption_commits_the_rows_records_would(ledger: Ledger) -> None:
+    at = datetime(2026, 11, 25, 20, 0, 0, 123456, tzinfo=UTC)
+    records = [*consumption(3), ConsumptionRecord(0, 1, 0, 1, "dé\"jà.parquet", 0, 0, 9, rows=4,
+                                                   source_key="web", tokens=2**40)]
+    events = [LedgerEvent("round", {"round": 0})]
+    parts = [_sealed(records[:2], at), _sealed([], at), _sealed(records[2:], at)]  # 3 ranks
+    first = replace(checkpoint(1), parent_id=None)
+    stored = ledger.commit(first, SealedConsumption.joined(parts), events, owner="42")
+    assert stored.committed_at == at  # fixed before the ranks sealed, not at the commit
+    assert [c.checkpoint_id for c in ledger.checkpoints("run-a")] == ["run-a-ckpt-1"]
+    expected = commit_rows(replace(first, committed_at=at), records, events, owner="42")
+    order = [("record", "ascending"), ("rank", "ascending"), ("worker", "ascending")]
+    assert rows_of(ledger, "run-a-ckpt-1").sort_by(order).to_pylist() == \
+        expected.sort_by(order).to_pylist()  # checksums included: byte for byte
+
+
+def test_consumption_sealed_for_another_commit_is_refused_and_nothing_is_written(
+        ledger: Ledger) -> None:
+    at = datetime(2026, 11, 25, 20, 0, tzinfo=UTC)
+    with pytest.raises(ValueError, match="consumption sealed for different commits"):
+        SealedConsumption.joined([_sealed(consumption(1), at), _sealed(consumption(1), at, 2)])
+    with pytest.raises(ValueError, match="consumption sealed for another commit"):
+        ledger.commit(replace(checkpoint(1), parent_id=None),
+                      _sealed(consumption(2), at, owner="7"), owner="42")
+    assert ledger.checkpoints("run-a") == []
+    assert ledger.to_arrow().num_rows == 0

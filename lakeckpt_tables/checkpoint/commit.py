@@ -9,7 +9,8 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from lakeckpt_tables import errors
@@ -21,9 +22,10 @@ from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError
 from lakeckpt_tables.hooks import reached as crash_point  # test seam: no hook in production
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, ConsumptionRecord, Ledger, LedgerEvent
+from lakeckpt_tables.ledger.records import SealedConsumption
 from lakeckpt_tables.reader import encode_state
 
-__all__ = ["Attempt", "Committer", "Prepared", "failed"]
+__all__ = ["Attempt", "Committer", "Prepared", "failed", "sealed"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ class Prepared:
     reader: dict[str, Any] | None = None
     consumed: list[ConsumptionRecord] = field(default_factory=list)
     events: list[LedgerEvent] = field(default_factory=list)
+    sealed: SealedConsumption | None = None
+    """``consumed`` as sealed ledger rows (:func:`sealed`): what travels to rank 0."""
 
 
 @dataclass
@@ -53,11 +57,36 @@ class Attempt:
     tags: tuple[str, ...]
     prepared: Prepared
     future: Future[Any] | None = None
+    committed_at: datetime | None = None
+    """The commit's timestamp, fixed by rank 0 as phase 2 begins (every rank seals with it)."""
 
 
 def failed(exc: BaseException) -> Prepared:
     """A rank's failed phase 1, the cause said in words."""
     return Prepared(False, error=describe_failure(exc), write=is_write_failure(exc))
+
+
+def sealed(attempt: Attempt, run_id: str, owner: str) -> Prepared:
+    """This rank's report as it travels to rank 0: its consumption as sealed ledger rows
+    instead of records, so that rank 0 neither unpickles nor checksums one object per record
+    (NOTE [ consumption sealed where made ] in ``ledger/records.py``)."""
+    prepared = attempt.prepared
+    if not prepared.ok:
+        return prepared
+    if attempt.committed_at is None:
+        raise ValueError(f"run {run_id} step {attempt.step}: the commit's timestamp must be "
+                         "fixed (Attempt.committed_at) before the consumption is sealed")
+    try:
+        rows = SealedConsumption.of(prepared.consumed, run_id=run_id,
+                                    checkpoint_id=attempt.checkpoint_id, step=attempt.step,
+                                    committed_at=attempt.committed_at, owner=owner)
+    except (ValueError, TypeError, OverflowError) as exc:  # Arrow's conversion errors: rank 0
+        # reports them like any failed phase 1, and no rank waits in the gather for this one
+        log.exception("run %s step %d: sealing this rank's consumption failed", run_id,
+                      attempt.step)
+        return Prepared(False, error="its consumption records do not fit the ledger's columns "
+                        f"({describe_failure(exc)})")
+    return replace(prepared, consumed=[], sealed=rows)
 
 
 @dataclass
@@ -134,7 +163,7 @@ class Committer:
             f"{head.checkpoint_id} with other content (the model, optimizer or reader state "
             "changed since); save it under a later step")
 
-    def _ledger_commit(self, record: CheckpointRecord, consumption: list[ConsumptionRecord],
+    def _ledger_commit(self, record: CheckpointRecord, consumption: SealedConsumption,
                        events: list[LedgerEvent]) -> CheckpointRecord:
         """Commit, asking again after an unknown outcome: the ledger's settle step reads the
         log (the run's app transaction, the snapshot summaries) and returns the stored record
@@ -159,13 +188,17 @@ class Committer:
         raise AssertionError("unreachable")
 
     def _records(self, attempt: Attempt, reports: list[Prepared], head: CheckpointRecord | None,
-                 world_size: int) -> tuple[CheckpointRecord, list[ConsumptionRecord]]:
+                 world_size: int) -> tuple[CheckpointRecord, SealedConsumption]:
         manifest: dict[str, Any] = {}
         for report in reports:
             manifest.update(report.manifest)
         reader, source, version = merged([r.reader for r in reports if r.reader is not None],
                                          f"run {self.run_id} step {attempt.step}")
-        consumption = [c for report in reports for c in report.consumed]
+        parts = [r.sealed for r in reports if r.sealed is not None]
+        if len(parts) != len(reports):
+            raise ValueError(f"run {self.run_id} step {attempt.step}: every rank's report must "
+                             "be sealed (checkpoint.commit.sealed) before rank 0 decides")
+        consumption = SealedConsumption.joined(parts)
         record = CheckpointRecord(
             run_id=self.run_id, checkpoint_id=attempt.checkpoint_id, step=attempt.step,
             parent_id=head.checkpoint_id if head is not None else None,

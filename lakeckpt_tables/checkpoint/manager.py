@@ -6,10 +6,13 @@ into a directory unique to this attempt, capture the reader state and the rows c
 the previous checkpoint, checksum the files written, and report success or failure.
 Phase 2, commit (rank 0): only if every rank prepared, make ONE ledger commit holding the
 checkpoint record (with the merged reader state of all ranks and workers) and all consumption
-records; then tell every rank the outcome. A directory the ledger does not name is not a
-checkpoint: a crash at any instant leaves the previous or the new checkpoint as the latest, and
-``gc`` removes the orphans. With ``async_save=True`` the files are written in the background
-and the commit happens at the next ``save`` (or ``wait``), so training overlaps the write.
+records; then tell every rank the outcome. The consumption rows travel sealed: each rank builds
+and checksums its own with the commit timestamp rank 0 broadcasts as phase 2 begins
+(NOTE [ consumption sealed where made ] in ``ledger/records.py``). A directory the ledger does
+not name is not a checkpoint: a crash at any instant leaves the previous or the new checkpoint
+as the latest, and ``gc`` removes the orphans. With ``async_save=True`` the files are written in
+the background and the commit happens at the next ``save`` (or ``wait``), so training overlaps
+the write.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint import readers, registration
 from lakeckpt_tables.checkpoint._world import World
-from lakeckpt_tables.checkpoint.commit import Attempt, Committer
+from lakeckpt_tables.checkpoint.commit import Attempt, Committer, sealed
 from lakeckpt_tables.checkpoint.load import Loader
 from lakeckpt_tables.checkpoint.prepare import Preparer
 from lakeckpt_tables.checkpoint.progress import Progress
@@ -40,6 +43,7 @@ from lakeckpt_tables.checkpoint.state import Parts
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, open_ledger
+from lakeckpt_tables.ledger.settling import now_utc
 from lakeckpt_tables.reader import decode_state
 
 __all__ = ["CheckpointManager"]
@@ -190,8 +194,9 @@ class CheckpointManager:
         return self._commit(attempt)
 
     def _commit(self, attempt: Attempt) -> CheckpointRecord:
-        """Phase 2: rank 0 decides; every rank raises the same error or gets the record."""
-        reports = self.world.gather(attempt.prepared)
+        """Phase 2: ranks seal (NOTE [ consumption sealed where made ]), rank 0 decides."""
+        attempt.committed_at = self.world.broadcast(now_utc())
+        reports = self.world.gather(sealed(attempt, self.run_id, self.owner))
         outcome: CheckpointRecord | errors.LakeckptError = CheckpointError("no outcome")
         if self._committer is not None:
             outcome = self._committer.decide(attempt, reports, self._head, self.world.size)

@@ -53,6 +53,7 @@ from lakeckpt_tables.ledger.records import (
     CheckpointRecord,
     ConsumptionRecord,
     LedgerEvent,
+    SealedConsumption,
     commit_rows,
     event_rows,
 )
@@ -149,7 +150,7 @@ class LedgerBase(LedgerReads, Generic[Prepared]):
     def commit(
         self,
         checkpoint: CheckpointRecord,
-        consumption: Sequence[ConsumptionRecord] = (),
+        consumption: Sequence[ConsumptionRecord] | SealedConsumption = (),
         events: Sequence[LedgerEvent] = (),
         *,
         owner: str | None = None,
@@ -158,8 +159,10 @@ class LedgerBase(LedgerReads, Generic[Prepared]):
         (NOTE [ ledger commit protocol ]).
 
         Args:
-            checkpoint: the checkpoint; its ``committed_at`` is set by the ledger.
-            consumption: rows consumed since the run's previous checkpoint.
+            checkpoint: the checkpoint; its ``committed_at`` is set by the ledger (to the
+                sealed consumption's, when given sealed).
+            consumption: rows consumed since the run's previous checkpoint, as records or
+                sealed by the ranks (NOTE [ consumption sealed where made ] in records.py).
             events: events to keep with the checkpoint.
             owner: the committing job's token: the commit lands only if that job still owns
                 the run and the parent is the run's newest (NOTE [ one writer per run ]).
@@ -181,7 +184,8 @@ class LedgerBase(LedgerReads, Generic[Prepared]):
                 if owner is not None:
                     self._heads[stored.run_id] = stored.checkpoint_id
                 return stored
-            record = replace(checkpoint, committed_at=now_utc())
+            record = replace(checkpoint, committed_at=consumption.committed_at
+                             if isinstance(consumption, SealedConsumption) else now_utc())
             prepared = self._prepare(commit_rows(record, consumption, events, owner=owner))
             hooks.reached("ledger:prepared", 0)
             try:

@@ -161,7 +161,8 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
 
     def _prepare(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
         buffer = pa.BufferOutputStream()
-        pq.write_table(rows, buffer, write_page_checksum=True, row_group_size=_ROW_GROUP_ROWS)
+        pq.write_table(rows, buffer, write_page_checksum=True, row_group_size=_ROW_GROUP_ROWS,
+                       use_dictionary=_DICTIONARY, compression=_COMPRESSION)
         data = buffer.getvalue()
         # NOTE [ footer digest ]: the name carries the footer's digest (see _footer_digest)
         path = f"lakeckpt-{uuid.uuid4().hex}-{footer_digest(data)}.parquet"
@@ -301,3 +302,7 @@ def _owner_app_id(run_id: str) -> str:
 
 
 _ROW_GROUP_ROWS = 65_536
+# checksums are distinct hex strings: a dictionary or snappy only costs time on them (half the
+# write of a 262,000-row commit) and saves nothing
+_DICTIONARY = [name for name in s.LEDGER_SCHEMA.names if name != s.CHECKSUM]
+_COMPRESSION = {name: "none" if name == s.CHECKSUM else "snappy" for name in s.LEDGER_SCHEMA.names}

@@ -2,15 +2,33 @@
 
 The conversions are the only place that knows how a record maps onto :data:`LEDGER_SCHEMA`,
 so both backends write and read byte-identical rows.
+
+NOTE [ consumption sealed where made ]
+A save of a 256-rank x 8-worker job inside shuffled windows records ~262,000 consumption rows;
+building and checksumming them at rank 0 took seconds. So each rank turns its own records into
+ledger rows, checksums included (:class:`SealedConsumption`, ~1,000 rows at that scale), and
+the gather moves Arrow tables of the columns that vary by row; rank 0 only concatenates them,
+adds the columns the commit shares, the checkpoint row and the events (:func:`commit_rows`),
+and makes the one commit.
+A row's checksum covers ``committed_at``, so the ranks must know it before rank 0 commits: the
+coordinator fixes it as phase 2 begins (``CheckpointManager`` broadcasts it, then each rank seals
+and the gather follows) and the ledger commits with it rather than reading its clock again. The
+alternative, a consumption checksum without ``committed_at``, would have been a second canonical
+form: every reader (and every older library version) would have to accept either. This way the
+rows, their checksums and the format are what they were, byte for byte; ``committed_at`` still
+says when the commit was made, fixed a gather and a settle earlier (milliseconds to a second).
+It is also what tells the ledger's settle step that a stored commit of the checkpoint is its
+own first try (same ``committed_at``) rather than another coordinator's: one value per save,
+shared by the retries of that save's commit and by no other commit, keeps that true.
+The Iceberg ledger takes the same rows; rank 0 writes them for both backends.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, fields, replace
+from datetime import datetime
 from typing import Any, TypedDict, cast
 
 import pyarrow as pa
@@ -18,15 +36,18 @@ import pyarrow.compute as pc
 
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.checksums import row_checksum, table_checksums
 from lakeckpt_tables.plan.accounting import Consumed
 from lakeckpt_tables.types import TableFormat, TableIdentity
 
 __all__ = [
+    "SEALED_COLUMNS",
     "CheckpointRecord",
     "ConsumptionRecord",
     "DamagedRecord",
     "FileDigest",
     "LedgerEvent",
+    "SealedConsumption",
     "checkpoints_from_arrow",
     "commit_rows",
     "event_rows",
@@ -63,7 +84,9 @@ class CheckpointRecord:
         tags: free-form labels.
         config_hash: hash of the run configuration.
         wall_time_s: training wall time up to the checkpoint.
-        committed_at: set by the ledger when the commit lands; ignored on input.
+        committed_at: when the commit was made, set by the ledger (or by the coordinator just
+            before, for sealed consumption: NOTE [ consumption sealed where made ]); ignored on
+            input.
     """
 
     run_id: str
@@ -128,6 +151,10 @@ class ConsumptionRecord(Consumed):
         return self.row_end - self.row_start
 
 
+SEALED_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ConsumptionRecord))
+"""The ledger columns of a consumption record's own fields (the rest its commit shares)."""
+
+
 @dataclass(frozen=True)
 class LedgerEvent:
     """Something worth keeping next to the checkpoints: segment formed, commit skipped...
@@ -158,9 +185,72 @@ class DamagedRecord:
     step: int
 
 
+@dataclass(frozen=True)
+class SealedConsumption:
+    """Consumption rows of one commit, built and checksummed by the rank that made them
+    (NOTE [ consumption sealed where made ]): the columns that vary by row, with each row's
+    checksum; the values every row of the commit shares are kept once.
+
+    Attributes:
+        run_id, checkpoint_id, step, committed_at, owner: the commit's, in every row.
+        rows: the consumption columns (:data:`SEALED_COLUMNS`) and ``checksum``.
+    """
+
+    run_id: str
+    checkpoint_id: str
+    step: int
+    committed_at: datetime
+    owner: str | None
+    rows: pa.Table
+
+    @classmethod
+    def of(cls, consumption: Sequence[ConsumptionRecord], *, run_id: str, checkpoint_id: str,
+           step: int, committed_at: datetime, owner: str | None) -> SealedConsumption:
+        """Seal ``consumption``: built a column at a time, checksummed by column."""
+        sealed = cls(run_id, checkpoint_id, step, committed_at, owner, pa.table(
+            {name: pa.array([getattr(c, name) for c in consumption],
+                            s.LEDGER_SCHEMA.field(name).type) for name in SEALED_COLUMNS}))
+        table = sealed.table()
+        return replace(sealed, rows=table.select([*SEALED_COLUMNS, s.CHECKSUM]))
+
+    @staticmethod
+    def joined(parts: Sequence[SealedConsumption]) -> SealedConsumption:
+        """Every rank's part as one.
+
+        Raises:
+            ValueError: no parts, or parts sealed for different commits.
+        """
+        if not parts:
+            raise ValueError("no sealed consumption to join: every rank sends its part")
+        first = parts[0]
+        for part in parts:
+            if part.common != first.common:
+                raise ValueError(f"consumption sealed for different commits: {first.common} "
+                                 f"and {part.common}; every rank seals with the values rank 0 "
+                                 "broadcast")
+        return replace(first, rows=pa.concat_tables([p.rows for p in parts]))
+
+    @property
+    def common(self) -> dict[str, object]:
+        """The values every row shares, by column."""
+        return {s.RUN_ID: self.run_id, s.CHECKPOINT_ID: self.checkpoint_id, s.STEP: self.step,
+                s.COMMITTED_AT: self.committed_at, s.OWNER: self.owner}
+
+    def table(self) -> pa.Table:
+        """The rows in :data:`LEDGER_SCHEMA`; checksummed when not sealed yet."""
+        n = self.rows.num_rows
+        shared = {**self.common, s.RECORD: s.RECORD_CONSUMPTION}
+        columns = [self.rows.column(f.name) if f.name in self.rows.column_names
+                   else pa.nulls(n, f.type) if shared.get(f.name) is None
+                   else pa.repeat(pa.scalar(shared[f.name], f.type), n)
+                   for f in s.LEDGER_SCHEMA]
+        table = pa.Table.from_arrays(columns, schema=s.LEDGER_SCHEMA)
+        return table if s.CHECKSUM in self.rows.column_names else _with_checksums(table)
+
+
 def commit_rows(
     checkpoint: CheckpointRecord,
-    consumption: Sequence[ConsumptionRecord],
+    consumption: Sequence[ConsumptionRecord] | SealedConsumption,
     events: Sequence[LedgerEvent],
     *,
     owner: str | None = None,
@@ -168,7 +258,8 @@ def commit_rows(
     """Rows of one checkpoint commit: the checkpoint, its consumption and its events.
 
     Raises:
-        ValueError: the checkpoint's ``committed_at`` is not set yet.
+        ValueError: the checkpoint's ``committed_at`` is not set yet, or sealed consumption
+            rows belong to another commit.
     """
     if checkpoint.committed_at is None:
         raise ValueError(
@@ -183,6 +274,14 @@ def commit_rows(
         s.OWNER: owner,
     }
     rows = [{**common, **_checkpoint_fields(checkpoint)}]
+    if isinstance(consumption, SealedConsumption):
+        if consumption.common != common:
+            raise ValueError(
+                f"run {checkpoint.run_id!r} step {checkpoint.step}: consumption sealed for "
+                f"another commit ({consumption.common}, not {common}); seal it with the "
+                "commit's values")
+        return pa.concat_tables([_sealed(rows), consumption.table(),
+                                 _sealed([{**common, **_event_fields(e)} for e in events])])
     rows += [{**common, **_consumption_fields(c)} for c in consumption]
     rows += [{**common, **_event_fields(e)} for e in events]
     return _sealed(rows)
@@ -212,61 +311,37 @@ def checkpoints_from_arrow(table: pa.Table) -> list[CheckpointRecord]:
     return [_checkpoint_from_row(row) for row in rows.to_pylist()]
 
 
-def row_checksum(row: Mapping[str, Any]) -> str:
-    """SHA-256 (hex) over every field of a ledger row but the checksum itself.
-
-    The fields are hashed as canonical JSON in schema order, with ``committed_at`` as integer
-    microseconds, so the value is the same whichever backend wrote or read the row. A column
-    added later (:data:`~lakeckpt_tables.ledger.schema.ADDED_COLUMNS`) counts only when not
-    null, so rows written before it existed keep their checksums.
-    """
-    values = [_canonical(row.get(name)) for name in s.LEDGER_SCHEMA.names
-              if name != s.CHECKSUM and (name not in s.ADDED_COLUMNS or row.get(name) is not None)]
-    text = json.dumps(values, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def intact_rows(table: pa.Table) -> tuple[pa.Table, list[DamagedRecord]]:
     """Split ledger rows into those whose checksum matches and the damaged rest.
 
     Returns:
         The intact rows (same schema), and one :class:`DamagedRecord` per damaged row.
     """
-    keep: list[bool] = []
-    damaged: list[DamagedRecord] = []
-    for row in table.to_pylist():
-        ok = row.get(s.CHECKSUM) == row_checksum(row)
-        keep.append(ok)
-        if not ok:
-            damaged.append(DamagedRecord(
-                record=str(row.get(s.RECORD)), run_id=str(row.get(s.RUN_ID)),
-                checkpoint_id=str(row.get(s.CHECKPOINT_ID)), step=int(row.get(s.STEP) or -1)))
-    if not damaged:
+    if table.num_rows == 0:
         return table, []
-    return table.filter(pa.array(keep, pa.bool_())), damaged
+    sums = pa.array(table_checksums(table), pa.string())
+    keep = pc.fill_null(pc.equal(table.column(s.CHECKSUM), sums), False) \
+        if s.CHECKSUM in table.column_names else pa.array([False] * table.num_rows)
+    if pc.all(keep).as_py():
+        return table, []
+    damaged = [DamagedRecord(
+        record=str(row.get(s.RECORD)), run_id=str(row.get(s.RUN_ID)),
+        checkpoint_id=str(row.get(s.CHECKPOINT_ID)), step=int(row.get(s.STEP) or -1))
+        for row in table.filter(pc.invert(keep)).to_pylist()]
+    return table.filter(keep), damaged
 
 
 def _sealed(rows: list[dict[str, object]]) -> pa.Table:
     """Rows in the ledger schema, each with its checksum."""
-    table = pa.Table.from_pylist(rows, schema=s.LEDGER_SCHEMA)
-    # checksummed after the round trip through Arrow, so that the value is over exactly what
-    # a reader will see (timestamps truncated to microseconds, int32 columns...)
-    sums = [row_checksum(row) for row in table.to_pylist()]
+    return _with_checksums(pa.Table.from_pylist(rows, schema=s.LEDGER_SCHEMA))
+
+
+def _with_checksums(table: pa.Table) -> pa.Table:
+    # checksummed in Arrow, so that the value is over exactly what a reader will see
+    # (timestamps truncated to microseconds, int32 columns...)
     return table.set_column(table.schema.get_field_index(s.CHECKSUM),
-                            s.LEDGER_SCHEMA.field(s.CHECKSUM), pa.array(sums, pa.string()))
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _canonical(value: Any) -> Any:
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return (value - _EPOCH) // timedelta(microseconds=1)
-    if isinstance(value, float):
-        return repr(value)
-    return value
+                            s.LEDGER_SCHEMA.field(s.CHECKSUM),
+                            pa.array(table_checksums(table), pa.string()))
 
 
 def _checkpoint_fields(c: CheckpointRecord) -> dict[str, object]:

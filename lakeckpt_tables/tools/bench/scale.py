@@ -9,11 +9,14 @@ plan, accounting, checkpoint commit and Delta ledger (in a temporary directory).
   building it (the pinned snapshot's own listing, shared by every plan, is not counted: it
   is reported apart). Ranks are measured one at a time, each as if alone.
 - **state bytes**: every worker's ``state_dict()`` (JSON) at the last save; max and p50.
-- **commit**: per save, the gather (every rank's report pickled and unpickled, as
-  ``all_gather_object`` does; no network) and rank 0's ``Committer.decide`` (merge, encode,
-  one ledger commit holding every rank's consumption records); p50 and p99. Each rank's
-  consumption records are computed by the real accounting before (in a job every rank does
-  it in parallel, before the gather: ``capture`` is timed for one rank, alone).
+- **commit**: per save, the slowest rank's sealing of its consumption rows (checksums
+  included; ranks seal in parallel, so the slowest counts: its CPU time, as the simulated ranks
+  share this machine's cores), the gather (the slowest rank's pickling of its report, CPU time
+  too, then rank 0 unpickling every one, as ``all_gather_object`` does; no network) and rank
+  0's ``Committer.decide`` (merge, encode, one ledger commit holding every
+  rank's rows); p50 and p99. Each rank's consumption records are computed by the real
+  accounting before (in a job every rank does it in parallel, in phase 1: ``capture`` is timed
+  for one rank, alone).
 - **restore**: a fresh reader of one rank of the smaller world loads the last checkpoint's
   state (read back from the ledger) and re-plans it (``start_cursor``): its first slice's
   windows are ready.
@@ -38,11 +41,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lakeckpt_tables.checkpoint.commit import Attempt, Committer, Prepared
+from lakeckpt_tables.checkpoint.commit import Attempt, Committer, Prepared, sealed
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
 from lakeckpt_tables.checkpoint.retention import Retention
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import DeltaLedger, LedgerEvent
+from lakeckpt_tables.ledger.settling import now_utc
 from lakeckpt_tables.plan import EpochPlan, Piece
 from lakeckpt_tables.plan.rounds import Round, RoundUnits
 from lakeckpt_tables.reader import LakeDataset, decode_state, merge_states
@@ -86,6 +90,7 @@ class ScaleReport:
     commit_ms: list[float]
     commit_cpu_ms: list[float]
     gather_ms: list[float]
+    seal_ms: list[float]
     restore_s_each: list[float]
     restore_cpu_s_each: list[float]
     restore_rows: int
@@ -216,6 +221,7 @@ def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
         commit_ms: list[float] = []
         commit_cpu_ms: list[float] = []
         gather_ms: list[float] = []
+        seal_ms: list[float] = []
         states: list[dict[str, Any]] = []
         capture_s = 0.0
         records = recorded = 0
@@ -232,29 +238,42 @@ def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
                     capture_s = time.perf_counter() - t0
                 reports.append(Prepared(True, reader=after.to_dict(), consumed=consumed,
                                         events=[LedgerEvent(*e) for e in events]))
+            count = sum(len(r.consumed) for r in reports)
+            recorded += sum(c.rows if c.rows >= 0 else c.row_end - c.row_start
+                            for r in reports for c in r.consumed)
+            # phase 2: rank 0 fixes the timestamp, every rank seals its rows (in parallel: the
+            # slowest counts) and sends them
+            stamp = now_utc()
+            attempts = [Attempt(save, f"ckpt-{save}", f"scale/step-{save}", (), report,
+                                committed_at=stamp) for report in reports]
+            seal = send = 0.0
+            sent = []
+            for each in attempts:  # CPU time: here 256 ranks share the machine's cores
+                s0 = time.process_time()
+                ready = sealed(each, "scale", committer.owner)
+                s1 = time.process_time()
+                sent.append(pickle.dumps(ready))  # each rank pickles its own
+                seal, send = max(seal, s1 - s0), max(send, time.process_time() - s1)
             t0, c0 = time.perf_counter(), time.process_time()
-            sent = [pickle.dumps(r) for r in reports]  # each rank pickles its own
             gathered = [pickle.loads(b) for b in sent]  # rank 0 unpickles every one
             t1 = time.perf_counter()
-            attempt = Attempt(save, f"ckpt-{save}", f"scale/step-{save}", (), gathered[0])
-            outcome = committer.decide(attempt, gathered, head, ranks)
+            outcome = committer.decide(attempts[0], gathered, head, ranks)
             if not hasattr(outcome, "checkpoint_id"):
                 raise RuntimeError(f"save {save} was not committed: {outcome}")
             committer.committed(outcome)
             t2, c2 = time.perf_counter(), time.process_time()
             head, baseline = outcome, decode_state(outcome.reader_state)
-            count = sum(len(r.consumed) for r in reports)
-            recorded += sum(c.rows if c.rows >= 0 else c.row_end - c.row_start
-                            for r in reports for c in r.consumed)
             if save <= saves:
-                gather_ms.append((t1 - t0) * 1000)
-                commit_ms.append((t2 - t0) * 1000)
-                commit_cpu_ms.append((c2 - c0) * 1000)
+                seal_ms.append(seal * 1000)
+                gather_ms.append((t1 - t0 + send) * 1000)
+                commit_ms.append((t2 - t0 + seal + send) * 1000)
+                commit_cpu_ms.append((c2 - c0 + seal + send) * 1000)
                 records = max(records, count)
                 final = baseline
             if save % 10 == 0 or save == total_saves:
-                progress(f"save {save}: {count:,} records, commit {(t2 - t0) * 1000:.0f} ms "
-                         f"(gather {(t1 - t0) * 1000:.0f} ms)")
+                progress(f"save {save}: {count:,} records, commit "
+                         f"{(t2 - t0 + seal + send) * 1000:.0f} ms (seal {seal * 1000:.0f} ms "
+                         f"a rank, gather {(t1 - t0 + send) * 1000:.0f} ms)")
         ledger_bytes, ledger_files = _disk(os.path.join(tmp, "_ledger"))
         worker_bytes = sorted(len(json.dumps(s, separators=(",", ":")))
                               for rank in range(ranks)
@@ -273,7 +292,7 @@ def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
         listing_mib, plan_s, plan_cpu_s, plan_mib, worker_bytes[-1],
         worker_bytes[len(worker_bytes) // 2], len(json.dumps(final, separators=(",", ":"))),
         replanned_bytes,
-        capture_s, records, commit_ms, commit_cpu_ms, gather_ms, restore_s, restore_cpu_s,
+        capture_s, records, commit_ms, commit_cpu_ms, gather_ms, seal_ms, restore_s, restore_cpu_s,
         restore_rows, consumed_rows, recorded, total_saves, ledger_bytes, ledger_files)
 
 
@@ -325,6 +344,8 @@ def format_report(report: ScaleReport) -> str:
         f"{report.state_bytes_p50:,} B; merged {report.merged_state_bytes:,} B; a worker's "
         f"after the re-plan {report.replanned_state_bytes:,} B (<= 64 KiB: {mark['state_kib']})",
         f"  capture per rank (accounting)     {report.capture_s:8.2f} s",
+        f"  seal per rank p50 / max           {statistics.median(report.seal_ms):8.1f} / "
+        f"{max(report.seal_ms):.1f} ms CPU (its consumption rows, checksums included)",
         f"  commit p50 / p99                  {data['commit_p50_ms']:8.0f} / "
         f"{data['commit_p99_ms']:.0f} ms (<= 200: {mark['commit_p50_ms']}; CPU p50 "
         f"{statistics.median(report.commit_cpu_ms):.0f} ms); "

@@ -230,6 +230,10 @@ class SealedConsumption:
                                  "broadcast")
         return replace(first, rows=pa.concat_tables([p.rows for p in parts]))
 
+    def __len__(self) -> int:
+        """The number of consumption rows."""
+        return self.rows.num_rows
+
     @property
     def common(self) -> dict[str, object]:
         """The values every row shares, by column."""

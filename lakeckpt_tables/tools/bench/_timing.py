@@ -40,9 +40,10 @@ class TimedManager(CheckpointManager):
 
     ``timings`` holds seconds per call, appended in call order: ``commit`` (phase 2 on this
     rank, retention scan excluded) and within it ``gather`` and ``broadcast`` (the protocol's
-    collectives), ``retire`` (the retention scan, rank 0), ``ledger_commit`` (rank 0) and
-    ``capture`` (reader state + consumption). ``records`` holds the consumption
-    records of each ledger commit (rank 0).
+    collectives, summed per save: the commit timestamp and the outcome are both broadcast),
+    ``retire`` (the retention scan, rank 0), ``ledger_commit`` (rank 0) and ``capture``
+    (reader state + consumption). ``records`` holds the consumption records of each ledger
+    commit (rank 0).
     """
 
     def __init__(self, *args: Any, barrier_before_commit: bool = True, **kwargs: Any) -> None:
@@ -95,17 +96,18 @@ class TimedManager(CheckpointManager):
         self._retire_s = 0.0
         world = self.world
         gather, broadcast = world.gather, world.broadcast
+        spent = {"gather": 0.0, "broadcast": 0.0}  # a commit's collectives, summed per save
 
         def timed_gather(value: Any) -> list[Any]:
             t0 = clock()
             out = gather(value)
-            self.timings["gather"].append(clock() - t0)
+            spent["gather"] += clock() - t0
             return out
 
         def timed_broadcast(value: Any) -> Any:
             t0 = clock()
             out = broadcast(value)
-            self.timings["broadcast"].append(clock() - t0)
+            spent["broadcast"] += clock() - t0
             return out
 
         world.gather, world.broadcast = timed_gather, timed_broadcast  # type: ignore[method-assign]
@@ -114,6 +116,8 @@ class TimedManager(CheckpointManager):
             out = super()._commit(attempt)
         finally:
             del world.gather, world.broadcast  # back to the class's methods
+        for name, seconds in spent.items():
+            self.timings[name].append(seconds)
         self.timings["commit"].append(clock() - t0 - self._retire_s)
         return out
 

@@ -131,7 +131,7 @@ class DeltaUpkeep(DeltaFiles):
         """Remove the ledger's orphan files: data files no log entry names (written by a
         commit that crashed or lost its race and could not clean up), and summaries of files
         no longer live. Nothing else: live files, and files a compaction replaced that the log
-        still names (Delta's VACUUM decides about those), are kept.
+        still names (:meth:`remove_replaced` decides about those), are kept.
 
         A file younger than ``older_than_hours`` is kept whatever it is: a commit may be
         writing it right now (a commit attempt takes seconds; a day is far beyond any).
@@ -145,20 +145,14 @@ class DeltaUpkeep(DeltaFiles):
         """
         with self._lock:
             self._refresh()
-            unnamed = set(self._table.vacuum(
-                retention_hours=older_than_hours, dry_run=True,
-                enforce_retention_duration=False, full=True))
-            # the files the log names as removed (a compaction's replaced files) are VACUUM's
-            # business, not ours: only files never committed are orphans
-            tombstones = set(self._table.vacuum(retention_hours=0, dry_run=True,
-                                                enforce_retention_duration=False))
+            unnamed = set(self._vacuumable(older_than_hours, full=True))
+            # the files the log names as removed (a compaction's replaced files) are
+            # remove_replaced's business: only files never committed are orphans
+            tombstones = set(self._vacuumable(0))
             live = {self._relative(path).rsplit("/", 1)[-1] for path, _ in self.loaded_files()[1]}
         orphans = sorted(unnamed - tombstones)
         orphans += self._stale_summaries(live, older_than_hours)
-        for path in orphans if not dry_run else ():
-            with contextlib.suppress(FileNotFoundError):
-                self._fs.delete_file(self._data_path(path))
-        return orphans
+        return self._delete(orphans, dry_run)
 
     def remove_replaced(self, *, older_than_hours: int = REPLACED_GRACE_HOURS,
                         dry_run: bool = False) -> list[str]:
@@ -172,13 +166,22 @@ class DeltaUpkeep(DeltaFiles):
         """
         with self._lock:
             self._refresh()
-            replaced = sorted(self._table.vacuum(
-                retention_hours=older_than_hours, dry_run=True,
-                enforce_retention_duration=False))
-        for path in replaced if not dry_run else ():
+            replaced = sorted(self._vacuumable(older_than_hours))
+        return self._delete(replaced, dry_run)
+
+    def _vacuumable(self, older_than_hours: int, *, full: bool = False) -> list[str]:
+        """What Delta's VACUUM would delete (listed only: its own deletes commit to the log):
+        files the log removed longer ago than the retention, and with ``full`` files it never
+        named."""
+        return list(self._table.vacuum(retention_hours=older_than_hours, dry_run=True,
+                                       enforce_retention_duration=False, full=full))
+
+    def _delete(self, paths: list[str], dry_run: bool) -> list[str]:
+        """Delete ``paths`` (relative to the table) unless ``dry_run``; gone already is fine."""
+        for path in paths if not dry_run else ():
             with contextlib.suppress(FileNotFoundError):
                 self._fs.delete_file(self._data_path(path))
-        return replaced
+        return paths
 
     def _stale_summaries(self, live: set[str], older_than_hours: int) -> list[str]:
         where = self._data_path(SUMMARY_DIR)

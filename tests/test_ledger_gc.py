@@ -56,7 +56,7 @@ def test_gc_removes_the_file_of_a_crashed_ledger_commit_and_nothing_else(
     job = CheckpointManager(tmp_path, "r")
     assert job.restore(model=torch.nn.Linear(2, 1)) == 1
     job.save(2, model=torch.nn.Linear(2, 1))
-    ledger.compact()  # replaced files: still named by the log, remove_replaced's business once past their grace
+    ledger.compact()  # replaced files: named by the log, remove_replaced's business later
     job.save(3, model=torch.nn.Linear(2, 1))
     ledger.compact()  # the first compaction's summary is now stale
     before = _files(tmp_path)

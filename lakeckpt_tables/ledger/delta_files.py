@@ -224,9 +224,8 @@ def digest(footer: bytes) -> str:
 
 def footer_digest(data: pa.Buffer) -> str:
     """Digest of a Parquet file's footer (its last ``8 + length`` bytes hold it)."""
-    raw = data.to_pybytes()
-    length = int.from_bytes(raw[-8:-4], "little")
-    return digest(raw[-8 - length:-8])
+    length = int.from_bytes(data.slice(data.size - 8, 4).to_pybytes(), "little")
+    return digest(data.slice(data.size - 8 - length, length).to_pybytes())
 
 
 def named_digest(path: str) -> str | None:

@@ -1,19 +1,24 @@
 """A large commit of the Delta ledger is written as parts in parallel and added by one log
-commit (NOTE [ parallel ledger parts ]); a part that fails leaves no file behind."""
+commit (NOTE [ parallel ledger parts ]); a part that fails leaves no file behind; each file's
+add-action statistics come from its footer, equal to those computed from its rows."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
 import lakeckpt_tables.ledger.delta as delta
 from lakeckpt_tables.errors import StorageError
-from lakeckpt_tables.ledger import CheckpointRecord, ConsumptionRecord, DeltaLedger
-from lakeckpt_tables.ledger.records import intact_rows
+from lakeckpt_tables.ledger import CheckpointRecord, ConsumptionRecord, DeltaLedger, LedgerEvent
+from lakeckpt_tables.ledger.delta_files import stats
+from lakeckpt_tables.ledger.records import commit_rows, intact_rows
 
 PART_ROWS = 16
 
@@ -76,3 +81,18 @@ def test_a_part_that_fails_leaves_no_file_and_nothing_committed(
     with pytest.raises(StorageError, match="disk full"):
         ledger.commit(_checkpoint(1), _records(3 * PART_ROWS))
     assert _data_files(tmp_path) == [] and ledger.checkpoints("run") == []
+
+
+@pytest.mark.timeout(20)
+def test_add_action_statistics_from_the_footer_equal_those_from_the_rows() -> None:
+    events = [LedgerEvent("note", {"text": "é" * n}) for n in (1, 3000)]
+    consumption = [ConsumptionRecord(i % 5, i % 3, 0, 1, f"dir/é{i:05d}.parquet", i % 8, i, i + 9,
+                                     tokens=i if i % 2 else None) for i in range(300)]
+    long_state = replace(_checkpoint(4), reader_state="x" * 10_000)  # too long for a statistic
+    rows = commit_rows(long_state, consumption, events, owner="7")
+    for group_rows in (64, 1000):  # nulls only in some row groups, or one group
+        buffer = pa.BufferOutputStream()
+        pq.write_table(rows, buffer, row_group_size=group_rows)
+        footer = pq.read_metadata(pa.BufferReader(buffer.getvalue()))
+        assert footer.num_row_groups == -(-rows.num_rows // group_rows)
+        assert json.loads(stats(rows, footer)) == json.loads(stats(rows))

@@ -200,7 +200,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
             partition_values={},
             modification_time=int(time.time() * 1000),
             data_change=data_change,
-            stats=stats(rows),
+            stats=stats(rows, pq.read_metadata(pa.BufferReader(data))),
         )
 
     def _publish(

@@ -322,7 +322,8 @@ def _owner_app_id(run_id: str) -> str:
 
 _ROW_GROUP_ROWS = 65_536
 _PART_ROWS = _ROW_GROUP_ROWS
-_MAX_PARTS = max(1, min(4, os.cpu_count() or 1))
+_MAX_PARTS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                          else os.cpu_count() or 1))  # the cores this process may use
 
 
 def _parts(rows: pa.Table) -> list[pa.Table]:

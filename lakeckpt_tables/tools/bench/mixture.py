@@ -85,7 +85,7 @@ def _counted(batches: Iterable[Mapping[str, Any]], key: str) -> Iterator[Mapping
 
 
 def run_mixture_bench(*, docs: int = DEFAULT_DOCS, root: str | Path | None = None,
-                      rounds: int = 5, min_seconds: float = 3.0,
+                      rounds: int = 5, min_seconds: float = 20.0,
                       progress: Progress = quiet) -> MixtureBenchReport:
     """Measure packing and mixing (see the module docstring)."""
     from lakeckpt_tables import DeltaSource, LakeDataset, Mixture

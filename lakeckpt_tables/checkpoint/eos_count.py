@@ -41,6 +41,8 @@ def eos_events(before: CheckpointRecord | None, after: CheckpointRecord) -> list
     if not after.reader_state:
         return []
     now = _readers(decode_state(after.reader_state))
+    if not now:  # no packing reader: nothing to count
+        return []
     was = _readers(decode_state(before.reader_state)) if before and before.reader_state else {}
     events = []
     for key, state in now.items():

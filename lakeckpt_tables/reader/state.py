@@ -290,17 +290,21 @@ def _merge_two(a: ReaderState, b: ReaderState) -> ReaderState:
                                      f"{slices[g]} vs {pos}")
         slices[g] = pos
     return replace(a, slices=tuple(slices), rounds={**a.rounds, **b.rounds},
-                   eos_inside=_merged_eos(a, b))
+                   eos_inside=_merged_eos((a, b)))
 
 
-def _merged_eos(a: ReaderState, b: ReaderState) -> tuple[int | None, ...]:
-    """The eos counts of two states of disjoint slices (each slice's from the state that
-    holds its position)."""
-    if not a.eos_inside and not b.eos_inside:
+def _merged_eos(states: Iterable[ReaderState]) -> tuple[int | None, ...]:
+    """The eos counts of states of disjoint slices: each slice's from the state that holds
+    its position (none when no state counts: a reader of rows)."""
+    counting = [s for s in states if s.eos_inside]
+    if not counting:
         return ()
-    return tuple(b.eos_at(g) if pos is not None else
-                 (a.eos_at(g) if a.slices[g] is not None else None)
-                 for g, pos in enumerate(b.slices))
+    eos: list[int | None] = [None] * len(counting[0].slices)
+    for state in counting:
+        for g, n in enumerate(state.eos_inside):
+            if n is not None:
+                eos[g] = n
+    return tuple(eos)
 
 
 def encode_state(state: Mapping[str, Any] | ReaderState) -> str:

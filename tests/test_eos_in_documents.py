@@ -213,3 +213,35 @@ def test_a_mixture_counts_per_source(tables, tmp_path):
     for key in ("web", "code"):
         assert sum(n for (_, k), n in ledger.items() if k == key) == sum(inside(got[key])) > 0
     assert {s for s, _ in ledger} == {12, step}
+
+
+@pytest.mark.timeout(60)
+def test_two_workers_crashed_and_restored_count_per_checkpoint_as_the_uninterrupted_run(
+        tables, tmp_path):
+    uri = tables["web"]
+
+    def run(name: str, crash: int | None) -> dict[tuple[int, str | None], int]:
+        manager = CheckpointManager(tmp_path, name)
+        loader = loader_for(packed(uri), 2)
+        step = 0
+        for step, _ in enumerate(loader, 1):
+            if step % 8 == 0:
+                manager.save(step, dataloader=loader)
+            if step == crash:
+                break
+        if crash is not None:
+            loader = loader_for(packed(uri), 2)
+            manager = CheckpointManager(tmp_path, name)
+            restored = manager.restore(dataloader=loader)
+            assert restored == 16
+            for step, _ in enumerate(loader, restored + 1):
+                if step % 8 == 0:
+                    manager.save(step, dataloader=loader)
+        manager.save(step, dataloader=loader)
+        return eos_per_step(tmp_path, name)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EosInDocumentWarning)
+        whole, resumed = run("whole", None), run("crashed", 21)
+    assert resumed == whole and len(whole) >= 4
+    assert sum(whole.values()) == true_count(uri)

@@ -289,9 +289,13 @@ def _at(units: RoundUnits, chunks: Sequence[tuple[int, int, int]]) -> list[tuple
 
 def _window_order(order: WindowOrder, first: int, end: int) -> np.ndarray[Any, Any]:
     """Positions ``[first, end)`` of a window's permutation, computed :data:`ORDER_BLOCK`
-    positions at a time (the work stays in cache: about 3x faster than all at once)."""
-    parts = [order(a, min(a + ORDER_BLOCK, end)) for a in range(first, end, ORDER_BLOCK)]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    positions at a time (the work stays in cache: about 3x faster than all at once), each
+    written into the one array (no list of blocks concatenated: half the fresh memory)."""
+    out = np.empty(end - first, dtype=np.int64)
+    for a in range(first, end, ORDER_BLOCK):
+        b = min(a + ORDER_BLOCK, end)
+        out[a - first:b - first] = order(a, b)
+    return out
 
 
 def _read_window(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int, *,

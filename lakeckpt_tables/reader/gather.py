@@ -37,8 +37,11 @@ Output ``"torch"`` takes a block's rows once more out of Arrow: the list column'
 values and offsets (int64, from 0) as numpy arrays, and each batch is cut from them as
 ``convert`` would cut it from its table (a 2-D tensor when its rows are of one length, else
 :class:`~lakeckpt_tables.reader.convert.Ragged` with offsets of its own), with no Arrow array,
-table or slice per block or batch between: measured on the token table, CPU time, paired in
-one process, 14% less for gathering and converting a window than through a table.
+table or slice per block or batch between. Measured on the token table, CPU time, paired in
+one process: gathering and converting a window 0.87x of through a table; a whole shuffled pass
+under ``StatefulDataLoader``, 0.95x of its user CPU time. The gather itself is at the floor of
+a vectorized one: ``np.take`` of rows of the same mean width, in the same order and blocks,
+costs as much (~110 ns a row under load, against ~360 to decode it).
 """
 
 from __future__ import annotations
@@ -133,7 +136,7 @@ class Gathered:
             end = self._block_end(first, rows)
             at = self.order[first:end]
             fused = self._fused = (first, end, [
-                column.arrays(first, at) if isinstance(column, _Lists) else None
+                column.arrays(at) if isinstance(column, _Lists) else None
                 for column in self._columns])
         i = first - fused[0]
         out = Batch()
@@ -218,8 +221,8 @@ class _Lists:
         return pa.Array.from_buffers(self.kind, len(at), [None, pa.py_buffer(offsets)],
                                      children=[values])
 
-    def arrays(self, first: int, at: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any],
-                                                                    np.ndarray[Any, Any]]:
+    def arrays(self, at: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any],
+                                                        np.ndarray[Any, Any]]:
         """Rows ``at`` as numpy: values end to end and int64 offsets from 0."""
         data, start, offsets = self.gather(at)
         if data is None:  # no values at all

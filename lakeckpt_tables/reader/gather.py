@@ -53,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from lakeckpt_tables.reader import spare
 from lakeckpt_tables.reader.convert import PLAIN_NUMERIC, Batch, Ragged
 
 __all__ = ["Gathered"]
@@ -74,7 +75,9 @@ class Gathered:
     """Rows ``order`` of the runs laid end to end, in that order: a shuffled window, gathered
     batch by batch (:meth:`slice`); holds the runs' tables, never a copy of them."""
 
-    def __init__(self, runs: Sequence[Run], order: np.ndarray[Any, Any]) -> None:
+    def __init__(self, runs: Sequence[Run], order: np.ndarray[Any, Any], *,
+                 spares: Sequence[np.ndarray[Any, Any]] = ()) -> None:
+        self._spares = list(spares)  # given back when the window is dropped (``order``'s)
         tables = {id(table): table for table, _, _ in runs}  # a window's ~120 runs share ~10
         schema = runs[0][0].schema
         slices: list[pa.Table] | None = None  # the runs as tables, made only when needed
@@ -88,7 +91,8 @@ class Gathered:
         self.order = order
         self._columns: list[_Plain | _Arrow | _Lists] = []
         for i in range(len(schema)):
-            column = None if slices is not None else _plain(runs, tables, i, order)
+            column = (None if slices is not None
+                      else _plain(runs, tables, i, order, self._spares))
             if column is None:
                 if slices is None:
                     slices = [table.slice(first, end - first) for table, first, end in runs]
@@ -118,6 +122,10 @@ class Gathered:
         start, table = block
         return table if first == start and rows == len(table) else table.slice(first - start,
                                                                                 rows)
+
+    def __del__(self) -> None:
+        for array in self._spares:  # no one holds them (NOTE [ spare window arrays ])
+            spare.give_back(array)
 
     def _block_end(self, first: int, rows: int) -> int:
         """The end of the block gathered from ``first``: whole batches of ``rows`` rows, so
@@ -232,7 +240,7 @@ class _Lists:
 
 
 def _plain(runs: Sequence[Run], tables: dict[int, pa.Table], i: int,
-           order: np.ndarray[Any, Any]) -> _Plain | None:
+           order: np.ndarray[Any, Any], spares: list[np.ndarray[Any, Any]]) -> _Plain | None:
     """Column ``i`` gathered whole when it is plain numeric without nulls in every row group
     (else None): each row group's column made a numpy array once, its runs numpy slices of it
     (a window's ~120 runs, one Python call each instead of four Arrow ones)."""
@@ -246,7 +254,12 @@ def _plain(runs: Sequence[Run], tables: dict[int, pa.Table], i: int,
             return None
         arrays[key] = column.chunk(0).to_numpy(zero_copy_only=True)
     parts = [arrays[id(table)][first:end] for table, first, end in runs]
-    values = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    if len(parts) == 1:
+        return _Plain(kind, np.take(parts[0], order))
+    nbytes = sum(len(p) for p in parts) * parts[0].dtype.itemsize
+    buffer = spare.take(nbytes)
+    spares.append(buffer)
+    values = np.concatenate(parts, out=buffer[:nbytes].view(parts[0].dtype))
     return _Plain(kind, np.take(values, order))
 
 

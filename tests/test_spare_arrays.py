@@ -1,7 +1,8 @@
 """Window-sized scratch arrays reused between shuffled windows (NOTE [ spare window arrays ] in
 ``reader/spare.py``): an array given back is handed out again for a request of at least half its
-size, at most ``KEPT`` are kept, a forked process keeps none of its parent's, and a window's
-batches stay exactly its rows after the window is dropped and its arrays reused by the next."""
+size, at most ``KEPT`` arrays and ``KEPT_BYTES`` bytes are kept, a forked process keeps none of
+its parent's, and a window's batches stay exactly its rows after the window is dropped and its
+arrays reused by the next."""
 
 from __future__ import annotations
 
@@ -31,12 +32,18 @@ def test_an_array_given_back_is_reused_for_a_request_it_fits() -> None:
     assert spare.take(900) is not first
 
 
-def test_at_most_kept_arrays_are_kept_the_smallest_dropped() -> None:
+def test_at_most_kept_arrays_and_bytes_are_kept_the_oldest_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     arrays = [spare.take(100 * (k + 1)) for k in range(spare.KEPT + 1)]
     for array in arrays:
         spare.give_back(array)
-    assert len(spare._SPARE) == spare.KEPT
-    assert all(a is not arrays[0] for a in spare._SPARE)
+    assert [id(a) for a in spare._SPARE] == [id(a) for a in arrays[1:]]
+    monkeypatch.setattr(spare, "KEPT_BYTES", 2000)
+    big = spare.take(1500)
+    spare.give_back(big)  # the older ones make room, up to the bytes kept
+    assert spare._SPARE[-1] is big and sum(a.nbytes for a in spare._SPARE) <= 2000
+    spare.give_back(spare.take(2001))  # larger than all the bytes kept: not kept
+    assert not spare._SPARE
 
 
 def test_a_forked_process_keeps_none_of_its_parents() -> None:

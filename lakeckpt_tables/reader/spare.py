@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KEPT", "give_back", "take"]
+__all__ = ["KEPT", "KEPT_BYTES", "give_back", "take"]
 
 KEPT = 8
 """Spare arrays kept per process at most (2-3 windows in flight with read-ahead)."""
+KEPT_BYTES = 256 << 20
+"""Bytes of spare arrays kept per process at most: memory still held after a pass ends."""
 
 _LOCK = threading.Lock()  # windows are read on read-ahead threads and dropped by the consumer
 _SPARE: list[np.ndarray[Any, Any]] = []
@@ -46,10 +48,10 @@ def take(nbytes: int) -> np.ndarray[Any, Any]:
 
 def give_back(array: np.ndarray[Any, Any]) -> None:
     """Keep ``array`` (from :func:`take`, used by no one any more) for a later window; past
-    :data:`KEPT`, the smallest kept one is dropped."""
+    :data:`KEPT` arrays or :data:`KEPT_BYTES` bytes, the oldest kept ones are dropped."""
     with _LOCK:
         if _PID[0] != os.getpid():
             return
         _SPARE.append(array)
-        if len(_SPARE) > KEPT:
-            del _SPARE[min(range(len(_SPARE)), key=lambda i: _SPARE[i].nbytes)]
+        while len(_SPARE) > KEPT or sum(a.nbytes for a in _SPARE) > KEPT_BYTES:
+            del _SPARE[0]

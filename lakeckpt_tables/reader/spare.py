@@ -23,8 +23,8 @@ import numpy as np
 
 __all__ = ["KEPT", "KEPT_BYTES", "give_back", "take"]
 
-KEPT = 8
-"""Spare arrays kept per process at most (2-3 windows in flight with read-ahead)."""
+KEPT = 16
+"""Spare arrays kept per process at most (2-3 windows in flight, a few arrays each)."""
 KEPT_BYTES = 256 << 20
 """Bytes of spare arrays kept per process at most: memory still held after a pass ends."""
 

@@ -3,6 +3,7 @@ like any failed phase 1 (rank 0 aborts; no rank waits forever)."""
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime
 
 from lakeckpt_tables.checkpoint.commit import Attempt, Prepared, sealed
@@ -34,3 +35,17 @@ def test_a_rank_that_cannot_seal_reports_a_failure() -> None:
     assert not report.ok and report.sealed is None
     assert report.error.startswith("its consumption records do not fit the ledger's columns")
     assert "1099511627776" in report.error
+
+
+def test_sealed_rows_cross_the_gather_as_one_arrow_stream_unchanged() -> None:
+    records = [ConsumptionRecord(1, w, 0, 0, f"f{w}.parquet", w, 0, 10, rows=5, tokens=w or None)
+               for w in range(4)]
+    report = sealed(_attempt(records), "run", "42")
+    assert report.sealed is not None
+    data = pickle.dumps(report)
+    assert b"_reconstruct_table" not in data and data.count(b"f3.parquet") == 1  # one stream
+    back = pickle.loads(data)
+    assert back.sealed == report.sealed and back.sealed.common == report.sealed.common
+    assert back.sealed.table().equals(report.sealed.table())
+    empty = sealed(_attempt([]), "run", "42").sealed
+    assert empty is not None and len(pickle.loads(pickle.dumps(empty))) == 0

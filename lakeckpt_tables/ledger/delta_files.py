@@ -224,9 +224,8 @@ def digest(footer: bytes) -> str:
 
 def footer_digest(data: pa.Buffer) -> str:
     """Digest of a Parquet file's footer (its last ``8 + length`` bytes hold it)."""
-    raw = data.to_pybytes()
-    length = int.from_bytes(raw[-8:-4], "little")
-    return digest(raw[-8 - length:-8])
+    length = int.from_bytes(data.slice(data.size - 8, 4).to_pybytes(), "little")
+    return digest(data.slice(data.size - 8 - length, length).to_pybytes())
 
 
 def named_digest(path: str) -> str | None:
@@ -270,13 +269,16 @@ def commit_info(run_id: str, checkpoint: CheckpointRecord | None) -> dict[str, o
     return info
 
 
-def stats(rows: pa.Table) -> str:
+def stats(rows: pa.Table, footer: pq.FileMetaData | None = None) -> str:
     """Delta add-action statistics: row count, nulls, and min/max of every primitive column.
 
     Readers that prune files by statistics (deltalake's ``to_pyarrow_dataset``, hence DuckDB
     over it) drop a file whose filtered column has no min/max, so every column that can carry
-    them does.
+    them does. The bounds are taken from ``footer``, the written file's row-group statistics,
+    where it has them (the Parquet writer computed them: no second pass over a large commit's
+    ~20 MB of rows), else from the rows.
     """
+    known = _footer_bounds(rows.schema, footer) if footer is not None else {}
     lows: dict[str, object] = {}
     highs: dict[str, object] = {}
     nulls: dict[str, int] = {}
@@ -287,11 +289,34 @@ def stats(rows: pa.Table) -> str:
         nulls[field.name] = column.null_count
         if column.null_count == len(column):
             continue
-        bounds = pc.min_max(column).as_py()
-        lows[field.name] = _stat(bounds["min"], up=False)
-        highs[field.name] = _stat(bounds["max"], up=True)
+        low, high = known.get(field.name) or pc.min_max(column).as_py().values()
+        lows[field.name] = _stat(low, up=False)
+        highs[field.name] = _stat(high, up=True)
     return json.dumps({"numRecords": rows.num_rows, "minValues": lows, "maxValues": highs,
                        "nullCount": nulls})
+
+
+def _footer_bounds(schema: pa.Schema, footer: pq.FileMetaData) -> dict[str, tuple[Any, Any]]:
+    """(min, max) of each top-level column whose every row group has them (or holds only
+    nulls) in a Parquet footer; floats are left to the rows (NaN and -0.0 order)."""
+    bounds: dict[str, tuple[Any, Any]] = {}
+    groups = [footer.row_group(i) for i in range(footer.num_row_groups)]
+    for i in range(footer.num_columns):
+        name = footer.schema.column(i).path
+        if name not in schema.names or pa.types.is_nested(schema.field(name).type) \
+                or pa.types.is_floating(schema.field(name).type):
+            continue
+        found = []
+        for group in groups:
+            chunk = group.column(i).statistics
+            if chunk is not None and chunk.has_min_max:
+                found.append((chunk.min, chunk.max))
+            elif chunk is None or chunk.null_count != group.num_rows:
+                break  # no bounds for values this group holds
+        else:
+            if found:
+                bounds[name] = (min(b[0] for b in found), max(b[1] for b in found))
+    return bounds
 
 
 def _stat(value: object, *, up: bool) -> object:

@@ -45,10 +45,10 @@ class DeltaUpkeep(DeltaFiles):
                     columns: list[str] | None = None) -> pa.Table:
         raise NotImplementedError
 
-    def _prepare(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
+    def _write_file(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
         raise NotImplementedError
 
-    def _discard(self, prepared: AddAction) -> None:
+    def _discard(self, prepared: list[AddAction]) -> None:
         raise NotImplementedError
 
     def _log_call(self, action: str, call: Any) -> Any:
@@ -90,7 +90,7 @@ class DeltaUpkeep(DeltaFiles):
         try:
             keys = self._read_where(None, list(ORDER))
             for rows in sorted_files(keys, lambda cut: self._read_where(_where(cut))):
-                prepared.append(self._prepare(rows, data_change=False))
+                prepared.append(self._write_file(rows, data_change=False))
                 self._summarize(prepared[-1], rows)
         except BaseException:
             self._drop(prepared)
@@ -113,8 +113,8 @@ class DeltaUpkeep(DeltaFiles):
 
     def _drop(self, prepared: list[AddAction]) -> None:
         """Delete the files and summaries of a rewrite that did not land."""
+        self._discard(prepared)
         for action in prepared:
-            self._discard(action)
             with contextlib.suppress(OSError):
                 self._fs.delete_file(summary_path(self._base, action.path))
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -185,7 +185,7 @@ class ReaderState:
         shape = None if plan is None else (_positive(plan["world_size"]),
                                            _positive(plan["workers"]),
                                            _positive(plan["batch_size"]))
-        slices = tuple(None if s is None else _slice_position(s) for s in state[KEY_SLICES])
+        slices = _slice_positions(state[KEY_SLICES])
         if shape is not None and len(slices) != shape[0] * shape[1]:
             raise ValueError(f"{len(slices)} slices for {shape[0]} ranks x {shape[1]} workers")
         if shape is None and (slices or state[KEY_LAYOUTS] or state.get(KEY_ROUNDS)):
@@ -207,6 +207,30 @@ class ReaderState:
             rounds=rounds,
             eos_inside=eos,
         )
+
+
+def _slice_positions(values: Any) -> tuple[SlicePos | None, ...]:
+    """Every slice's position; only the held ones are checked one by one (a rank's state
+    holds its own few of ranks x workers slices, so its Nones are skipped in C)."""
+    if not isinstance(values, list | tuple):
+        raise ValueError(f"slices must be a list, got {type(values).__name__}")
+    slices: list[SlicePos | None] = [None] * len(values)
+    for g in _held(values):
+        slices[g] = _slice_position(values[g])
+    return tuple(slices)
+
+
+def _held(slices: Sequence[Any], lo: int = 0, hi: int | None = None) -> list[int]:
+    """The indexes of the slices in ``[lo, hi)`` that are not None: halves holding none are
+    skipped whole (``count`` runs in C), so a state holding a few slices costs a few
+    microseconds, not a Python step per slice."""
+    hi = len(slices) if hi is None else hi
+    if hi - lo <= 32:
+        return [g for g in range(lo, hi) if slices[g] is not None]
+    if slices[lo:hi].count(None) == hi - lo:
+        return []
+    mid = (lo + hi) // 2
+    return _held(slices, lo, mid) + _held(slices, mid, hi)
 
 
 def _slice_position(value: Any) -> SlicePos:
@@ -253,6 +277,10 @@ def _positive(value: Any) -> int:
 def merge_states(states: Iterable[Mapping[str, Any] | ReaderState]) -> ReaderState:
     """Merge the per-worker (and per-rank) states of one reader into one.
 
+    In one pass (rank 0 merges ranks x workers states of ranks x workers slices each at
+    every save): the states' shared fields are compared with the first planned state's, and
+    only the slices each state holds are visited.
+
     Raises:
         StateMismatchError: the states belong to different tables, configurations or plans,
             or two of them claim the same slice.
@@ -260,37 +288,31 @@ def merge_states(states: Iterable[Mapping[str, Any] | ReaderState]) -> ReaderSta
     parsed = [s if isinstance(s, ReaderState) else ReaderState.from_dict(s) for s in states]
     if not parsed:
         raise StateMismatchError("no reader states to merge")
-    merged = parsed[0]
-    for other in parsed[1:]:
-        merged = _merge_two(merged, other)
-    return merged
-
-
-def _merge_two(a: ReaderState, b: ReaderState) -> ReaderState:
-    if a.plan is None:
-        return b
-    if b.plan is None:
-        return a
-    for name in ("table", "version", "config", "policy", "plan", "layouts"):
-        if getattr(a, name) != getattr(b, name):
-            raise StateMismatchError(
-                f"cannot merge reader states with different {name}: "
-                f"{getattr(a, name)!r} vs {getattr(b, name)!r}"
-            )
-    for r in set(a.rounds) & set(b.rounds):
-        if a.rounds[r] != b.rounds[r]:
-            raise StateMismatchError(f"two reader states disagree on follow segment {r}: "
-                                     f"{a.rounds[r]} vs {b.rounds[r]}")
-    slices = list(a.slices)
-    for g, pos in enumerate(b.slices):
-        if pos is None:
-            continue
-        if slices[g] is not None and slices[g] != pos:
-            raise StateMismatchError(f"two reader states disagree on slice {g}: "
-                                     f"{slices[g]} vs {pos}")
-        slices[g] = pos
-    return replace(a, slices=tuple(slices), rounds={**a.rounds, **b.rounds},
-                   eos_inside=_merged_eos((a, b)))
+    planned = [p for p in parsed if p.plan is not None]
+    if not planned:  # nothing read yet anywhere: the last state stands for all
+        return parsed[-1]
+    first = planned[0]
+    slices = list(first.slices)
+    rounds = dict(first.rounds)
+    for other in planned[1:]:
+        for name in ("table", "version", "config", "policy", "plan", "layouts"):
+            if getattr(first, name) != getattr(other, name):
+                raise StateMismatchError(
+                    f"cannot merge reader states with different {name}: "
+                    f"{getattr(first, name)!r} vs {getattr(other, name)!r}"
+                )
+        for r, descriptor in other.rounds.items():
+            if rounds.setdefault(r, descriptor) != descriptor:
+                raise StateMismatchError(f"two reader states disagree on follow segment {r}: "
+                                         f"{rounds[r]} vs {descriptor}")
+        for g in _held(other.slices):
+            pos = other.slices[g]
+            if slices[g] is not None and slices[g] != pos:
+                raise StateMismatchError(f"two reader states disagree on slice {g}: "
+                                         f"{slices[g]} vs {pos}")
+            slices[g] = pos
+    return replace(first, slices=tuple(slices), rounds=rounds,
+                   eos_inside=_merged_eos(planned))
 
 
 def _merged_eos(states: Iterable[ReaderState]) -> tuple[int | None, ...]:
@@ -301,9 +323,8 @@ def _merged_eos(states: Iterable[ReaderState]) -> tuple[int | None, ...]:
         return ()
     eos: list[int | None] = [None] * len(counting[0].slices)
     for state in counting:
-        for g, n in enumerate(state.eos_inside):
-            if n is not None:
-                eos[g] = n
+        for g in _held(state.eos_inside):
+            eos[g] = state.eos_inside[g]
     return tuple(eos)
 
 

@@ -196,9 +196,9 @@ class CheckpointManager:
     def _commit(self, attempt: Attempt) -> CheckpointRecord:
         """Phase 2: ranks seal (NOTE [ consumption sealed where made ]), rank 0 decides."""
         attempt.committed_at = self.world.broadcast(now_utc())
-        reports = self.world.gather(sealed(attempt, self.run_id, self.owner))
+        reports = self.world.gather_to_root(sealed(attempt, self.run_id, self.owner))
         outcome: CheckpointRecord | errors.LakeckptError = CheckpointError("no outcome")
-        if self._committer is not None:
+        if self._committer is not None and reports is not None:
             outcome = self._committer.decide(attempt, reports, self._head, self.world.size)
         outcome = self.world.broadcast(outcome)
         if isinstance(outcome, errors.LakeckptError):

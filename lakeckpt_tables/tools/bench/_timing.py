@@ -95,10 +95,10 @@ class TimedManager(CheckpointManager):
             self.world.barrier()
         self._retire_s = 0.0
         world = self.world
-        gather, broadcast = world.gather, world.broadcast
+        gather, broadcast = world.gather_to_root, world.broadcast
         spent = {"gather": 0.0, "broadcast": 0.0}  # a commit's collectives, summed per save
 
-        def timed_gather(value: Any) -> list[Any]:
+        def timed_gather(value: Any) -> list[Any] | None:
             t0 = clock()
             out = gather(value)
             spent["gather"] += clock() - t0
@@ -110,12 +110,12 @@ class TimedManager(CheckpointManager):
             spent["broadcast"] += clock() - t0
             return out
 
-        world.gather, world.broadcast = timed_gather, timed_broadcast  # type: ignore[method-assign]
+        world.gather_to_root, world.broadcast = timed_gather, timed_broadcast  # type: ignore[method-assign]
         t0 = clock()
         try:
             out = super()._commit(attempt)
         finally:
-            del world.gather, world.broadcast  # back to the class's methods
+            del world.gather_to_root, world.broadcast  # back to the class's methods
         for name, seconds in spent.items():
             self.timings[name].append(seconds)
         self.timings["commit"].append(clock() - t0 - self._retire_s)

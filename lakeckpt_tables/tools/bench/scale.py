@@ -12,7 +12,7 @@ plan, accounting, checkpoint commit and Delta ledger (in a temporary directory).
 - **commit**: per save, the slowest rank's sealing of its consumption rows (checksums
   included; ranks seal in parallel, so the slowest counts: its CPU time, as the simulated ranks
   share this machine's cores), the gather (the slowest rank's pickling of its report, CPU time
-  too, then rank 0 unpickling every one, as ``all_gather_object`` does; no network) and rank
+  too, then rank 0 unpickling every one, as ``gather_object`` does; no network) and rank
   0's ``Committer.decide`` (merge, encode, one ledger commit holding every
   rank's rows); p50 and p99. Each rank's consumption records are computed by the real
   accounting before (in a job every rank does it in parallel, in phase 1: ``capture`` is timed

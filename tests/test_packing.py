@@ -111,11 +111,13 @@ def test_resuming_from_any_carry_gives_the_same_output(docs, seq_len, limit, sto
 
 @settings(max_examples=200, deadline=None)
 @given(docs=st.lists(st.lists(st.integers(0, 3), max_size=30), max_size=25),
-       cuts=st.lists(st.integers(0, 800), max_size=8), eos=st.sampled_from([0, 9]))
-def test_writes_of_any_ranges_are_the_stream_and_count_the_eos_inside_documents(docs, cuts, eos):
+       cuts=st.lists(st.integers(0, 800), max_size=8), eos=st.sampled_from([0, 9, -1]),
+       kind=st.sampled_from([np.int32, np.uint8]))
+def test_writes_of_any_ranges_are_the_stream_and_count_the_eos_inside_documents(docs, cuts, eos,
+                                                                                  kind):
     """The reader's kernel against the one-document-at-a-time oracle: empty documents,
     documents longer than a write, writes of 1 element, eos ids inside documents (0) or not,
-    in the scratch memory of a previous writer."""
+    in the scratch memory of a previous writer; tokens of another type than the ids."""
     offsets, values = as_arrays(docs)
     tokens, positions = stream_of(docs)
     tokens = [eos if t == EOS else t for t in tokens]
@@ -124,7 +126,7 @@ def test_writes_of_any_ranges_are_the_stream_and_count_the_eos_inside_documents(
     ids = np.full(len(tokens), -7, dtype=np.int64)
     pos = np.full(len(tokens), -7, dtype=np.int64)
     previous = StreamWriter(np.array([0, 900]), np.zeros(900, np.int64), eos_id=0)  # stale
-    writer = StreamWriter(offsets, values.astype(np.int32), eos_id=eos, reuse=previous)
+    writer = StreamWriter(offsets, values.astype(kind), eos_id=eos, reuse=previous)
     assert writer.total == len(tokens) and writer.clean == (sum(inside) == 0)
     for a, b in itertools.pairwise(bounds):
         assert writer.write(a, b, ids[a:b], pos[a:b]) == sum(inside[a:b])

@@ -15,6 +15,7 @@ from typing import Any
 
 from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._failures import describe_failure, is_write_failure
+from lakeckpt_tables.checkpoint.eos_count import eos_events
 from lakeckpt_tables.checkpoint.readers import merged
 from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
 from lakeckpt_tables.checkpoint.retention import Retention, removed_events
@@ -123,7 +124,8 @@ class Committer:
             crash_point("commit:before", 0)
             # rank 0's reader sees the same follow segments as every rank (they are derived
             # from the commit log alone), so its events speak for all
-            events = reports[0].events + removed_events(pushed_out, "retention")
+            events = reports[0].events + eos_events(head, record) \
+                + removed_events(pushed_out, "retention")
             committed = self._ledger_commit(record, consumption, events)
             self._pushed_out = pushed_out
             crash_point("commit:after", 0)

@@ -168,9 +168,11 @@ class ReaderConfig:
         (other slices null: merge the states of every slice for a whole-reader state)."""
         slices: list[tuple[int, int] | None] = [None] * (cursor.shape[0] * cursor.shape[1])
         slices[cursor.slice_index] = (cursor.epoch, cursor.position)
+        eos = () if self.packing is None else tuple(
+            None if s is None else cursor.eos_inside for s in slices)
         return ReaderState(self.snapshot.identity, self.snapshot.version, self.identity,
                            cursor.shape, cursor.layouts, tuple(slices), cursor.rounds,
-                           self.policy)
+                           self.policy, eos)
 
     # ------------------------------------------------------------------------- derived
 

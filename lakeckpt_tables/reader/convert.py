@@ -184,12 +184,16 @@ class CutConverter:
 
     def _gathered(self, window: Any, first: int, rows: int) -> Any:
         """A batch of a ``reader.gather.Gathered`` window: a slice of each column when every
-        column is plain numeric (gathered whole), else its rows as a table, converted."""
+        column is plain numeric (gathered whole), else its rows gathered straight into
+        tensors where the window can, else as a table, converted."""
         if self._fast:
             if window is not self._table:
                 self._table, self._arrays = window, window.plain()
             if self._arrays is not None:
                 return self._cut(first, rows)
+            batch = window.tensors(first, rows)
+            if batch is not None:
+                return batch
         return convert(window.slice(first, rows), self._output, self._nulls)
 
 

@@ -19,6 +19,7 @@ from lakeckpt_tables.io.prefetch import DEFAULT_PREFETCH, Prefetch
 from lakeckpt_tables.plan import EpochPlan, Piece, cut_spans
 from lakeckpt_tables.plan.rounds import RoundUnits
 from lakeckpt_tables.plan.shuffle import WindowOrder
+from lakeckpt_tables.reader import spare
 from lakeckpt_tables.reader._cache import RowGroupCache
 from lakeckpt_tables.reader.gather import Gathered
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
@@ -76,11 +77,11 @@ def start_cursor(planner: RoundPlanner, resume: ReaderState | None, shape: PlanS
         g = planner.resumed_slice(resume, shape, worker, own=own)
         index, position = resume.slices[g] or (0, 0)
         return Cursor(g, shape, dict(resume.layouts), index, position,
-                      planner.own_round(resume.rounds, index))
+                      planner.own_round(resume.rounds, index), resume.eos_at(g))
     reshaped = planner.reshape(resume, shape)
     first = min(index for index, _ in reshaped.positions())  # every slice starts there
     return Cursor(g, shape, dict(reshaped.layouts), first, 0,
-                  planner.own_round(reshaped.rounds, first))
+                  planner.own_round(reshaped.rounds, first), reshaped.eos_at(g))
 
 
 def _warn_tail(planner: RoundPlanner, plan: EpochPlan, slice_index: int) -> None:
@@ -287,11 +288,18 @@ def _at(units: RoundUnits, chunks: Sequence[tuple[int, int, int]]) -> list[tuple
             for (_, r0, r1), source, first in zip(chunks, sources, firsts, strict=True)]
 
 
-def _window_order(order: WindowOrder, first: int, end: int) -> np.ndarray[Any, Any]:
+def _window_order(order: WindowOrder, first: int, end: int,
+                  buffer: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
     """Positions ``[first, end)`` of a window's permutation, computed :data:`ORDER_BLOCK`
-    positions at a time (the work stays in cache: about 3x faster than all at once)."""
-    parts = [order(a, min(a + ORDER_BLOCK, end)) for a in range(first, end, ORDER_BLOCK)]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    positions at a time (the work stays in cache: about 3x faster than all at once), each
+    written into one array: ``buffer`` (``uint8``, 8 bytes a position) when given (NOTE
+    [ spare window arrays ] in ``reader/spare.py``)."""
+    out = (np.empty(end - first, dtype=np.int64) if buffer is None
+           else buffer[:(end - first) * 8].view(np.int64))
+    for a in range(first, end, ORDER_BLOCK):
+        b = min(a + ORDER_BLOCK, end)
+        out[a - first:b - first] = order(a, b)
+    return out
 
 
 def _read_window(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int, *,
@@ -303,7 +311,9 @@ def _read_window(plan: EpochPlan, units: RoundUnits, window: Piece, skip: int, *
         spans = cut_spans(window.spans, skip, window.size)
         return _Runs(_read_spans(plan, units, spans, row_group, parts))
     runs = _read_spans(plan, units, window.spans, row_group, parts)
-    gathered = Gathered(runs, _window_order(window.order(), window.lo + skip, window.hi))
+    buffer = spare.take((window.hi - window.lo - skip) * 8)
+    gathered = Gathered(runs, _window_order(window.order(), window.lo + skip, window.hi, buffer),
+                        spares=[buffer])
     return _Runs([(gathered, 0, gathered.num_rows)])
 
 

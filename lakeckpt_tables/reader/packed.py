@@ -41,8 +41,6 @@ __all__ = ["StreamSizes", "TokenPlanner", "sequences"]
 log = logging.getLogger(__name__)
 
 
-
-
 def sequences(planner: TokenPlanner, read: Any, transform: Any,
               cursor: Cursor) -> Iterator[Batch]:
     """The slice's packed batches from ``cursor`` on, epoch after epoch; the cursor stands at
@@ -59,11 +57,12 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
         start = cursor.position if index == cursor.epoch else 0
         if index != cursor.epoch and plan.per_slice == 0:
             cursor.epoch, cursor.position = index, 0
-        for ids, positions, position, _ in packed_batches(
+        for ids, positions, position, inside in packed_batches(
                 plan, units, g, start, read=read, column=packing.column,
                 seq_len=packing.seq_len, eos_id=packing.eos_id, batch_size=cursor.shape[2],
                 read_ahead=planner.read_ahead, eos_free=planner.footers().eos_free):
             cursor.epoch, cursor.position = index, position
+            cursor.eos_inside += inside  # counted with the batch that delivers the token
             batch = Batch(input_ids=torch.from_numpy(ids),
                           position_ids=torch.from_numpy(positions))
             yield transform(batch) if transform is not None else batch
@@ -213,5 +212,7 @@ class TokenPlanner:
             delivered = [plan.per_slice if e > index else (n if e == index else 0)
                          for e, n in positions]
             layouts[index] = (Piece.plain(plan.remaining(delivered)),)
+        slices = shape[0] * shape[1]  # slice 0 carries on the old slices' eos count
         return ReaderState(state.table, state.version, state.config, shape, layouts,
-                           ((first, 0),) * (shape[0] * shape[1]), {}, state.policy)
+                           ((first, 0),) * slices, {}, state.policy,
+                           (state.eos_total,) + (0,) * (slices - 1))

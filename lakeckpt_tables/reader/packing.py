@@ -210,14 +210,15 @@ class StreamWriter:
     written straight into the caller's int64 buffers, any range of it at a time: what the
     packed reader cuts into batches and :func:`pack` into sequences.
 
-    Row-sized arrays (and a mask of the eos slots) are made once for the rows; each
-    :meth:`write` is then a few whole-array numpy passes into the caller's memory, no Python
-    per document and no token-sized temporary but the row starts its positions subtract
-    (2026-11-25, in cache: the masked copy of the tokens 0.52 ns a token, the positions 0.46;
-    besides, a write costs ~10 us of numpy calls, so the reader writes many batches at once).
+    Row-sized arrays are made once for the rows; each :meth:`write` is then a few whole-array
+    numpy passes into the caller's memory, no Python per document and no token-sized
+    temporary but the write's own mask of token slots and the row starts its positions
+    subtract, both in 32 bits and reused (2026-11-25, in cache: the masked copy of the tokens
+    0.52 ns a token, the positions 0.33; besides, a write costs ~10 us of numpy calls, so the
+    reader writes many batches at once).
     """
 
-    __slots__ = ("_eos", "_inside", "_keep", "_marks", "_spans", "_starts",
+    __slots__ = ("_eos", "_inside", "_marks", "_scratch", "_spans", "_starts",
                  "_values", "ends", "total")
 
     def __init__(self, offsets: _Int, values: _Int, *, eos_id: int,
@@ -225,24 +226,26 @@ class StreamWriter:
         """``offsets``: ``n + 1`` row offsets from 0 into ``values``, the token ids.
         ``eos_free``: the caller knows the eos id is none of the values (a file's statistics
         say so): they are not looked through for it.
-        ``reuse``: a writer done with, whose scratch memory this one takes over (two fresh
-        1 MB arrays per row group cost ~220 page faults of ~3 us here: ~0.6 ns a token)."""
+        ``reuse``: a writer done with, whose scratch memory this one takes over (a fresh 1 MB
+        array per row group cost ~250 page faults of ~3 us here: ~0.6 ns a token)."""
         rows: _Int = np.asarray(offsets, dtype=np.int64)
         spans: _Int = rows[1:] - rows[:-1] + 1
         ends: _Int = np.cumsum(spans)  # stream end of each row (its eos included)
-        self.total = total = int(ends[-1]) if len(ends) else 0
+        self.total = int(ends[-1]) if len(ends) else 0
         self.ends, self._spans, self._starts, self._marks = ends, spans, ends - spans, ends - 1
-        size = max(total, len(values))
-        held: _Bool | None = reuse._keep.base if reuse is not None else None
-        scratch = held if held is not None and len(held) >= size else np.empty(size, bool)
+        self._scratch: _Bool = reuse._scratch if reuse is not None else _EMPTY_BOOL
         self._inside: _Int | None = None  # where the eos id is among the tokens, if it is
         if not eos_free:
-            found = np.equal(values, eos_id, out=scratch[:len(values)])
+            found = np.equal(values, eos_id, out=self._bools(len(values)))
             self._inside = np.flatnonzero(found) if found.any() else None
-        self._keep: _Bool = scratch[:total]  # the token slots
-        self._keep.fill(True)
-        self._keep[self._marks] = False
         self._values, self._eos = values, eos_id
+
+    def _bools(self, n: int) -> _Bool:
+        """``n`` booleans of scratch memory, grown with headroom (row groups differ a little
+        in size: growing to each new largest one would fault its pages in again)."""
+        if len(self._scratch) < n:
+            self._scratch = np.empty(n + n // 4, bool)
+        return self._scratch[:n]
 
     @classmethod
     def of(cls, array: pa.Array | pa.ChunkedArray, *, eos_id: int,
@@ -269,25 +272,39 @@ class StreamWriter:
         ends = self.ends  # (array methods and scalar searches: a write costs ~5 us besides)
         r0, r1 = int(ends.searchsorted(a, "right")), int(ends.searchsorted(b - 1, "right"))
         rb = r1 + 1 if ends[r1] == b else r1  # rows ending at or before b
-        ids[self._keep[a:b]] = self._values[a - r0:b - rb]
-        ids[self._marks[r0:rb] - a] = self._eos
+        marks = self._marks[r0:rb] - a  # the eos slots
+        keep = self._bools(b - a)  # the token slots
+        keep.fill(True)
+        keep[marks] = False
+        ids[keep] = self._values[a - r0:b - rb]
+        ids[marks] = self._eos
         skip = a - int(self._starts[r0])
-        starts = (self._starts[r0:r1 + 1] - a).repeat(self._spans[r0:r1 + 1])
-        np.subtract(_arange(b - a), starts[skip:skip + b - a], out=positions)
+        # positions below 2^31 (any real document) are made in 32 bits and widened as they
+        # land: half the bytes through memory for the row starts repeated per token
+        # (2026-11-25, 2^15 elements in cache: 0.33 ns a token against 0.60)
+        kind = np.int32 if b - a + skip < _INT32_LIMIT else np.int64
+        starts = (self._starts[r0:r1 + 1] - a).astype(kind).repeat(self._spans[r0:r1 + 1])
+        own = starts[skip:skip + b - a]
+        np.subtract(_arange(b - a, kind), own, out=own)
+        positions[:] = own
         if self._inside is None:
             return 0
         return int(self._inside.searchsorted(b - rb) - self._inside.searchsorted(a - r0))
 
 
-_ARANGE = np.arange(0, dtype=np.int64)
+_INT32_LIMIT = 1 << 31
+_EMPTY_BOOL: _Bool = np.empty(0, bool)
+_ARANGES: dict[type, np.ndarray[Any, Any]] = {}
 
 
-def _arange(n: int) -> _Int:
-    """``0..n-1``, a view of one array kept (it grows to the largest ``n`` asked)."""
-    global _ARANGE
-    if len(_ARANGE) < n:
-        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)), dtype=np.int64)
-    return _ARANGE[:n]
+def _arange(n: int, kind: type = np.int64) -> np.ndarray[Any, Any]:
+    """``0..n-1`` of integer type ``kind``, a view of one array kept per type (it grows to
+    the largest ``n`` asked)."""
+    held = _ARANGES.get(kind)
+    if held is None or len(held) < n:
+        held = _ARANGES[kind] = np.arange(max(n, 2 * (0 if held is None else len(held))),
+                                          dtype=kind)
+    return held[:n]
 
 
 def pack_array(carry: PackCarry, array: pa.Array | pa.ChunkedArray, *, seq_len: int,

@@ -38,6 +38,7 @@ class Cursor:
     epoch: int  # the round: an epoch, or a follow segment (lakeckpt_tables.reader.rounds)
     position: int
     rounds: dict[int, Round]
+    eos_inside: int = 0  # a packing reader's eos ids inside delivered documents (state.py)
 
 
 def require_whole(state: ReaderState, shape: PlanShape) -> None:

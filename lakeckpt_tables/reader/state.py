@@ -16,6 +16,7 @@ Schema (``format`` = :data:`STATE_FORMAT`)::
       "layouts": {"<epoch>": {"pieces": 4096, "shufflers": ["balanced"], "columns": "..."}},
       "rounds":  {"<round>": [index, segment, epoch, base, to, skipped]},  # follow mode only
       "slices":  [[epoch, rows delivered] | null, ...]   # one per (rank, worker)
+      "eos_inside": [count | null, ...]   # packed readers only: one per slice (below)
     }
 
 ``config`` is what defines the rows (table options, seed, epochs, shuffle...): a state loads
@@ -23,6 +24,12 @@ only into a reader with the same. ``policy`` holds the options that do not defin
 mode's ``on_change``, ``until_version``, ``max_idle``, ``poll_interval``): they may change on
 resume, and the change is recorded in the ledger as a ``policy_change`` event. Format 1 (with a
 ``segment`` field that was always 0) is refused by name.
+
+``eos_inside`` (a packing reader's, optional: a state without it counts 0) is, per slice, how
+many times the ``eos_id`` occurred inside the documents whose tokens that slice delivered,
+cumulative over the run (NOTE [ eos counted in the ledger ] in ``checkpoint/eos_count.py``):
+a slice's count moves with its position, so it is exact across resumes; an elastic re-plan
+carries the old slices' sum onto slice 0.
 
 ``layouts`` holds only rounds re-planned by an elastic resume, as integer columns
 (NOTE [ compact layouts ] in ``lakeckpt_tables.plan.layout_codec``); a layout written as a
@@ -70,6 +77,7 @@ KEY_LAYOUTS = "layouts"
 KEY_ROUNDS = "rounds"  # optional: descriptors of the follow segments slices stand in
 KEY_POLICY = "policy"  # optional: options that may change on resume
 KEY_SLICES = "slices"
+KEY_EOS_INSIDE = "eos_inside"  # optional: a packing reader's per-slice eos counts
 _KEYS = (KEY_FORMAT, KEY_TABLE, KEY_VERSION, KEY_CONFIG, KEY_PLAN, KEY_LAYOUTS, KEY_SLICES)
 
 PlanShape = tuple[int, int, int]  # (world_size, workers, batch_size)
@@ -88,6 +96,9 @@ class ReaderState:
     slices: tuple[SlicePos | None, ...]
     rounds: Mapping[int, Round] = field(default_factory=dict)
     policy: Mapping[str, Any] = field(default_factory=dict)
+    eos_inside: tuple[int | None, ...] = ()
+    """Per slice, the eos ids found inside the documents it delivered (packing readers;
+    empty otherwise or in a state written before the count)."""
 
     @property
     def complete(self) -> bool:
@@ -101,6 +112,15 @@ class ReaderState:
     def positions(self) -> list[SlicePos]:
         """Every slice's position; only for a complete state."""
         return [s for s in self.slices if s is not None]
+
+    def eos_at(self, g: int) -> int:
+        """Slice ``g``'s eos count (0 when the state holds none)."""
+        return (self.eos_inside[g] or 0) if g < len(self.eos_inside) else 0
+
+    @property
+    def eos_total(self) -> int:
+        """The eos ids found inside delivered documents, over every slice the state holds."""
+        return sum(n for n in self.eos_inside if n is not None)
 
     def with_slice(self, g: int, pos: SlicePos) -> ReaderState:
         slices = list(self.slices)
@@ -120,6 +140,7 @@ class ReaderState:
             KEY_SLICES: [None if s is None else list(s) for s in self.slices],
             **({KEY_ROUNDS: {str(r): d.to_json() for r, d in sorted(self.rounds.items())}}
                if self.rounds else {}),
+            **({KEY_EOS_INSIDE: list(self.eos_inside)} if self.eos_inside else {}),
         }
 
     @classmethod
@@ -144,7 +165,8 @@ class ReaderState:
         missing = [k for k in _KEYS if k not in state]
         if missing:
             raise StateMismatchError(f"reader state is corrupt: missing keys {missing}")
-        unknown = sorted(map(str, set(state) - {*_KEYS, KEY_ROUNDS, KEY_POLICY}))
+        unknown = sorted(map(str, set(state) - {*_KEYS, KEY_ROUNDS, KEY_POLICY,
+                                                KEY_EOS_INSIDE}))
         if unknown:
             raise StateMismatchError(f"reader state is corrupt: unknown keys {unknown}")
         try:
@@ -170,6 +192,9 @@ class ReaderState:
             raise ValueError("a state without a plan (nothing read yet) holds no positions")
         layouts = {int(e): decode_layout(ps) for e, ps in state[KEY_LAYOUTS].items()}
         rounds = {int(r): Round.from_json(d) for r, d in state.get(KEY_ROUNDS, {}).items()}
+        eos = tuple(None if n is None else _natural(n) for n in state.get(KEY_EOS_INSIDE, ()))
+        if eos and len(eos) != len(slices):
+            raise ValueError(f"{len(eos)} eos counts for {len(slices)} slices")
         return cls(
             table=TableIdentity(_table_format(t["format"]), _text(t["location"]),
                                 _text(t["table_id"])),
@@ -180,6 +205,7 @@ class ReaderState:
             layouts=layouts,
             slices=slices,
             rounds=rounds,
+            eos_inside=eos,
         )
 
 
@@ -263,7 +289,22 @@ def _merge_two(a: ReaderState, b: ReaderState) -> ReaderState:
             raise StateMismatchError(f"two reader states disagree on slice {g}: "
                                      f"{slices[g]} vs {pos}")
         slices[g] = pos
-    return replace(a, slices=tuple(slices), rounds={**a.rounds, **b.rounds})
+    return replace(a, slices=tuple(slices), rounds={**a.rounds, **b.rounds},
+                   eos_inside=_merged_eos((a, b)))
+
+
+def _merged_eos(states: Iterable[ReaderState]) -> tuple[int | None, ...]:
+    """The eos counts of states of disjoint slices: each slice's from the state that holds
+    its position (none when no state counts: a reader of rows)."""
+    counting = [s for s in states if s.eos_inside]
+    if not counting:
+        return ()
+    eos: list[int | None] = [None] * len(counting[0].slices)
+    for state in counting:
+        for g, n in enumerate(state.eos_inside):
+            if n is not None:
+                eos[g] = n
+    return tuple(eos)
 
 
 def encode_state(state: Mapping[str, Any] | ReaderState) -> str:

@@ -239,8 +239,9 @@ def _register_mixture(sub: Any) -> None:
                          help="keep the table under PATH and reuse it (default: temporary)")
     mixture.add_argument("--rounds", type=_positive, default=5,
                          help="least interleaved rounds (default 5)")
-    mixture.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
-                         help="keep adding rounds (up to 50) until S seconds are spent")
+    mixture.add_argument("--min-seconds", type=float, default=20.0, metavar="S",
+                         help="keep adding rounds (up to 50) until S seconds are spent "
+                         "(default 20: a round's wall-clock ratio swings 0.7-1.4 under load)")
     mixture.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

@@ -85,7 +85,7 @@ def _counted(batches: Iterable[Mapping[str, Any]], key: str) -> Iterator[Mapping
 
 
 def run_mixture_bench(*, docs: int = DEFAULT_DOCS, root: str | Path | None = None,
-                      rounds: int = 5, min_seconds: float = 3.0,
+                      rounds: int = 5, min_seconds: float = 20.0,
                       progress: Progress = quiet) -> MixtureBenchReport:
     """Measure packing and mixing (see the module docstring)."""
     from lakeckpt_tables import DeltaSource, LakeDataset, Mixture
@@ -102,14 +102,21 @@ def run_mixture_bench(*, docs: int = DEFAULT_DOCS, root: str | Path | None = Non
             return LakeDataset(source, pack_tokens="tokens", seq_len=SEQ_LEN, eos_id=0,
                                batch_size=SEQUENCES, shuffle=False, read_ahead=0)
 
+        built = 0
+
         def loops() -> dict[str, Iterable[Mapping[str, Any]]]:
+            nonlocal built
             unpacked = LakeDataset(source, columns=["tokens"], batch_size=rows_per_batch,
                                    shuffle=False, read_ahead=0)
             mixture = Mixture({"a": packed(), "b": packed()}, weights={"a": 1, "b": 1},
                               on_exhausted="stop")
-            return {"unpacked": _counted(unpacked, "tokens"),
+            made = {"unpacked": _counted(unpacked, "tokens"),
                     "packed": _counted(packed(), "input_ids"),
                     "mixture": _counted(mixture, "input_ids")}
+            # every other round runs the loops in the reverse turn: no loop always runs on the
+            # caches the same other loop just left
+            built += 1
+            return made if built % 2 else dict(reversed(made.items()))
 
         logging.getLogger("lakeckpt_tables.reader.packed").setLevel(logging.ERROR)  # the tail
         with no_loader_warnings():

@@ -8,6 +8,7 @@ from test_examples_smoke import SMALL_FOLLOW, run_example
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # a writer and two trainers, ~30 s on 2 busy cores; 130 s at load 9
 def test_follow_delta_survives_a_sigkill_while_the_table_grows() -> None:
     # without DataLoader workers: tests/test_follow_crash.py kills a follower that has them
     lines = run_example("follow_delta.py", *SMALL_FOLLOW, "--workers", "0")
@@ -19,6 +20,7 @@ def test_follow_delta_survives_a_sigkill_while_the_table_grows() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # as above
 def test_follow_iceberg_survives_a_sigkill_while_the_table_grows() -> None:
     lines = run_example("follow_iceberg.py", *SMALL_FOLLOW, "--max-idle", "2")
     text = "\n".join(lines)

@@ -15,6 +15,8 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT = 180
 
+pytestmark = pytest.mark.slow  # every test runs an example in a process of its own
+
 SMALL_TRAIN = ["--rows", "3000", "--group-rows", "250", "--batch-size", "100",
                "--checkpoint-every", "6", "--epochs", "2"]
 SMALL_FOLLOW = ["--initial-rows", "200", "--commits", "8", "--commit-rows", "40",

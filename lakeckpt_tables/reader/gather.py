@@ -53,7 +53,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from lakeckpt_tables.reader import spare
+import lakeckpt_tables.reader.spare as spare
 from lakeckpt_tables.reader.convert import PLAIN_NUMERIC, Batch, Ragged
 
 __all__ = ["Gathered"]

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+import lakeckpt_tables.reader.spare as spare
 from lakeckpt_tables.io.prefetch import DEFAULT_PREFETCH, Prefetch
 from lakeckpt_tables.plan import EpochPlan, Piece, cut_spans
 from lakeckpt_tables.plan.rounds import RoundUnits
 from lakeckpt_tables.plan.shuffle import WindowOrder
-from lakeckpt_tables.reader import spare
 from lakeckpt_tables.reader._cache import RowGroupCache
 from lakeckpt_tables.reader.gather import Gathered
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner

@@ -119,7 +119,9 @@ def train(args: argparse.Namespace) -> None:
             manager.save(step, model=model, optimizer=optimizer, dataloader=loader)
         if step == args.kill_after_step:
             os.kill(os.getpid(), signal.SIGKILL)  # a real crash: nothing after this runs
-    manager.save(step, model=model, optimizer=optimizer, dataloader=loader)
+    if step % args.checkpoint_every:  # the last steps too (a step is saved once: a second
+        # save of it, with the loader now at its end, would be refused as a conflict)
+        manager.save(step, model=model, optimizer=optimizer, dataloader=loader)
     log.close()
     dist.destroy_process_group()
 
@@ -140,6 +142,8 @@ def torchrun(args: argparse.Namespace, job: int, kill_after: int) -> tuple[int, 
     if not resumed:
         print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
         raise SystemExit(f"job {job} did not start (exit {done.returncode})")
+    if kill_after < 0 and done.returncode:  # a job that should have ended well: say why not
+        print(done.stderr[-3000:])
     return done.returncode, resumed[0]
 
 

@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import settings
-from xdist_order import pytest_xdist_make_scheduler  # noqa: F401 - a hook: slow files first
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, PlanPolicy

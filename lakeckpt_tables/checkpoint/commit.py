@@ -117,14 +117,14 @@ class Committer:
             return kind(f"checkpoint of run {self.run_id} at step {attempt.step} under "
                         f"{self.storage.root} was not saved, nothing was committed: {detail}")
         try:
-            record, consumption = self._records(attempt, reports, head, world_size)
+            record, consumption, reader = self._records(attempt, reports, head, world_size)
             if head is not None and head.step == attempt.step:
                 return self._same_step(attempt, record, head)
             pushed_out = self.retention.pushed_out(record)
             crash_point("commit:before", 0)
             # rank 0's reader sees the same follow segments as every rank (they are derived
             # from the commit log alone), so its events speak for all
-            events = reports[0].events + eos_events(head, record) \
+            events = reports[0].events + eos_events(head, reader) \
                 + removed_events(pushed_out, "retention")
             committed = self._ledger_commit(record, consumption, events)
             self._pushed_out = pushed_out
@@ -190,7 +190,9 @@ class Committer:
         raise AssertionError("unreachable")
 
     def _records(self, attempt: Attempt, reports: list[Prepared], head: CheckpointRecord | None,
-                 world_size: int) -> tuple[CheckpointRecord, SealedConsumption]:
+                 world_size: int) -> tuple[CheckpointRecord, SealedConsumption,
+                                           dict[str, Any] | None]:
+        """The checkpoint record, its sealed consumption and the merged reader state."""
         manifest: dict[str, Any] = {}
         for report in reports:
             manifest.update(report.manifest)
@@ -209,7 +211,7 @@ class Committer:
             source=source, source_version=version,
             world_size=world_size, tags=attempt.tags, config_hash=self.config_hash,
             wall_time_s=time.monotonic() - self._started)
-        return record, consumption
+        return record, consumption, reader
 
 
 def _data_files(manifest: Mapping[str, Any]) -> dict[str, Any]:

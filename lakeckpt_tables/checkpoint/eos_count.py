@@ -28,41 +28,47 @@ from typing import Any
 
 from lakeckpt_tables.ledger import CheckpointRecord, LedgerEvent
 from lakeckpt_tables.mixture.state import is_mixture_state, is_reader_state
-from lakeckpt_tables.reader import ReaderState, decode_state
+from lakeckpt_tables.reader import decode_state
+from lakeckpt_tables.reader.state import KEY_EOS_INSIDE
 
 __all__ = ["EOS_EVENT", "eos_events"]
 
 EOS_EVENT = "eos_in_documents"
 
 
-def eos_events(before: CheckpointRecord | None, after: CheckpointRecord) -> list[LedgerEvent]:
-    """The eos counts ``after`` adds to ``before`` (the checkpoint this job committed or
-    restored last; None: the run's start), per reader (NOTE [ eos counted in the ledger ])."""
-    if not after.reader_state:
-        return []
-    now = _readers(decode_state(after.reader_state))
-    if not now:  # no packing reader: nothing to count
+def eos_events(before: CheckpointRecord | None,
+               after: Mapping[str, Any] | None) -> list[LedgerEvent]:
+    """The eos counts the merged reader state ``after`` adds to ``before`` (the checkpoint
+    this job committed or restored last; None: the run's start), per reader (NOTE [ eos
+    counted in the ledger ]). Read from the states' JSON: the commit needs only the counts."""
+    now = _readers(after) if after else {}
+    if not now:  # no packing reader: nothing to count, nothing decoded
         return []
     was = _readers(decode_state(before.reader_state)) if before and before.reader_state else {}
     events = []
     for key, state in now.items():
-        total = state.eos_total
-        prior = was[key].eos_total if key in was else 0
+        total = _total(state)
+        prior = _total(was[key]) if key in was else 0
         count = total - prior if total >= prior else total  # below: a pass begun afresh
         if count:
-            pack = state.config.get("pack") or {}
+            pack = state["config"].get("pack") or {}
             detail: dict[str, Any] = {"count": count, "total": total,
                                       "eos_id": pack.get("eos_id"),
-                                      "table": state.table.location}
+                                      "table": state["table"]["location"]}
             if key is not None:
                 detail["source_key"] = key
             events.append(LedgerEvent(EOS_EVENT, detail))
     return events
 
 
-def _readers(state: Mapping[str, Any]) -> dict[str | None, ReaderState]:
+def _readers(state: Mapping[str, Any]) -> dict[str | None, Mapping[str, Any]]:
     """The packing reader states of a checkpoint's merged state, by Mixture source key (None
     for a lone reader); a source of another kind counts nothing."""
     states = state["sources"] if is_mixture_state(state) else {None: state}
-    return {key: ReaderState.from_dict(s) for key, s in states.items()
-            if is_reader_state(s) and "pack" in s["config"]}
+    return {key: s for key, s in states.items() if is_reader_state(s) and "pack" in s["config"]}
+
+
+def _total(state: Mapping[str, Any]) -> int:
+    """The eos ids found inside delivered documents, over every slice the state holds
+    (``ReaderState.eos_total`` of the state as JSON)."""
+    return sum(n for n in state.get(KEY_EOS_INSIDE, ()) if n is not None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -13,13 +15,14 @@ import torch
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.cli import main
 from lakeckpt_tables.reader.state import decode_state, encode_state
+from lakeckpt_tables.tools.bench import read as read_bench
 from lakeckpt_tables.tools.bench.data import ensure_synthetic_table
 from lakeckpt_tables.tools.bench.raw import raw_batches
 from lakeckpt_tables.tools.bench.read import (
+    ReadBenchReport,
     format_report,
     interleaved_pass,
     measure_throughput,
-    run_read_bench,
 )
 from lakeckpt_tables.tools.bench.state import STATE_TARGET_BYTES, measure_state_size
 
@@ -29,6 +32,30 @@ ROWS = 50_000
 @pytest.fixture(scope="module")
 def bench_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("bench")
+
+
+@pytest.fixture(scope="module")
+def cli_run(bench_root: Path) -> tuple[int, str, dict[str, Any], ReadBenchReport]:
+    """One ``lakeckpt bench read --json`` on the reused table (the bench is the file's slowest
+    part: run once): its exit status, what it printed, and the arguments and report of the
+    ``run_read_bench`` it called (a spy that keeps the call real)."""
+    ensure_synthetic_table(bench_root, ROWS)
+    calls: list[tuple[dict[str, Any], ReadBenchReport]] = []
+    real = read_bench.run_read_bench
+
+    def spy(**kwargs: Any) -> ReadBenchReport:
+        report = real(**kwargs)
+        calls.append((kwargs, report))
+        return report
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setattr(read_bench, "run_read_bench", spy)
+        code = main(["bench", "read", "--rows", str(ROWS), "--dir", str(bench_root),
+                     "--rounds", "1", "--min-seconds", "0", "--resume-rounds", "1",
+                     "--state-tb", "0.01", "--loader-rounds", "1", "--json"])
+    ((kwargs, report),) = calls
+    return code, out.getvalue(), kwargs, report
 
 
 def test_the_synthetic_table_is_built_once_and_then_reused(bench_root: Path) -> None:
@@ -79,9 +106,12 @@ def test_every_measured_reader_pass_decodes_every_row_group(
     assert reads == 2 * 2 * row_groups
 
 
-def test_run_read_bench_reports_every_figure_with_its_target(bench_root: Path) -> None:
-    report = run_read_bench(rows=ROWS, root=bench_root, rounds=1, min_seconds=0,
-                            resume_rounds=1, state_bytes=10**10, loader_rounds=1)
+def test_run_read_bench_reports_every_figure_with_its_target(
+        bench_root: Path, cli_run: tuple[int, str, dict[str, Any], ReadBenchReport]) -> None:
+    _, _, kwargs, report = cli_run
+    assert {k: v for k, v in kwargs.items() if k != "progress"} == {
+        "rows": ROWS, "root": str(bench_root), "rounds": 1, "min_seconds": 0,
+        "resume_rounds": 1, "state_bytes": 10**10, "loader_rounds": 1}
     data = report.to_json()
     assert json.loads(json.dumps(data)) == data  # JSON-clean
     assert data["table"]["rows"] == ROWS
@@ -135,12 +165,11 @@ def test_the_simulated_state_round_trips_through_its_encoding() -> None:
     assert ReaderState.from_dict(decode_state(encode_state(state))) == state
 
 
-def test_the_cli_prints_the_report_as_json(bench_root: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["bench", "read", "--rows", str(ROWS), "--dir", str(bench_root), "--rounds",
-                 "1", "--min-seconds", "0", "--resume-rounds", "1", "--state-tb", "0.01",
-                 "--loader-rounds", "1", "--json"])
-    data = json.loads(capsys.readouterr().out)
+def test_the_cli_prints_the_report_as_json(
+        cli_run: tuple[int, str, dict[str, Any], ReadBenchReport]) -> None:
+    code, printed, _, report = cli_run
+    data = json.loads(printed)
+    assert data == json.loads(json.dumps(report.to_json()))
     assert code == (0 if data["passed"] else 1)
     assert data["table"]["reused"] and data["table"]["rows"] == ROWS
     assert data["resume"][0]["total_s"] and len(data["resume"][0]["total_s"]) == 3

@@ -34,8 +34,19 @@ def run_example(name: str, *args: str) -> list[str]:
     return lines
 
 
-def test_train_delta_resumes_a_preempted_run_exactly() -> None:
-    lines = run_example("train_delta.py", *SMALL_TRAIN)
+@pytest.fixture(scope="module")
+def train_delta(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """What ``train_delta.py`` printed and the checkpoint root it kept: one run serves the
+    example's own test and the test of ``progress_sql.py`` on an existing root."""
+    base = tmp_path_factory.mktemp("train-delta")
+    lines = run_example("train_delta.py", *SMALL_TRAIN, "--work", str(base / "train"),
+                        "--root", str(base / "ck"))
+    return lines, base / "ck"
+
+
+def test_train_delta_resumes_a_preempted_run_exactly(
+        train_delta: tuple[list[str], Path]) -> None:
+    lines, _ = train_delta
     assert any(x.startswith("job 2: restored step") for x in lines)
     assert any(x.startswith("ids: 3,000 rows x 2 epochs, 6,000 trained, 0 duplicated, 0 "
                             "missing: OK") for x in lines)
@@ -67,12 +78,10 @@ def test_progress_sql_queries_an_empty_then_a_resumed_ledger(backend: str) -> No
     assert "verify run example up to step" in text and text.count(": OK") == 1
 
 
-def test_progress_sql_reads_an_existing_root(tmp_path: Path) -> None:
-    work = tmp_path / "train"
-    run_example("train_delta.py", *SMALL_TRAIN, "--work", str(work), "--root",
-                str(tmp_path / "ck"))
-    lines = run_example("progress_sql.py", "--root", str(tmp_path / "ck"))
-    assert any(line.startswith("ledger delta:") for line in lines)
+def test_progress_sql_reads_an_existing_root(train_delta: tuple[list[str], Path]) -> None:
+    _, root = train_delta
+    lines = run_example("progress_sql.py", "--root", str(root))
+    assert any(line.startswith(f"ledger delta:{root}/_ledger at version ") for line in lines)
 
 
 def test_audit_deletion_names_the_checkpoints_that_saw_user_42() -> None:

@@ -27,7 +27,8 @@ def _imports() -> dict[str, set[str]]:
 
 
 def test_the_modules_of_sources_import_each_other_without_a_circle() -> None:
-    graph = {m: {n for n in deps if n in _imports()} for m, deps in _imports().items()}
+    imports = _imports()
+    graph = {m: {n for n in deps if n in imports} for m, deps in imports.items()}
     graph.pop("lakeckpt_tables.sources.__init__", None)
     done: set[str] = set()
 

@@ -10,7 +10,9 @@ import logging
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +24,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lakeckpt_tables import DeltaSource, LakeDataset
 from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.errors import CheckpointRestoreError, RunFencedError, RunInUseError
-from lakeckpt_tables.ledger import DeltaLedger
+from lakeckpt_tables.ledger import CheckpointRecord, DeltaLedger
 
 ROWS = 48
 BATCH = 4
@@ -65,10 +67,16 @@ def train(table: str, root: str, *, stop: int | None = None) -> dict[str, object
 
 
 FRESH_PROCESS = """
-import json, sys
-sys.path.insert(0, sys.argv[3])
+import json, sys, traceback
+sys.path.insert(0, sys.argv[2])
 from test_checkpoint_restore import train
-print(json.dumps(train(sys.argv[1], sys.argv[2])))
+results = {}
+for root in sys.argv[3:]:
+    try:
+        results[root] = train(sys.argv[1], root)
+    except Exception:
+        results[root] = {"error": traceback.format_exc()}
+print(json.dumps(results))
 """
 
 
@@ -91,26 +99,56 @@ def _lose(root: Path, what: str, location: str, ledger_file: Path) -> None:
         ledger_file.unlink()
 
 
+LOSSES = ["directory", "shard", "manifest", "ledger file"]
+
+
+@dataclass
+class Damaged:
+    """A run stopped after its second checkpoint, which then lost ``what``; and how a fresh
+    process restoring it went on."""
+
+    root: Path
+    first: dict[str, Any]
+    newest: CheckpointRecord
+    ledger_file: Path
+    rest: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def damaged(table: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Damaged]:
+    """Every kind of loss, each in a run of its own, restored and trained to the end by one
+    fresh process (its start costs more than the four restores, run one after the other)."""
+    runs = {}
+    for what in LOSSES:
+        root = tmp_path_factory.mktemp("damaged")
+        first = train(str(table), str(root), stop=2 * SAVE_EVERY)
+        newest = DeltaLedger(str(root / "_ledger")).checkpoints("r")[-1]
+        assert newest.step == 2 * SAVE_EVERY
+        ledger_file = max((root / "_ledger").glob("*.parquet"), key=lambda p: p.stat().st_mtime)
+        _lose(root, what, newest.model_location, ledger_file)
+        runs[what] = Damaged(root, first, newest, ledger_file, {})
+    env = {**os.environ, "LAKECKPT_REGISTRY": "off", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(table),
+                           str(Path(__file__).parent), *(str(d.root) for d in runs.values())],
+                          env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for run in runs.values():
+        run.rest = results[str(run.root)]
+    return runs
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("what", ["directory", "shard", "manifest", "ledger file"])
+@pytest.mark.parametrize("what", LOSSES)
 def test_a_run_whose_newest_checkpoint_lost_files_goes_on_from_the_previous_exactly_once(
-        table: Path, tmp_path: Path, what: str) -> None:
+        table: Path, damaged: dict[str, Damaged], what: str) -> None:
     dataset = LakeDataset(DeltaSource(str(table)), batch_size=BATCH, seed=7, shuffle_window=2)
     uninterrupted = [[int(i) for i in b["id"]] for b in StatefulDataLoader(dataset,
                                                                            batch_size=None)]
-    first = train(str(table), str(tmp_path), stop=2 * SAVE_EVERY)
-    ledger = DeltaLedger(str(tmp_path / "_ledger"))
-    newest = ledger.checkpoints("r")[-1]
-    assert newest.step == 2 * SAVE_EVERY
-    ledger_file = max((tmp_path / "_ledger").glob("*.parquet"), key=lambda p: p.stat().st_mtime)
-    _lose(tmp_path, what, newest.model_location, ledger_file)
-
-    env = {**os.environ, "LAKECKPT_REGISTRY": "off", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(table), str(tmp_path),
-                           str(Path(__file__).parent)], env=env, capture_output=True, text=True,
-                          timeout=100)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rest = json.loads(done.stdout.strip().splitlines()[-1])
+    run = damaged[what]
+    tmp_path, first, newest, ledger_file, rest = (run.root, run.first, run.newest,
+                                                  run.ledger_file, run.rest)
+    assert "error" not in rest, rest.get("error")
     assert rest["restored"] == SAVE_EVERY
     assert first["ids"][:SAVE_EVERY] + rest["ids"] == uninterrupted  # exactly once, in order
     steps = [r.step for r in DeltaLedger(str(tmp_path / "_ledger")).checkpoints("r")]

@@ -4,6 +4,7 @@ makes against a failure-free run (ids per rank in order, bit-identical parameter
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,6 +50,36 @@ def run(table: Path, root: Path, out: Path, *, nproc: int = 1, crash: str | None
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={nproc}", "--max-restarts=0", JOB, *args]
     return subprocess.run(cmd, env=env, capture_output=True, timeout=180).returncode
+
+
+RUN_EACH = """
+import json, sys, traceback
+sys.path.insert(0, sys.argv[1])
+import train
+codes = []
+for argv in json.loads(sys.argv[2]):
+    try:
+        codes.append(train.main(argv))
+    except Exception:
+        traceback.print_exc()
+        codes.append(1)
+print(json.dumps(codes))
+"""
+
+
+def run_each(table: Path, jobs: list[tuple[Path, Path]]) -> list[int]:
+    """The single-process job for each (root, out), one after the other in ONE fresh process
+    (its start, torch's import, costs more than a resume): each job's exit status."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LAKECKPT_CRASH_AT", None)
+    argvs = [["--table", str(table), "--root", str(root), "--out", str(out)]
+             for root, out in jobs]
+    done = subprocess.run([sys.executable, "-c", RUN_EACH, str(Path(JOB).parent),
+                           json.dumps(argvs)], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    codes: list[int] = json.loads(done.stdout.strip().splitlines()[-1])
+    return codes
 
 
 def logs(out: Path) -> dict[int, list[list[int]]]:

@@ -8,6 +8,7 @@ be identical and the final parameters bit-identical. The torchrun jobs are in
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +21,7 @@ from crash_jobs import (
     assert_same_run,
     logs,
     run,
+    run_each,
     write_table,
 )
 
@@ -53,19 +55,47 @@ def reference_root(reference: Path, dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("point", [
-    "prepare:before_write", "prepare:mid_write", "prepare:after_write",
-    "commit:before", "commit:after",
-])
-@pytest.mark.timeout(300)  # two or three jobs, each up to ~40 s on 2 busy cores
+POINTS = ["prepare:before_write", "prepare:mid_write", "prepare:after_write", "commit:before",
+          "commit:after"]
+
+
+@dataclass
+class Crashed:
+    """A job SIGKILLed at a protocol point in its second save (step 10), then resumed."""
+
+    root: Path
+    out: Path
+    crash_code: int  # the killed job's exit status
+    steps: list[int]  # the ledger's checkpoint steps right after the crash
+    resume_code: int  # the resumed job's exit status
+
+
+@pytest.fixture(scope="module")
+def crashed(table: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Crashed]:
+    """Every crash point, each a job of its own killed there; then every run resumed by one
+    fresh process, one after the other (a process start costs more than a resume)."""
+    runs = {}
+    for point in POINTS:
+        base = tmp_path_factory.mktemp("crashed")
+        root, out = base / "ckpt", base / "out"
+        code = run(table, root, out, crash=f"{point}#2")  # dies in the second save (step 10)
+        steps = [r.step for r in DeltaLedger(str(root / "_ledger")).checkpoints("run")]
+        runs[point] = Crashed(root, out, code, steps, resume_code=-1)
+    codes = run_each(table, [(c.root, c.out) for c in runs.values()])
+    for c, resume_code in zip(runs.values(), codes, strict=True):
+        c.resume_code = resume_code
+    return runs
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.timeout(300)  # five killed jobs and their resumes, each up to ~40 s on 2 busy cores
 def test_a_crash_at_any_protocol_point_leaves_the_previous_or_the_new_checkpoint(
-        table: Path, reference: Path, tmp_path: Path, point: str) -> None:
-    root, out = tmp_path / "ckpt", tmp_path / "out"
-    assert run(table, root, out, crash=f"{point}#2") == -9  # dies in the second save (step 10)
-    ledger = DeltaLedger(str(root / "_ledger"))
-    steps = [r.step for r in ledger.checkpoints("run")]
-    assert steps == ([5, 10] if point == "commit:after" else [5])
-    assert run(table, root, out) == 0
+        table: Path, reference: Path, crashed: dict[str, Crashed], point: str) -> None:
+    c = crashed[point]
+    root, out = c.root, c.out
+    assert c.crash_code == -9
+    assert c.steps == ([5, 10] if point == "commit:after" else [5])
+    assert c.resume_code == 0
     assert_exactly_once(logs(out))
     assert_same_run(out, reference)
     assert_ledger_exactly_once(root, table)

@@ -23,7 +23,7 @@ from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.tools import crash
 
 
-def _args() -> argparse.Namespace:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--table", required=True)
     p.add_argument("--root", required=True)
@@ -37,7 +37,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--kill-after-step", type=int, default=None,
                    help="SIGKILL rank 0 right after training this step")
     p.add_argument("--async-save", action="store_true")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def _truncate_log(path: str, step: int) -> None:
@@ -49,8 +49,8 @@ def _truncate_log(path: str, step: int) -> None:
         f.writelines(kept)
 
 
-def main() -> int:
-    a = _args()
+def main(argv: list[str] | None = None) -> int:
+    a = _args(argv)
     crash.install()  # LAKECKPT_CRASH_AT kills this job at a crash point
     if "RANK" in os.environ:
         dist.init_process_group("gloo")

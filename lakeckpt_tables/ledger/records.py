@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.io.memory import COMMIT_POOL
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.checksums import row_checksum, table_checksums
 from lakeckpt_tables.plan.accounting import Consumed
@@ -255,8 +256,8 @@ class SealedConsumption:
         n = self.rows.num_rows
         shared = {**self.common, s.RECORD: s.RECORD_CONSUMPTION}
         columns = [self.rows.column(f.name) if f.name in self.rows.column_names
-                   else pa.nulls(n, f.type) if shared.get(f.name) is None
-                   else pa.repeat(pa.scalar(shared[f.name], f.type), n)
+                   else pa.nulls(n, f.type, memory_pool=COMMIT_POOL) if shared.get(f.name) is None
+                   else pa.repeat(pa.scalar(shared[f.name], f.type), n, memory_pool=COMMIT_POOL)
                    for f in s.LEDGER_SCHEMA]
         table = pa.Table.from_arrays(columns, schema=s.LEDGER_SCHEMA)
         return table if s.CHECKSUM in self.rows.column_names else _with_checksums(table)

@@ -13,10 +13,11 @@ plan, accounting, checkpoint commit and Delta ledger (in a temporary directory).
   included; ranks seal in parallel, so the slowest counts: its CPU time, as the simulated ranks
   share this machine's cores), the gather (the slowest rank's pickling of its report, CPU time
   too, then rank 0 unpickling every one, as ``gather_object`` does; no network) and rank
-  0's ``Committer.decide`` (merge, encode, one ledger commit holding every
-  rank's rows); p50 and p99. Each rank's consumption records are computed by the real
-  accounting before (in a job every rank does it in parallel, in phase 1: ``capture`` is timed
-  for one rank, alone).
+  0's ``Committer.decide`` (merge, encode, one ledger commit holding every rank's rows) and
+  ``committed`` (retention: keep the last 3 checkpoints, read the run's tags, delete the
+  model directory pushed out; compaction every 100 saves); p50 and p99. Each rank's
+  consumption records are computed by the real accounting before (in a job every rank does
+  it in parallel, in phase 1: ``capture`` is timed for one rank, alone).
 - **restore**: a fresh reader of one rank of the smaller world loads the last checkpoint's
   state (read back from the ledger) and re-plans it (``start_cursor``): its first slice's
   windows are ready.
@@ -244,6 +245,7 @@ def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
             # phase 2: rank 0 fixes the timestamp, every rank seals its rows (in parallel: the
             # slowest counts) and sends them
             stamp = now_utc()
+            _model_files(tmp, save)
             attempts = [Attempt(save, f"ckpt-{save}", f"scale/step-{save}", (), report,
                                 committed_at=stamp) for report in reports]
             seal = send = 0.0
@@ -317,6 +319,15 @@ def _restore(source: SyntheticSource, state: dict[str, Any], ranks: int,
         dataset._cursor = cursor
         size = max(size, len(json.dumps(dataset.state_dict(), separators=(",", ":"))))
     return times, cpus, rows, size
+
+
+def _model_files(root: str, save: int) -> None:
+    """A save's model directory (one small file), as phase 1 leaves it: retention then lists,
+    pushes out and deletes checkpoints, and reads the run's tags, as it does in a job."""
+    folder = os.path.join(root, "scale", f"step-{save}")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "__0_0.distcp"), "wb") as f:
+        f.write(b"\0" * 4096)
 
 
 def _disk(path: str) -> tuple[int, int]:

@@ -47,6 +47,7 @@ from lakeckpt_tables.ledger.delta_files import (
     stats,
 )
 from lakeckpt_tables.ledger.delta_upkeep import ORPHAN_GRACE_HOURS, DeltaUpkeep
+from lakeckpt_tables.ledger.reads import KeptEvents
 from lakeckpt_tables.ledger.records import CheckpointRecord
 from lakeckpt_tables.ledger.spec import LedgerSpec
 
@@ -89,8 +90,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
             self._table = _add_columns(self._table, self._store)
         self._base = self._store.fs_path("")
         self._verified: set[str] = set()  # data files whose footer matched its digest
-        self._events_read: frozenset[str] = frozenset()  # NOTE [ event rows kept ]
-        self._events: pa.Table = s.LEDGER_SCHEMA.empty_table()
+        self._events: KeptEvents[str] = KeptEvents()  # NOTE [ event rows kept ] in ledger/reads.py
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -135,27 +135,11 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
         return self._read_where(where)
 
     def _event_rows(self) -> pa.Table:
-        """Every event row of the handle's snapshot, read from the files not read before.
-
-        NOTE [ event rows kept ]
-        Retention reads the run's tag events at every save (``lakeckpt tag`` may have spared a
-        checkpoint meanwhile), and each read opened every data file of the ledger: ~0.6 ms a
-        file, 47 ms at 80 files and growing until the next compaction. Data files are
-        immutable (a new name for new content), so the event rows of the files already read
-        are kept, and a read opens only the files added since. When a file read before is no
-        longer live (compaction or repair replaced it) everything is read again: what is kept
-        is always exactly the rows of live files.
-        """
+        """Every event row of the handle's snapshot, reading only the files added since the
+        last read (NOTE [ event rows kept ] in ``ledger/reads.py``)."""
         paths = [self._path(uri) for uri in self._table.file_uris()]
-        live = frozenset(paths)
-        if not self._events_read <= live:
-            self._events_read, self._events = frozenset(), s.LEDGER_SCHEMA.empty_table()
-        new = [p for p in paths if p not in self._events_read]
-        if new:
-            rows = self._read_where(pc.field(s.RECORD) == s.RECORD_EVENT, paths=new)
-            self._events = pa.concat_tables([self._events, rows])
-            self._events_read = self._events_read.union(new)
-        return self._events
+        where = pc.field(s.RECORD) == s.RECORD_EVENT
+        return self._events.rows(paths, lambda new: self._read_where(where, paths=new))
 
     def _read_where(self, where: pc.Expression | None, columns: list[str] | None = None, *,
                     paths: list[str] | None = None) -> pa.Table:

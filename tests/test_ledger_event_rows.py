@@ -10,11 +10,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from lakeckpt_tables.ledger import CheckpointRecord, DeltaLedger, IcebergLedger, LedgerEvent
-from lakeckpt_tables.ledger import iceberg_files
+from lakeckpt_tables.ledger import (
+    CheckpointRecord,
+    ConsumptionRecord,
+    DeltaLedger,
+    IcebergLedger,
+    LedgerEvent,
+    iceberg_files,
+)
 from lakeckpt_tables.ledger.base import LedgerBase
 from lakeckpt_tables.ledger.contract import EVENT_RETIRED, EVENT_TAG
 
@@ -117,3 +124,21 @@ def test_the_events_of_a_file_dropped_by_repair_no_longer_count(
     (dropped,) = opener().repair_missing()
     assert dropped.endswith(retire_file.name)
     assert [c.step for c in job.checkpoints(RUN)] == [1, 2]
+
+
+def test_a_commits_checkpoint_and_events_are_a_row_group_apart_from_its_consumption(
+        tmp_path: Path) -> None:
+    """NOTE [ few rows first ] in ``ledger/delta.py``: what lets a read of events skip the
+    consumption row groups by their statistics."""
+    ledger = DeltaLedger(str(tmp_path / "ledger"))
+    consumed = [ConsumptionRecord(0, 0, 0, 0, f"f{i}.parquet", 0, 0, 9) for i in range(5)]
+    events = [LedgerEvent("round", {"round": 0}), LedgerEvent("note", {"n": 1})]
+    ledger.commit(_checkpoint(1), consumed, events)
+    (path,) = (tmp_path / "ledger").glob("*.parquet")
+    footer = pq.read_metadata(path)
+    column = footer.schema.names.index("record")
+    groups = [footer.row_group(i) for i in range(footer.num_row_groups)]
+    assert [g.num_rows for g in groups] == [3, 5]
+    bounds = [(g.column(column).statistics.min, g.column(column).statistics.max) for g in groups]
+    assert bounds == [("checkpoint", "event"), ("consumption", "consumption")]
+    assert ledger.tags(RUN) == {} and len(ledger.consumption(RUN)) == 5

@@ -277,7 +277,9 @@ def commit_rows(
     *,
     owner: str | None = None,
 ) -> pa.Table:
-    """Rows of one checkpoint commit: the checkpoint, its consumption and its events.
+    """Rows of one checkpoint commit: the checkpoint, its events, then its consumption (the
+    few rows first: a writer can keep them in a row group of their own, NOTE [ few rows
+    first ] in ``ledger/delta.py``).
 
     Raises:
         ValueError: the checkpoint's ``committed_at`` is not set yet, or sealed consumption
@@ -302,10 +304,10 @@ def commit_rows(
                 f"run {checkpoint.run_id!r} step {checkpoint.step}: consumption sealed for "
                 f"another commit ({consumption.common}, not {common}); seal it with the "
                 "commit's values")
-        return pa.concat_tables([_sealed(rows), consumption.table(),
-                                 _sealed([{**common, **_event_fields(e)} for e in events])])
-    rows += [{**common, **_consumption_fields(c)} for c in consumption]
+        rows += [{**common, **_event_fields(e)} for e in events]
+        return pa.concat_tables([_sealed(rows), consumption.table()])
     rows += [{**common, **_event_fields(e)} for e in events]
+    rows += [{**common, **_consumption_fields(c)} for c in consumption]
     return _sealed(rows)
 
 

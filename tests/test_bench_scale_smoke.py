@@ -34,3 +34,14 @@ def test_bench_scale_reports_every_figure_and_they_add_up() -> None:
     assert len(data["restore_s_each"]) == 2 and data["restore_s"] > 0
     assert data["ledger_saves"] == 3 and data["ledger_bytes"] > 0 and data["ledger_files"] > 3
     assert data["ledger_bytes_at_goal"] == int(data["ledger_bytes"] / 3 * 10_000)
+
+
+@pytest.mark.timeout(120)
+def test_bench_scale_commits_to_an_iceberg_ledger_too() -> None:
+    data = run_scale_bench(**{**QUICK, "saves": 2, "ledger_saves": 3},
+                           ledger_format="iceberg").to_json()
+    assert data["ledger_format"] == "iceberg"
+    # every row consumed was recorded; the restore read the last checkpoint back from the ledger
+    assert data["consumed_rows"] == 16 * 3 * 3 * 1024 == data["recorded_rows"]
+    assert data["restore_rows"] == data["rows"] - data["consumed_rows"]
+    assert len(data["commit_ms"]) == 2 and data["ledger_bytes"] > 0

@@ -36,6 +36,7 @@ from lakeckpt_tables.errors import (
 )
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.io.failures import classify, clean, gave_up, store_error
+from lakeckpt_tables.io.memory import COMMIT_POOL
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.delta_files import (
@@ -46,6 +47,7 @@ from lakeckpt_tables.ledger.delta_files import (
     stats,
 )
 from lakeckpt_tables.ledger.delta_upkeep import ORPHAN_GRACE_HOURS, DeltaUpkeep
+from lakeckpt_tables.ledger.reads import KeptEvents
 from lakeckpt_tables.ledger.records import CheckpointRecord
 from lakeckpt_tables.ledger.spec import LedgerSpec
 
@@ -88,6 +90,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
             self._table = _add_columns(self._table, self._store)
         self._base = self._store.fs_path("")
         self._verified: set[str] = set()  # data files whose footer matched its digest
+        self._events: KeptEvents[str] = KeptEvents()  # NOTE [ event rows kept ] in ledger/reads.py
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -126,14 +129,24 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
 
     def _select(self, equal: Mapping[str, str]) -> pa.Table:
         conditions = [pc.field(name) == v for name, v in equal.items()]
-        return self._read_where(functools.reduce(operator.and_, conditions)
-                                if conditions else None)
+        where = functools.reduce(operator.and_, conditions) if conditions else None
+        if equal.get(s.RECORD) == s.RECORD_EVENT:
+            return self._event_rows().filter(where)
+        return self._read_where(where)
 
-    def _read_where(self, where: pc.Expression | None,
-                    columns: list[str] | None = None) -> pa.Table:
-        """The handle's rows matching ``where`` (all when None), with ``columns`` (all in
-        :data:`LEDGER_SCHEMA` when None)."""
+    def _event_rows(self) -> pa.Table:
+        """Every event row of the handle's snapshot, reading only the files added since the
+        last read (NOTE [ event rows kept ] in ``ledger/reads.py``)."""
         paths = [self._path(uri) for uri in self._table.file_uris()]
+        where = pc.field(s.RECORD) == s.RECORD_EVENT
+        return self._events.rows(paths, lambda new: self._read_where(where, paths=new))
+
+    def _read_where(self, where: pc.Expression | None, columns: list[str] | None = None, *,
+                    paths: list[str] | None = None) -> pa.Table:
+        """The handle's rows matching ``where`` (all when None), with ``columns`` (all in
+        :data:`LEDGER_SCHEMA` when None), from ``paths`` (every live data file when None)."""
+        if paths is None:
+            paths = [self._path(uri) for uri in self._table.file_uris()]
         suspect = self._suspect_footers(paths)
         trusted = [p for p in paths if p not in suspect]
 
@@ -178,9 +191,12 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
 
     def _write_file(self, rows: pa.Table, *, data_change: bool = True) -> AddAction:
         """One data file of ``rows``, named after its footer's digest, written with one PUT."""
-        buffer = pa.BufferOutputStream()
-        pq.write_table(rows, buffer, write_page_checksum=True, row_group_size=_ROW_GROUP_ROWS,
-                       use_dictionary=_DICTIONARY, compression=_COMPRESSION)
+        buffer = pa.BufferOutputStream(memory_pool=COMMIT_POOL)  # NOTE [ commit memory ]
+        with pq.ParquetWriter(buffer, rows.schema, write_page_checksum=True,
+                              use_dictionary=_DICTIONARY, compression=_COMPRESSION,
+                              memory_pool=COMMIT_POOL) as writer:
+            for group in _row_groups(rows):
+                writer.write_table(group, row_group_size=_ROW_GROUP_ROWS)
         data = buffer.getvalue()
         # NOTE [ footer digest ]: the name carries the footer's digest (see _footer_digest)
         path = f"lakeckpt-{uuid.uuid4().hex}-{footer_digest(data)}.parquet"
@@ -344,6 +360,22 @@ def _parts(rows: pa.Table) -> list[pa.Table]:
         return [rows]
     size = -(-rows.num_rows // count)
     return [rows.slice(start, size) for start in range(0, rows.num_rows, size)]
+def _row_groups(rows: pa.Table) -> list[pa.Table]:
+    """The rows before the first consumption row, then the rest (empty parts left out).
+
+    NOTE [ few rows first ]
+    A commit's checkpoint and event rows come first (:func:`~lakeckpt_tables.ledger.records.
+    commit_rows`) and are written as a row group of their own, so that the row-group
+    statistics of ``record`` let a read of checkpoints or events skip every row group of
+    consumption: retention's read of tags at every save decoded 65,536 consumption rows of
+    each new file before, to find the few events among them.
+    """
+    first = pc.index(rows[s.RECORD], s.RECORD_CONSUMPTION).as_py()
+    if first <= 0:
+        return [rows]
+    return [rows.slice(0, first), rows.slice(first)]
+
+
 # checksums are distinct hex strings: a dictionary or snappy only costs time on them (half the
 # write of a 262,000-row commit) and saves nothing
 _DICTIONARY = [name for name in s.LEDGER_SCHEMA.names if name != s.CHECKSUM]

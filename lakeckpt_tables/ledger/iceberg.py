@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
@@ -55,7 +55,14 @@ from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.compaction import ORDER, Slice, fragmented, sorted_files
-from lakeckpt_tables.ledger.iceberg_files import IcebergFiles, IcebergUpkeep
+from lakeckpt_tables.ledger.iceberg_files import (
+    FileKey,
+    IcebergFiles,
+    IcebergUpkeep,
+    event_rows,
+    unreadable,
+)
+from lakeckpt_tables.ledger.reads import KeptEvents
 from lakeckpt_tables.ledger.records import CheckpointRecord
 from lakeckpt_tables.ledger.spec import LedgerSpec
 from lakeckpt_tables.ledger.summary import summarize
@@ -148,6 +155,7 @@ class IcebergLedger(IcebergUpkeep, LedgerBase[list[DataFile]]):
         self._table = _open_or_create(self._catalog, identifier, self.describe())
         _check_format(self._table, self.describe())
         self._table = _add_columns(self._table)
+        self._events: KeptEvents[FileKey] = KeptEvents()  # NOTE [ event rows kept ]
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -195,28 +203,18 @@ class IcebergLedger(IcebergUpkeep, LedgerBase[list[DataFile]]):
             EqualTo(term=Reference(name), value=literal(v)) for name, v in equal.items()]
         where = functools.reduce(And, conditions) if conditions else AlwaysTrue()
         try:
+            if equal.get(s.RECORD) == s.RECORD_EVENT:
+                return event_rows(self._table, self._events).filter(functools.reduce(
+                    operator.and_, [pc.field(name) == v for name, v in equal.items()]))
             rows = self._table.scan(row_filter=where).to_arrow()
             # a null where the schema allows none is damage too (a flipped bit)
             return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
         except (OSError, pa.ArrowException, ValueError) as e:
             raise self._damaged(e) from e
 
-    def _unreadable(self) -> list[tuple[str, Exception]]:
-        """The live data files that cannot be read whole (missing, truncated, damaged)."""
-        out: list[tuple[str, Exception]] = []
-        for task in self._table.scan().plan_files():
-            path = task.file.file_path
-            try:
-                with self._table.io.new_input(path).open() as stream:
-                    rows = pq.read_table(pa.BufferReader(stream.read()))
-                rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
-            except (OSError, pa.ArrowException, ValueError, KeyError) as e:
-                out.append((path, e))
-        return out
-
     def _damaged(self, cause: Exception) -> LedgerCorruptError:
         """The named error for a ledger data file that cannot be read, found file by file."""
-        for path, e in self._unreadable():
+        for path, e in unreadable(self._table):
             return LedgerCorruptError(
                 f"ledger {self.describe()}: data file {path} is missing, truncated or damaged "
                 f"({' '.join(str(e).split())}). The way out: keep a copy of the file for "
@@ -244,7 +242,7 @@ class IcebergLedger(IcebergUpkeep, LedgerBase[list[DataFile]]):
         with self._lock:
             self._refresh()
             current = self._table.current_snapshot()
-            bad = {path for path, e in self._unreadable()
+            bad = {path for path, e in unreadable(self._table)
                    if not missing_only or isinstance(e, FileNotFoundError)}
             if current is None or not bad:
                 return []

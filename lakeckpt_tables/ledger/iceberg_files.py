@@ -18,10 +18,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pa_ds
 import pyarrow.fs as pa_fs
-from pyiceberg.io.pyarrow import PyArrowFileIO
+import pyarrow.parquet as pq
+from pyiceberg.expressions import EqualTo, Reference
+from pyiceberg.expressions.literals import literal
+from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO
 from pyiceberg.table import Table
 
 from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.reads import KeptEvents
 from lakeckpt_tables.ledger.summary import (
     SUMMARY_DIR,
     consumed,
@@ -30,7 +34,8 @@ from lakeckpt_tables.ledger.summary import (
     write_summary,
 )
 
-__all__ = ["ORPHAN_GRACE_HOURS", "IcebergFiles", "IcebergUpkeep", "snapshot_files"]
+__all__ = ["ORPHAN_GRACE_HOURS", "FileKey", "IcebergFiles", "IcebergUpkeep", "event_rows",
+           "snapshot_files", "unreadable"]
 
 ORPHAN_GRACE_HOURS = 24
 """Files younger than this are kept whatever they are: a commit may be writing them."""
@@ -47,6 +52,42 @@ def snapshot_files(table: Table, snapshot_id: int) -> list[tuple[str, int]] | No
         if task.delete_files:
             return None
         out.append((task.file.file_path, int(task.file.file_size_in_bytes)))
+    return out
+
+
+FileKey = tuple[str, frozenset[str]]
+"""A data file and the delete files applied to it: what names the rows a scan reads of it."""
+
+
+def event_rows(table: Table, kept: KeptEvents[FileKey]) -> pa.Table:
+    """Every event row of the table's current snapshot, reading only the data files (with
+    their delete files) not read before (NOTE [ event rows kept ] in ``ledger/reads.py``).
+
+    Raises:
+        OSError, pyarrow.ArrowException, ValueError: a file cannot be read.
+    """
+    scan = table.scan(row_filter=EqualTo(Reference(s.RECORD), literal(s.RECORD_EVENT)))
+    tasks = {(t.file.file_path, frozenset(d.file_path for d in t.delete_files)): t
+             for t in scan.plan_files()}
+
+    def read(new: list[FileKey]) -> pa.Table:
+        rows = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter,
+                         scan.case_sensitive).to_table([tasks[key] for key in new])
+        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+    return kept.rows(list(tasks), read)
+
+
+def unreadable(table: Table) -> list[tuple[str, Exception]]:
+    """The live data files that cannot be read whole (missing, truncated, damaged)."""
+    out: list[tuple[str, Exception]] = []
+    for task in table.scan().plan_files():
+        path = task.file.file_path
+        try:
+            with table.io.new_input(path).open() as stream:
+                rows = pq.read_table(pa.BufferReader(stream.read()))
+            rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+        except (OSError, pa.ArrowException, ValueError, KeyError) as e:
+            out.append((path, e))
     return out
 
 

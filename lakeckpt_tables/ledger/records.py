@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.io.memory import COMMIT_POOL
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.checksums import row_checksum, table_checksums
 from lakeckpt_tables.plan.accounting import Consumed
@@ -255,8 +256,8 @@ class SealedConsumption:
         n = self.rows.num_rows
         shared = {**self.common, s.RECORD: s.RECORD_CONSUMPTION}
         columns = [self.rows.column(f.name) if f.name in self.rows.column_names
-                   else pa.nulls(n, f.type) if shared.get(f.name) is None
-                   else pa.repeat(pa.scalar(shared[f.name], f.type), n)
+                   else pa.nulls(n, f.type, memory_pool=COMMIT_POOL) if shared.get(f.name) is None
+                   else pa.repeat(pa.scalar(shared[f.name], f.type), n, memory_pool=COMMIT_POOL)
                    for f in s.LEDGER_SCHEMA]
         table = pa.Table.from_arrays(columns, schema=s.LEDGER_SCHEMA)
         return table if s.CHECKSUM in self.rows.column_names else _with_checksums(table)
@@ -276,7 +277,9 @@ def commit_rows(
     *,
     owner: str | None = None,
 ) -> pa.Table:
-    """Rows of one checkpoint commit: the checkpoint, its consumption and its events.
+    """Rows of one checkpoint commit: the checkpoint, its events, then its consumption (the
+    few rows first: a writer can keep them in a row group of their own, NOTE [ few rows
+    first ] in ``ledger/delta.py``).
 
     Raises:
         ValueError: the checkpoint's ``committed_at`` is not set yet, or sealed consumption
@@ -301,10 +304,10 @@ def commit_rows(
                 f"run {checkpoint.run_id!r} step {checkpoint.step}: consumption sealed for "
                 f"another commit ({consumption.common}, not {common}); seal it with the "
                 "commit's values")
-        return pa.concat_tables([_sealed(rows), consumption.table(),
-                                 _sealed([{**common, **_event_fields(e)} for e in events])])
-    rows += [{**common, **_consumption_fields(c)} for c in consumption]
+        rows += [{**common, **_event_fields(e)} for e in events]
+        return pa.concat_tables([_sealed(rows), consumption.table()])
     rows += [{**common, **_event_fields(e)} for e in events]
+    rows += [{**common, **_consumption_fields(c)} for c in consumption]
     return _sealed(rows)
 
 

@@ -13,10 +13,11 @@ plan, accounting, checkpoint commit and Delta ledger (in a temporary directory).
   included; ranks seal in parallel, so the slowest counts: its CPU time, as the simulated ranks
   share this machine's cores), the gather (the slowest rank's pickling of its report, CPU time
   too, then rank 0 unpickling every one, as ``gather_object`` does; no network) and rank
-  0's ``Committer.decide`` (merge, encode, one ledger commit holding every
-  rank's rows); p50 and p99. Each rank's consumption records are computed by the real
-  accounting before (in a job every rank does it in parallel, in phase 1: ``capture`` is timed
-  for one rank, alone).
+  0's ``Committer.decide`` (merge, encode, one ledger commit holding every rank's rows) and
+  ``committed`` (retention: keep the last 3 checkpoints, read the run's tags, delete the
+  model directory pushed out; compaction every 100 saves); p50 and p99. Each rank's
+  consumption records are computed by the real accounting before (in a job every rank does
+  it in parallel, in phase 1: ``capture`` is timed for one rank, alone).
 - **restore**: a fresh reader of one rank of the smaller world loads the last checkpoint's
   state (read back from the ledger) and re-plans it (``start_cursor``): its first slice's
   windows are ready.
@@ -30,6 +31,7 @@ import argparse
 import gc
 import json
 import os
+import pathlib
 import pickle
 import statistics
 import sys
@@ -45,7 +47,7 @@ from lakeckpt_tables.checkpoint.commit import Attempt, Committer, Prepared, seal
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
 from lakeckpt_tables.checkpoint.retention import Retention
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
-from lakeckpt_tables.ledger import DeltaLedger, LedgerEvent
+from lakeckpt_tables.ledger import DeltaLedger, Ledger, LedgerEvent
 from lakeckpt_tables.ledger.settling import now_utc
 from lakeckpt_tables.plan import EpochPlan, Piece
 from lakeckpt_tables.plan.rounds import Round, RoundUnits
@@ -100,6 +102,7 @@ class ScaleReport:
     ledger_bytes: int
     ledger_files: int
     load_average: tuple[float, float, float] = field(default_factory=os.getloadavg)
+    ledger_format: str = "delta"
 
     def figures(self) -> dict[str, float]:
         commits = sorted(self.commit_ms)
@@ -180,9 +183,10 @@ def _worker_states(dataset: LakeDataset, rank: int, shape: PlanShape,
 def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
                     row_groups: int = 8, saves: int = 50, ledger_saves: int = 200,
                     elastic_ranks: int = 192, steps: int = 50, plan_ranks: int = 3,
-                    root: str | None = None,
+                    root: str | None = None, ledger_format: str = "delta",
                     progress: Callable[[str], None] = lambda _: None) -> ScaleReport:
-    """Simulate the job and measure; ``steps``: batches every slice reads between saves."""
+    """Simulate the job and measure; ``steps``: batches every slice reads between saves;
+    ``ledger_format``: ``delta``, or ``iceberg`` (a SQLite catalog beside it)."""
     started = time.perf_counter()
     source = SyntheticSource(files, row_groups, GROUP_ROWS)
     units = source.snapshot().units
@@ -211,7 +215,7 @@ def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
         return lambda g: int(ends[g][k]) if k >= 0 else 0
 
     with tempfile.TemporaryDirectory(dir=root) as tmp:
-        ledger = DeltaLedger(os.path.join(tmp, "_ledger"))
+        ledger = _ledger(ledger_format, os.path.join(tmp, "_ledger"))
         storage = CheckpointStorage(tmp)
         retention = Retention(ledger, storage, "scale", keep_last=3, compact_every=100)
         committer = Committer(ledger, storage, retention, run_id="scale",
@@ -244,6 +248,7 @@ def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
             # phase 2: rank 0 fixes the timestamp, every rank seals its rows (in parallel: the
             # slowest counts) and sends them
             stamp = now_utc()
+            _model_files(tmp, save)
             attempts = [Attempt(save, f"ckpt-{save}", f"scale/step-{save}", (), report,
                                 committed_at=stamp) for report in reports]
             seal = send = 0.0
@@ -293,7 +298,8 @@ def run_scale_bench(*, ranks: int = 256, workers: int = 8, files: int = 10**6,
         worker_bytes[len(worker_bytes) // 2], len(json.dumps(final, separators=(",", ":"))),
         replanned_bytes,
         capture_s, records, commit_ms, commit_cpu_ms, gather_ms, seal_ms, restore_s, restore_cpu_s,
-        restore_rows, consumed_rows, recorded, total_saves, ledger_bytes, ledger_files)
+        restore_rows, consumed_rows, recorded, total_saves, ledger_bytes, ledger_files,
+        ledger_format=ledger_format)
 
 
 def _restore(source: SyntheticSource, state: dict[str, Any], ranks: int,
@@ -317,6 +323,31 @@ def _restore(source: SyntheticSource, state: dict[str, Any], ranks: int,
         dataset._cursor = cursor
         size = max(size, len(json.dumps(dataset.state_dict(), separators=(",", ":"))))
     return times, cpus, rows, size
+
+
+def _ledger(ledger_format: str, where: str) -> Ledger:
+    """The bench's ledger at ``where``: Delta, or Iceberg with its SQLite catalog inside."""
+    if ledger_format == "delta":
+        return DeltaLedger(where)
+    if ledger_format != "iceberg":
+        raise ValueError(f"ledger format must be 'delta' or 'iceberg', not {ledger_format!r}")
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakeckpt_tables.ledger import IcebergLedger
+
+    os.makedirs(where)
+    catalog = SqlCatalog("scale", uri=f"sqlite:///{where}/catalog.db",
+                         warehouse=pathlib.Path(where).as_uri())
+    return IcebergLedger("scale.ledger", catalog=catalog)
+
+
+def _model_files(root: str, save: int) -> None:
+    """A save's model directory (one small file), as phase 1 leaves it: retention then lists,
+    pushes out and deletes checkpoints, and reads the run's tags, as it does in a job."""
+    folder = os.path.join(root, "scale", f"step-{save}")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "__0_0.distcp"), "wb") as f:
+        f.write(b"\0" * 4096)
 
 
 def _disk(path: str) -> tuple[int, int]:
@@ -349,7 +380,7 @@ def format_report(report: ScaleReport) -> str:
         f"  commit p50 / p99                  {data['commit_p50_ms']:8.0f} / "
         f"{data['commit_p99_ms']:.0f} ms (<= 200: {mark['commit_p50_ms']}; CPU p50 "
         f"{statistics.median(report.commit_cpu_ms):.0f} ms); "
-        f"{report.records_per_save:,} records a save",
+        f"{report.records_per_save:,} records a save, {report.ledger_format} ledger",
         f"  restore + re-plan to {report.elastic_ranks} ranks      {data['restore_s']:8.2f} s   "
         f" (<= 5 s: {mark['restore_s']}; CPU {max(report.restore_cpu_s_each):.2f} s)",
         f"  ledger after {report.ledger_saves:,} saves          {report.ledger_bytes / 2**20:8.1f}"
@@ -380,6 +411,8 @@ def register(sub: Any) -> None:
                         help="a smoke run: 8 ranks x 2 workers over 2,000 files x 4 row groups")
     parser.add_argument("--dir", metavar="PATH", default=None,
                         help="put the ledger under PATH (default: a temporary directory)")
+    parser.add_argument("--ledger", choices=("delta", "iceberg"), default="delta",
+                        help="the ledger's format (default delta; iceberg: a SQLite catalog)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -392,7 +425,8 @@ def run(args: argparse.Namespace) -> int:
         "ranks": args.ranks, "workers": args.workers, "files": args.files,
         "row_groups": args.row_groups, "saves": args.saves, "ledger_saves": args.ledger_saves,
         "elastic_ranks": args.elastic_ranks, "steps": args.steps}
-    report = run_scale_bench(**sizes, root=args.dir, progress=progress)
+    report = run_scale_bench(**sizes, root=args.dir, ledger_format=args.ledger,
+                             progress=progress)
     data = report.to_json()
     print(json.dumps(data, indent=2) if args.json else format_report(report))
     return 0 if data["passed"] else 1

@@ -1,7 +1,7 @@
-"""A ledger keeps the event rows of the files it read (NOTE [ event rows kept ] in
-``ledger/reads.py``): a long-lived ledger object, as rank 0 holds one for a whole job, opens
-only the files added since its last read, and still sees every event another process commits
-and nothing of files no longer live. Delta and Iceberg (SQLite catalog) alike."""
+"""A ledger keeps the event rows it read (NOTE [ event rows kept ] in
+``ledger/delta_files.py``): a long-lived ledger object, as rank 0 holds one for a whole job,
+opens only the files added since its last read, and still sees every event another process
+commits and nothing of files no longer live. Delta and Iceberg (SQLite catalog) alike."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import ArrowScan
 
 from lakeckpt_tables.ledger import (
     CheckpointRecord,
@@ -20,7 +21,6 @@ from lakeckpt_tables.ledger import (
     DeltaLedger,
     IcebergLedger,
     LedgerEvent,
-    iceberg_files,
 )
 from lakeckpt_tables.ledger.base import LedgerBase
 from lakeckpt_tables.ledger.contract import EVENT_RETIRED, EVENT_TAG
@@ -65,13 +65,13 @@ def _files_read(ledger: LedgerBase[Any], monkeypatch: pytest.MonkeyPatch) -> lis
             return read(*args, paths=paths, **kwargs)
         monkeypatch.setattr(ledger, "_read_where", counted)
     else:
-        to_table = iceberg_files.ArrowScan.to_table
+        to_table = ArrowScan.to_table
 
         def counted_tasks(self: Any, tasks: Any) -> Any:
             tasks = list(tasks)
             reads.append(len(tasks))
             return to_table(self, tasks)
-        monkeypatch.setattr(iceberg_files.ArrowScan, "to_table", counted_tasks)
+        monkeypatch.setattr(ArrowScan, "to_table", counted_tasks)
     return reads
 
 
@@ -86,7 +86,8 @@ def test_a_tag_given_by_another_process_is_seen_and_only_new_files_are_read(
     job.commit(_checkpoint(4))
     assert job.tags(RUN) == {"ckpt-2": ("best",)}
     # the tag's commit and step 4's are new, the three read before are not read again (an
-    # Iceberg scan skips step 4's file too: its bounds on `record` hold no event)
+    # Iceberg scan of the two appends skips step 4's file too: its `record` bounds hold no
+    # event)
     new = [2] if isinstance(job, DeltaLedger) else [1]
     assert reads == new
     assert job.tags(RUN) == {"ckpt-2": ("best",)}

@@ -40,6 +40,7 @@ from lakeckpt_tables.io.memory import COMMIT_POOL
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.delta_files import (
+    KeptEvents,
     commit_info,
     conformed,
     footer_digest,
@@ -47,7 +48,6 @@ from lakeckpt_tables.ledger.delta_files import (
     stats,
 )
 from lakeckpt_tables.ledger.delta_upkeep import ORPHAN_GRACE_HOURS, DeltaUpkeep
-from lakeckpt_tables.ledger.reads import KeptEvents
 from lakeckpt_tables.ledger.records import CheckpointRecord
 from lakeckpt_tables.ledger.spec import LedgerSpec
 
@@ -90,7 +90,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
             self._table = _add_columns(self._table, self._store)
         self._base = self._store.fs_path("")
         self._verified: set[str] = set()  # data files whose footer matched its digest
-        self._events: KeptEvents[str] = KeptEvents()  # NOTE [ event rows kept ] in ledger/reads.py
+        self._events = KeptEvents()  # NOTE [ event rows kept ] in ledger/delta_files.py
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -136,7 +136,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
 
     def _event_rows(self) -> pa.Table:
         """Every event row of the handle's snapshot, reading only the files added since the
-        last read (NOTE [ event rows kept ] in ``ledger/reads.py``)."""
+        last read (NOTE [ event rows kept ] in ``ledger/delta_files.py``)."""
         paths = [self._path(uri) for uri in self._table.file_uris()]
         where = pc.field(s.RECORD) == s.RECORD_EVENT
         return self._events.rows(paths, lambda new: self._read_where(where, paths=new))

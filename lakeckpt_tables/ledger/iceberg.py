@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -56,13 +56,12 @@ from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.compaction import ORDER, Slice, fragmented, sorted_files
 from lakeckpt_tables.ledger.iceberg_files import (
-    FileKey,
+    EventRows,
     IcebergFiles,
     IcebergUpkeep,
-    event_rows,
+    lineage,
     unreadable,
 )
-from lakeckpt_tables.ledger.reads import KeptEvents
 from lakeckpt_tables.ledger.records import CheckpointRecord
 from lakeckpt_tables.ledger.spec import LedgerSpec
 from lakeckpt_tables.ledger.summary import summarize
@@ -117,7 +116,7 @@ class _AssertNoCommitSince(ValidatableTableRequirement):
         """Raise ValidationException if the lineage since ``snapshot_id`` holds a rival commit."""
         if base_metadata is None:
             raise ValidationException("Requirement failed: the ledger table is gone")
-        for snapshot in _lineage(base_metadata):
+        for snapshot in lineage(base_metadata):
             if snapshot.snapshot_id == self.snapshot_id:
                 return
             if self.run_id is None or _summary(snapshot, RUN_PROPERTY) == self.run_id:
@@ -155,7 +154,7 @@ class IcebergLedger(IcebergUpkeep, LedgerBase[list[DataFile]]):
         self._table = _open_or_create(self._catalog, identifier, self.describe())
         _check_format(self._table, self.describe())
         self._table = _add_columns(self._table)
-        self._events: KeptEvents[FileKey] = KeptEvents()  # NOTE [ event rows kept ]
+        self._events = EventRows()  # NOTE [ event rows kept ] in ledger/delta_files.py
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -204,7 +203,7 @@ class IcebergLedger(IcebergUpkeep, LedgerBase[list[DataFile]]):
         where = functools.reduce(And, conditions) if conditions else AlwaysTrue()
         try:
             if equal.get(s.RECORD) == s.RECORD_EVENT:
-                return event_rows(self._table, self._events).filter(functools.reduce(
+                return self._events.rows(self._table).filter(functools.reduce(
                     operator.and_, [pc.field(name) == v for name, v in equal.items()]))
             rows = self._table.scan(row_filter=where).to_arrow()
             # a null where the schema allows none is damage too (a flipped bit)
@@ -287,7 +286,7 @@ class IcebergLedger(IcebergUpkeep, LedgerBase[list[DataFile]]):
     def _last_step(self, run_id: str) -> int | None:
         # The newest snapshot summary of the run holds its last step. Without one (a new run,
         # or one whose snapshots compact() expired) the data decides.
-        for snapshot in _lineage(self._table.metadata):
+        for snapshot in lineage(self._table.metadata):
             if _summary(snapshot, RUN_PROPERTY) == run_id:
                 step = int(_summary(snapshot, STEP_PROPERTY) or -1)
                 return None if step < 0 else step
@@ -297,7 +296,7 @@ class IcebergLedger(IcebergUpkeep, LedgerBase[list[DataFile]]):
     def _owner(self, run_id: str) -> str | None:
         # The newest snapshot of the run names its owner; without one (compact() expired
         # them) the newest row of the run that names an owner does.
-        for snapshot in _lineage(self._table.metadata):
+        for snapshot in lineage(self._table.metadata):
             if _summary(snapshot, RUN_PROPERTY) == run_id:
                 return _summary(snapshot, OWNER_PROPERTY)
         rows = self._read(run_id=run_id).filter(pc.field(s.OWNER).is_valid())
@@ -454,18 +453,6 @@ def _checkpoint_summary(record: CheckpointRecord) -> dict[str, str]:
         STEP_PROPERTY: str(record.step),
         CHECKPOINT_PROPERTY: record.checkpoint_id,
     }
-
-
-def _lineage(metadata: TableMetadata) -> Iterator[Snapshot]:
-    """The current snapshot, then its parents, newest first, until one is missing (expired).
-
-    Walks an id index: pyiceberg's ``ancestors_of`` scans the snapshot list at every step.
-    """
-    by_id = {snapshot.snapshot_id: snapshot for snapshot in metadata.snapshots}
-    snapshot_id = metadata.current_snapshot_id
-    while snapshot_id is not None and (snapshot := by_id.get(snapshot_id)) is not None:
-        yield snapshot
-        snapshot_id = snapshot.parent_snapshot_id
 
 
 def _summary(snapshot: Snapshot, key: str) -> str | None:

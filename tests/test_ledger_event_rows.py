@@ -35,6 +35,10 @@ Opener = Callable[[], LedgerBase[Any]]
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     if request.param == "delta":
         return lambda: DeltaLedger(str(tmp_path / "ledger"))
+    return _iceberg(tmp_path)
+
+
+def _iceberg(tmp_path: Path) -> Callable[[], IcebergLedger]:
     catalog_uri, warehouse = f"sqlite:///{tmp_path}/catalog.db", tmp_path / "warehouse"
     warehouse.mkdir()
     return lambda: IcebergLedger("ml.ledger", catalog=SqlCatalog(
@@ -129,12 +133,10 @@ def test_the_events_of_a_file_dropped_by_repair_no_longer_count(
 
 def test_a_commits_checkpoint_and_events_are_a_row_group_apart_from_its_consumption(
         tmp_path: Path) -> None:
-    """NOTE [ few rows first ] in ``ledger/delta.py``: what lets a read of events skip the
-    consumption row groups by their statistics."""
+    """NOTE [ few rows first ] in ``ledger/records.py``, Delta: what lets a read of events skip
+    the consumption row groups by their statistics."""
     ledger = DeltaLedger(str(tmp_path / "ledger"))
-    consumed = [ConsumptionRecord(0, 0, 0, 0, f"f{i}.parquet", 0, 0, 9) for i in range(5)]
-    events = [LedgerEvent("round", {"round": 0}), LedgerEvent("note", {"n": 1})]
-    ledger.commit(_checkpoint(1), consumed, events)
+    ledger.commit(_checkpoint(1), CONSUMED, EVENTS)
     (path,) = (tmp_path / "ledger").glob("*.parquet")
     footer = pq.read_metadata(path)
     column = footer.schema.names.index("record")
@@ -143,3 +145,20 @@ def test_a_commits_checkpoint_and_events_are_a_row_group_apart_from_its_consumpt
     bounds = [(g.column(column).statistics.min, g.column(column).statistics.max) for g in groups]
     assert bounds == [("checkpoint", "event"), ("consumption", "consumption")]
     assert ledger.tags(RUN) == {} and len(ledger.consumption(RUN)) == 5
+
+
+def test_a_commits_checkpoint_and_events_are_an_iceberg_file_apart_from_its_consumption(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ few rows first ], Iceberg: a read of events never opens a file of consumption."""
+    job = _iceberg(tmp_path)()
+    job.commit(_checkpoint(1), CONSUMED, EVENTS)
+    files = sorted(task.file.record_count for task in job._table.scan().plan_files())
+    assert files == [3, 5]
+    reads = _files_read(job, monkeypatch)
+    assert [e for e in job._read(record="event")["event"].to_pylist()] == ["round", "note"]
+    assert reads == [1]  # the three rows' file only
+    assert len(job.consumption(RUN)) == 5 and [c.step for c in job.checkpoints(RUN)] == [1]
+
+
+CONSUMED = [ConsumptionRecord(0, 0, 0, 0, f"f{i}.parquet", 0, 0, 9) for i in range(5)]
+EVENTS = [LedgerEvent("round", {"round": 0}), LedgerEvent("note", {"n": 1})]

@@ -48,7 +48,7 @@ from lakeckpt_tables.ledger.delta_files import (
     stats,
 )
 from lakeckpt_tables.ledger.delta_upkeep import ORPHAN_GRACE_HOURS, DeltaUpkeep
-from lakeckpt_tables.ledger.records import CheckpointRecord
+from lakeckpt_tables.ledger.records import CheckpointRecord, few_rows_first
 from lakeckpt_tables.ledger.spec import LedgerSpec
 
 __all__ = ["ORPHAN_GRACE_HOURS", "DeltaLedger"]
@@ -195,7 +195,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
         with pq.ParquetWriter(buffer, rows.schema, write_page_checksum=True,
                               use_dictionary=_DICTIONARY, compression=_COMPRESSION,
                               memory_pool=COMMIT_POOL) as writer:
-            for group in _row_groups(rows):
+            for group in few_rows_first(rows):  # NOTE [ few rows first ] in records.py
                 writer.write_table(group, row_group_size=_ROW_GROUP_ROWS)
         data = buffer.getvalue()
         # NOTE [ footer digest ]: the name carries the footer's digest (see _footer_digest)
@@ -360,22 +360,6 @@ def _parts(rows: pa.Table) -> list[pa.Table]:
         return [rows]
     size = -(-rows.num_rows // count)
     return [rows.slice(start, size) for start in range(0, rows.num_rows, size)]
-def _row_groups(rows: pa.Table) -> list[pa.Table]:
-    """The rows before the first consumption row, then the rest (empty parts left out).
-
-    NOTE [ few rows first ]
-    A commit's checkpoint and event rows come first (:func:`~lakeckpt_tables.ledger.records.
-    commit_rows`) and are written as a row group of their own, so that the row-group
-    statistics of ``record`` let a read of checkpoints or events skip every row group of
-    consumption: retention's read of tags at every save decoded 65,536 consumption rows of
-    each new file before, to find the few events among them.
-    """
-    first = pc.index(rows[s.RECORD], s.RECORD_CONSUMPTION).as_py()
-    if first <= 0:
-        return [rows]
-    return [rows.slice(0, first), rows.slice(first)]
-
-
 # checksums are distinct hex strings: a dictionary or snappy only costs time on them (half the
 # write of a 262,000-row commit) and saves nothing
 _DICTIONARY = [name for name in s.LEDGER_SCHEMA.names if name != s.CHECKSUM]

@@ -5,7 +5,8 @@
 over its live data files (a compacted ledger is sorted by record kind, run and step, so a
 filtered read skips the rest by row-group statistics), and per-checkpoint consumption totals
 come from the summaries a compaction writes beside its files (NOTE [ consumption summaries ]),
-here under the table's location.
+here under the table's location. The event rows read are kept by snapshot (:class:`EventRows`),
+and the snapshots' lineage and the files that cannot be read are found here too.
 """
 
 from __future__ import annotations

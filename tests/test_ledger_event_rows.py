@@ -1,7 +1,7 @@
-"""A ledger keeps the event rows of the files it read (NOTE [ event rows kept ] in
-``ledger/reads.py``): a long-lived ledger object, as rank 0 holds one for a whole job, opens
-only the files added since its last read, and still sees every event another process commits
-and nothing of files no longer live. Delta and Iceberg (SQLite catalog) alike."""
+"""A ledger keeps the event rows it read (NOTE [ event rows kept ] in
+``ledger/delta_files.py``): a long-lived ledger object, as rank 0 holds one for a whole job,
+opens only the files added since its last read, and still sees every event another process
+commits and nothing of files no longer live. Delta and Iceberg (SQLite catalog) alike."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import ArrowScan
 
 from lakeckpt_tables.ledger import (
     CheckpointRecord,
@@ -20,7 +21,6 @@ from lakeckpt_tables.ledger import (
     DeltaLedger,
     IcebergLedger,
     LedgerEvent,
-    iceberg_files,
 )
 from lakeckpt_tables.ledger.base import LedgerBase
 from lakeckpt_tables.ledger.contract import EVENT_RETIRED, EVENT_TAG
@@ -35,6 +35,10 @@ Opener = Callable[[], LedgerBase[Any]]
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     if request.param == "delta":
         return lambda: DeltaLedger(str(tmp_path / "ledger"))
+    return _iceberg(tmp_path)
+
+
+def _iceberg(tmp_path: Path) -> Callable[[], IcebergLedger]:
     catalog_uri, warehouse = f"sqlite:///{tmp_path}/catalog.db", tmp_path / "warehouse"
     warehouse.mkdir()
     return lambda: IcebergLedger("ml.ledger", catalog=SqlCatalog(
@@ -65,13 +69,13 @@ def _files_read(ledger: LedgerBase[Any], monkeypatch: pytest.MonkeyPatch) -> lis
             return read(*args, paths=paths, **kwargs)
         monkeypatch.setattr(ledger, "_read_where", counted)
     else:
-        to_table = iceberg_files.ArrowScan.to_table
+        to_table = ArrowScan.to_table
 
         def counted_tasks(self: Any, tasks: Any) -> Any:
             tasks = list(tasks)
             reads.append(len(tasks))
             return to_table(self, tasks)
-        monkeypatch.setattr(iceberg_files.ArrowScan, "to_table", counted_tasks)
+        monkeypatch.setattr(ArrowScan, "to_table", counted_tasks)
     return reads
 
 
@@ -86,7 +90,8 @@ def test_a_tag_given_by_another_process_is_seen_and_only_new_files_are_read(
     job.commit(_checkpoint(4))
     assert job.tags(RUN) == {"ckpt-2": ("best",)}
     # the tag's commit and step 4's are new, the three read before are not read again (an
-    # Iceberg scan skips step 4's file too: its bounds on `record` hold no event)
+    # Iceberg scan of the two appends skips step 4's file too: its `record` bounds hold no
+    # event)
     new = [2] if isinstance(job, DeltaLedger) else [1]
     assert reads == new
     assert job.tags(RUN) == {"ckpt-2": ("best",)}
@@ -128,12 +133,10 @@ def test_the_events_of_a_file_dropped_by_repair_no_longer_count(
 
 def test_a_commits_checkpoint_and_events_are_a_row_group_apart_from_its_consumption(
         tmp_path: Path) -> None:
-    """NOTE [ few rows first ] in ``ledger/delta.py``: what lets a read of events skip the
-    consumption row groups by their statistics."""
+    """NOTE [ few rows first ] in ``ledger/records.py``, Delta: what lets a read of events skip
+    the consumption row groups by their statistics."""
     ledger = DeltaLedger(str(tmp_path / "ledger"))
-    consumed = [ConsumptionRecord(0, 0, 0, 0, f"f{i}.parquet", 0, 0, 9) for i in range(5)]
-    events = [LedgerEvent("round", {"round": 0}), LedgerEvent("note", {"n": 1})]
-    ledger.commit(_checkpoint(1), consumed, events)
+    ledger.commit(_checkpoint(1), CONSUMED, EVENTS)
     (path,) = (tmp_path / "ledger").glob("*.parquet")
     footer = pq.read_metadata(path)
     column = footer.schema.names.index("record")
@@ -142,3 +145,20 @@ def test_a_commits_checkpoint_and_events_are_a_row_group_apart_from_its_consumpt
     bounds = [(g.column(column).statistics.min, g.column(column).statistics.max) for g in groups]
     assert bounds == [("checkpoint", "event"), ("consumption", "consumption")]
     assert ledger.tags(RUN) == {} and len(ledger.consumption(RUN)) == 5
+
+
+def test_a_commits_checkpoint_and_events_are_an_iceberg_file_apart_from_its_consumption(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [ few rows first ], Iceberg: a read of events never opens a file of consumption."""
+    job = _iceberg(tmp_path)()
+    job.commit(_checkpoint(1), CONSUMED, EVENTS)
+    files = sorted(task.file.record_count for task in job._table.scan().plan_files())
+    assert files == [3, 5]
+    reads = _files_read(job, monkeypatch)
+    assert [e for e in job._read(record="event")["event"].to_pylist()] == ["round", "note"]
+    assert reads == [1]  # the three rows' file only
+    assert len(job.consumption(RUN)) == 5 and [c.step for c in job.checkpoints(RUN)] == [1]
+
+
+CONSUMED = [ConsumptionRecord(0, 0, 0, 0, f"f{i}.parquet", 0, 0, 9) for i in range(5)]
+EVENTS = [LedgerEvent("round", {"round": 0}), LedgerEvent("note", {"n": 1})]

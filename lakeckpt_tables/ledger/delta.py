@@ -40,6 +40,7 @@ from lakeckpt_tables.io.memory import COMMIT_POOL
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.base import LedgerBase, outcome_unknown
 from lakeckpt_tables.ledger.delta_files import (
+    KeptEvents,
     commit_info,
     conformed,
     footer_digest,
@@ -47,8 +48,7 @@ from lakeckpt_tables.ledger.delta_files import (
     stats,
 )
 from lakeckpt_tables.ledger.delta_upkeep import ORPHAN_GRACE_HOURS, DeltaUpkeep
-from lakeckpt_tables.ledger.reads import KeptEvents
-from lakeckpt_tables.ledger.records import CheckpointRecord
+from lakeckpt_tables.ledger.records import CheckpointRecord, few_rows_first
 from lakeckpt_tables.ledger.spec import LedgerSpec
 
 __all__ = ["ORPHAN_GRACE_HOURS", "DeltaLedger"]
@@ -90,7 +90,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
             self._table = _add_columns(self._table, self._store)
         self._base = self._store.fs_path("")
         self._verified: set[str] = set()  # data files whose footer matched its digest
-        self._events: KeptEvents[str] = KeptEvents()  # NOTE [ event rows kept ] in ledger/reads.py
+        self._events = KeptEvents()  # NOTE [ event rows kept ] in ledger/delta_files.py
 
     def describe(self) -> str:
         """Where the ledger lives, for error messages."""
@@ -136,7 +136,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
 
     def _event_rows(self) -> pa.Table:
         """Every event row of the handle's snapshot, reading only the files added since the
-        last read (NOTE [ event rows kept ] in ``ledger/reads.py``)."""
+        last read (NOTE [ event rows kept ] in ``ledger/delta_files.py``)."""
         paths = [self._path(uri) for uri in self._table.file_uris()]
         where = pc.field(s.RECORD) == s.RECORD_EVENT
         return self._events.rows(paths, lambda new: self._read_where(where, paths=new))
@@ -195,7 +195,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
         with pq.ParquetWriter(buffer, rows.schema, write_page_checksum=True,
                               use_dictionary=_DICTIONARY, compression=_COMPRESSION,
                               memory_pool=COMMIT_POOL) as writer:
-            for group in _row_groups(rows):
+            for group in few_rows_first(rows):  # NOTE [ few rows first ] in records.py
                 writer.write_table(group, row_group_size=_ROW_GROUP_ROWS)
         data = buffer.getvalue()
         # NOTE [ footer digest ]: the name carries the footer's digest (see _footer_digest)
@@ -360,22 +360,6 @@ def _parts(rows: pa.Table) -> list[pa.Table]:
         return [rows]
     size = -(-rows.num_rows // count)
     return [rows.slice(start, size) for start in range(0, rows.num_rows, size)]
-def _row_groups(rows: pa.Table) -> list[pa.Table]:
-    """The rows before the first consumption row, then the rest (empty parts left out).
-
-    NOTE [ few rows first ]
-    A commit's checkpoint and event rows come first (:func:`~lakeckpt_tables.ledger.records.
-    commit_rows`) and are written as a row group of their own, so that the row-group
-    statistics of ``record`` let a read of checkpoints or events skip every row group of
-    consumption: retention's read of tags at every save decoded 65,536 consumption rows of
-    each new file before, to find the few events among them.
-    """
-    first = pc.index(rows[s.RECORD], s.RECORD_CONSUMPTION).as_py()
-    if first <= 0:
-        return [rows]
-    return [rows.slice(0, first), rows.slice(first)]
-
-
 # checksums are distinct hex strings: a dictionary or snappy only costs time on them (half the
 # write of a 262,000-row commit) and saves nothing
 _DICTIONARY = [name for name in s.LEDGER_SCHEMA.names if name != s.CHECKSUM]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -34,8 +34,8 @@ from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.records import CheckpointRecord
 from lakeckpt_tables.ledger.summary import consumed, read_summary
 
-__all__ = ["DeltaFiles", "commit_info", "conformed", "footer_digest", "ledger_dataset",
-           "stats"]
+__all__ = ["DeltaFiles", "KeptEvents", "commit_info", "conformed", "footer_digest",
+           "ledger_dataset", "stats"]
 
 log = logging.getLogger("lakeckpt_tables.ledger.delta")
 T = TypeVar("T")
@@ -213,6 +213,36 @@ class DeltaFiles:
                 )
         return LedgerCorruptError(f"ledger {self.describe()} could not be read: "
                                   f"{self._store.redact(clean(str(cause)))}")
+
+
+class KeptEvents:
+    """The event rows of the Delta ledger's data files read so far, by file.
+
+    NOTE [ event rows kept ]
+    Retention reads the run's tag events at every save (``lakeckpt tag`` may have spared a
+    checkpoint meanwhile), and each read opened every data file of the ledger: ~0.6 ms a file
+    locally (a request each on object storage), 47 ms at 80 files and growing until the next
+    compaction. Data files are immutable (new content, new name), so the event rows of the
+    files read are kept and a read opens only the files added since. When a file read before
+    is no longer live (compaction or repair replaced it), everything is read again: what is
+    kept is always exactly the rows of live files. An Iceberg ledger keeps them by snapshot
+    instead (``EventRows`` in ``ledger/iceberg_files.py``).
+    """
+
+    def __init__(self) -> None:
+        self._read: frozenset[str] = frozenset()
+        self._rows = s.LEDGER_SCHEMA.empty_table()
+
+    def rows(self, live: Sequence[str], read: Callable[[list[str]], pa.Table]) -> pa.Table:
+        """The event rows of the ``live`` data files, calling ``read`` for the rows of the
+        files not read before."""
+        if not self._read <= frozenset(live):
+            self._read, self._rows = frozenset(), s.LEDGER_SCHEMA.empty_table()
+        new = [key for key in live if key not in self._read]
+        if new:
+            self._rows = pa.concat_tables([self._rows, read(new)])
+            self._read = self._read.union(new)
+        return self._rows
 
 
 _DIGEST_CHARS = 16

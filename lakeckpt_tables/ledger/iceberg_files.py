@@ -5,7 +5,8 @@
 over its live data files (a compacted ledger is sorted by record kind, run and step, so a
 filtered read skips the rest by row-group statistics), and per-checkpoint consumption totals
 come from the summaries a compaction writes beside its files (NOTE [ consumption summaries ]),
-here under the table's location.
+here under the table's location. The event rows read are kept by snapshot (:class:`EventRows`),
+and the snapshots' lineage and the files that cannot be read are found here too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,11 +23,12 @@ import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from pyiceberg.expressions import EqualTo, Reference
 from pyiceberg.expressions.literals import literal
-from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakeckpt_tables.ledger import schema as s
-from lakeckpt_tables.ledger.reads import KeptEvents
 from lakeckpt_tables.ledger.summary import (
     SUMMARY_DIR,
     consumed,
@@ -34,7 +37,7 @@ from lakeckpt_tables.ledger.summary import (
     write_summary,
 )
 
-__all__ = ["ORPHAN_GRACE_HOURS", "FileKey", "IcebergFiles", "IcebergUpkeep", "event_rows",
+__all__ = ["ORPHAN_GRACE_HOURS", "EventRows", "IcebergFiles", "IcebergUpkeep", "lineage",
            "snapshot_files", "unreadable"]
 
 ORPHAN_GRACE_HOURS = 24
@@ -55,26 +58,64 @@ def snapshot_files(table: Table, snapshot_id: int) -> list[tuple[str, int]] | No
     return out
 
 
-FileKey = tuple[str, frozenset[str]]
-"""A data file and the delete files applied to it: what names the rows a scan reads of it."""
+def lineage(metadata: TableMetadata) -> Iterator[Snapshot]:
+    """The current snapshot, then its parents, newest first, until one is missing (expired).
 
-
-def event_rows(table: Table, kept: KeptEvents[FileKey]) -> pa.Table:
-    """Every event row of the table's current snapshot, reading only the data files (with
-    their delete files) not read before (NOTE [ event rows kept ] in ``ledger/reads.py``).
-
-    Raises:
-        OSError, pyarrow.ArrowException, ValueError: a file cannot be read.
+    Walks an id index: pyiceberg's ``ancestors_of`` scans the snapshot list at every step.
     """
-    scan = table.scan(row_filter=EqualTo(Reference(s.RECORD), literal(s.RECORD_EVENT)))
-    tasks = {(t.file.file_path, frozenset(d.file_path for d in t.delete_files)): t
-             for t in scan.plan_files()}
+    by_id = {snapshot.snapshot_id: snapshot for snapshot in metadata.snapshots}
+    snapshot_id = metadata.current_snapshot_id
+    while snapshot_id is not None and (snapshot := by_id.get(snapshot_id)) is not None:
+        yield snapshot
+        snapshot_id = snapshot.parent_snapshot_id
 
-    def read(new: list[FileKey]) -> pa.Table:
-        rows = ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter,
-                         scan.case_sensitive).to_table([tasks[key] for key in new])
-        return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
-    return kept.rows(list(tasks), read)
+
+class EventRows:
+    """The event rows of an Iceberg ledger as of the last snapshot read (NOTE [ event rows
+    kept ] in ``ledger/reads.py``): when only appends were committed since, a read scans just
+    the data files they added (an incremental append scan plans only their manifests);
+    after any other commit (compaction, repair, expired history) the whole table again."""
+
+    def __init__(self) -> None:
+        self._snapshot: int | None = None
+        self._rows = s.LEDGER_SCHEMA.empty_table()
+
+    def rows(self, table: Table) -> pa.Table:
+        """Every event row of the table's current snapshot.
+
+        Raises:
+            OSError, pyarrow.ArrowException, ValueError: a file cannot be read.
+        """
+        current = table.metadata.current_snapshot_id
+        if current == self._snapshot:
+            return self._rows
+        where = EqualTo(Reference(s.RECORD), literal(s.RECORD_EVENT))
+        if current is None:
+            rows = s.LEDGER_SCHEMA.empty_table()
+        elif self._snapshot is not None and _appends_since(table.metadata, self._snapshot):
+            added = table.incremental_append_scan(from_snapshot_id_exclusive=self._snapshot,
+                                                  to_snapshot_id_inclusive=current,
+                                                  row_filter=where).to_arrow()
+            rows = pa.concat_tables([self._rows, _conformed(added)])
+        else:
+            rows = _conformed(table.scan(row_filter=where).to_arrow())
+        self._snapshot, self._rows = current, rows
+        return rows
+
+
+def _appends_since(metadata: TableMetadata, snapshot_id: int) -> bool:
+    """Whether ``snapshot_id`` is an ancestor of the current snapshot and every commit after it
+    an append (which adds data files and removes none)."""
+    for snapshot in lineage(metadata):
+        if snapshot.snapshot_id == snapshot_id:
+            return True
+        if snapshot.summary is None or snapshot.summary.operation != Operation.APPEND:
+            return False
+    return False
+
+
+def _conformed(rows: pa.Table) -> pa.Table:
+    return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
 
 
 def unreadable(table: Table) -> list[tuple[str, Exception]]:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Mapping
 
 import pyarrow as pa
 
@@ -20,39 +19,7 @@ from lakeckpt_tables.ledger.contract import RunScan
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow, intact_rows
 from lakeckpt_tables.ledger.settling import given_tags, log_damaged, retired_ids, tagged
 
-__all__ = ["KeptEvents", "LedgerReads"]
-
-K = TypeVar("K", bound=Hashable)
-
-
-class KeptEvents(Generic[K]):
-    """The event rows of the ledger's data files read so far, by file.
-
-    NOTE [ event rows kept ]
-    Retention reads the run's tag events at every save (``lakeckpt tag`` may have spared a
-    checkpoint meanwhile), and each read opened every data file of the ledger: ~0.6 ms a file
-    locally (a request each on object storage), 47 ms at 80 files and growing until the next
-    compaction. Data files are immutable (new content, new name), so the event rows of the
-    files read are kept and a read opens only the files added since. When a file read before
-    is no longer live (compaction or repair replaced it), everything is read again: what is
-    kept is always exactly the rows of live files.
-    """
-
-    def __init__(self) -> None:
-        self._read: frozenset[K] = frozenset()
-        self._rows = s.LEDGER_SCHEMA.empty_table()
-
-    def rows(self, live: Sequence[K], read: Callable[[list[K]], pa.Table]) -> pa.Table:
-        """The event rows of the ``live`` files (keys naming a file's content), calling
-        ``read`` for the rows of the files not read before."""
-        if not self._read <= frozenset(live):
-            self._read, self._rows = frozenset(), s.LEDGER_SCHEMA.empty_table()
-        new = [key for key in live if key not in self._read]
-        if new:
-            self._rows = pa.concat_tables([self._rows, read(new)])
-            self._read = self._read.union(new)
-        return self._rows
-
+__all__ = ["LedgerReads"]
 
 class LedgerReads(abc.ABC):
     """The ledger contract's reads, on three backend primitives (refresh, read, owner)."""

@@ -278,8 +278,7 @@ def commit_rows(
     owner: str | None = None,
 ) -> pa.Table:
     """Rows of one checkpoint commit: the checkpoint, its events, then its consumption (the
-    few rows first: a writer can keep them in a row group of their own, NOTE [ few rows
-    first ] in ``ledger/delta.py``).
+    few rows first: NOTE [ few rows first ]).
 
     Raises:
         ValueError: the checkpoint's ``committed_at`` is not set yet, or sealed consumption
@@ -309,6 +308,23 @@ def commit_rows(
     rows += [{**common, **_event_fields(e)} for e in events]
     rows += [{**common, **_consumption_fields(c)} for c in consumption]
     return _sealed(rows)
+
+
+def few_rows_first(rows: pa.Table) -> list[pa.Table]:
+    """The rows before the first consumption row, then the rest (empty parts left out).
+
+    NOTE [ few rows first ]
+    A commit's checkpoint and event rows come first (:func:`commit_rows`), and each backend
+    keeps them apart from the consumption rows: the Delta ledger as a row group of their own,
+    the Iceberg ledger as a data file of their own. Then the statistics of ``record`` (row
+    groups', or the file bounds in the manifests) let a read of checkpoints or events skip
+    every consumption row: retention's read of tags at every save decoded 65,536 consumption
+    rows of each new Delta file, and every row of each new Iceberg file, to find a few events.
+    """
+    first = pc.index(rows[s.RECORD], s.RECORD_CONSUMPTION).as_py()
+    if first <= 0:
+        return [rows]
+    return [rows.slice(0, first), rows.slice(first)]
 
 
 def event_rows(

@@ -87,7 +87,7 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
                        else _open(self._store, self.describe()))
         _check_format(self._table, self.describe())
         if create:
-            self._table = _add_columns(self._table, self._store)
+            self._table = _log_checkpoints(_add_columns(self._table, self._store), self._store)
         self._base = self._store.fs_path("")
         self._verified: set[str] = set()  # data files whose footer matched its digest
         self._events = KeptEvents()  # NOTE [ event rows kept ] in ledger/delta_files.py
@@ -277,7 +277,8 @@ def _open_or_create(store: Storage) -> DeltaTable:
                     mode="ignore",
                     name="lakeckpt_ledger",
                     description="lakeckpt-tables ledger: checkpoints, consumption and events",
-                    configuration={s.FORMAT_PROPERTY: str(s.LEDGER_FORMAT_VERSION)},
+                    configuration={s.FORMAT_PROPERTY: str(s.LEDGER_FORMAT_VERSION),
+                                   _CHECKPOINT_INTERVAL: _LOG_CHECKPOINT_EVERY},
                     storage_options=options,
                     raise_if_key_not_exists=False,
                 )
@@ -316,6 +317,29 @@ def _add_columns(table: DeltaTable, store: Storage) -> DeltaTable:
                               f"{[f.name for f in missing]} and adding them failed: "
                               f"{store.redact(clean(str(e)))}") from e
         return table
+    return _open(store, f"delta:{store.uri}")
+
+
+_CHECKPOINT_INTERVAL = "delta.checkpointInterval"
+_LOG_CHECKPOINT_EVERY = "10"
+"""Commits between two checkpoints of the ledger's log.
+
+NOTE [ log checkpoints ]
+Every save refreshes the ledger's handle and commits to its log, and delta-rs replays the log
+from its last checkpoint for both: at 50 commits past one, each refresh took 6.7 ms and each
+commit 12.4 ms (1.8 and 3.8 ms at 10), ~20 ms more per save, until compaction wrote the next
+checkpoint (every 100 saves). So delta-rs writes one every 10 commits (its post-commit hook),
+a Parquet file of the log's state, and both stay flat.
+"""
+
+
+def _log_checkpoints(table: DeltaTable, store: Storage) -> DeltaTable:
+    """A ledger created before NOTE [ log checkpoints ] gains the interval when opened (not
+    one whose interval somebody set). A concurrent opener setting it too is fine."""
+    if _CHECKPOINT_INTERVAL in table.metadata().configuration:
+        return table
+    with contextlib.suppress(CommitFailedError, DeltaError):  # only speed is at stake
+        table.alter.set_table_properties({_CHECKPOINT_INTERVAL: _LOG_CHECKPOINT_EVERY})
     return _open(store, f"delta:{store.uri}")
 
 

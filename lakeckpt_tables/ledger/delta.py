@@ -338,7 +338,7 @@ def _log_checkpoints(table: DeltaTable, store: Storage) -> DeltaTable:
     one whose interval somebody set). A concurrent opener setting it too is fine."""
     if _CHECKPOINT_INTERVAL in table.metadata().configuration:
         return table
-    with contextlib.suppress(CommitFailedError, DeltaError):  # only speed is at stake
+    with contextlib.suppress(CommitFailedError, DeltaError, OSError):  # only speed at stake
         table.alter.set_table_properties({_CHECKPOINT_INTERVAL: _LOG_CHECKPOINT_EVERY})
     return _open(store, f"delta:{store.uri}")
 

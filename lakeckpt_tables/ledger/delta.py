@@ -129,14 +129,12 @@ class DeltaLedger(DeltaUpkeep, LedgerBase[AddAction]):
 
     def _select(self, equal: Mapping[str, str]) -> pa.Table:
         conditions = [pc.field(name) == v for name, v in equal.items()]
-        where = functools.reduce(operator.and_, conditions) if conditions else None
-        if equal.get(s.RECORD) == s.RECORD_EVENT:
-            return self._event_rows().filter(where)
-        return self._read_where(where)
+        return self._read_where(functools.reduce(operator.and_, conditions)
+                                if conditions else None)
 
     def _event_rows(self) -> pa.Table:
         """Every event row of the handle's snapshot, reading only the files added since the
-        last read (NOTE [ event rows kept ] in ``ledger/delta_files.py``)."""
+        last read (NOTE [ event rows kept ] in ``ledger/delta_files.py``): kept by file."""
         paths = [self._path(uri) for uri in self._table.file_uris()]
         where = pc.field(s.RECORD) == s.RECORD_EVENT
         return self._events.rows(paths, lambda new: self._read_where(where, paths=new))

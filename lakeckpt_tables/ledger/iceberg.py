@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import operator
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Literal
@@ -203,12 +202,16 @@ class IcebergLedger(IcebergUpkeep, LedgerBase[list[DataFile]]):
             EqualTo(term=Reference(name), value=literal(v)) for name, v in equal.items()]
         where = functools.reduce(And, conditions) if conditions else AlwaysTrue()
         try:
-            if equal.get(s.RECORD) == s.RECORD_EVENT:
-                return self._events.rows(self._table).filter(functools.reduce(
-                    operator.and_, [pc.field(name) == v for name, v in equal.items()]))
             rows = self._table.scan(row_filter=where).to_arrow()
             # a null where the schema allows none is damage too (a flipped bit)
             return rows.select(s.LEDGER_SCHEMA.names).cast(s.LEDGER_SCHEMA)
+        except (OSError, pa.ArrowException, ValueError) as e:
+            raise self._damaged(e) from e
+
+    def _event_rows(self) -> pa.Table:
+        """Every event row of the current snapshot, kept by snapshot (:class:`EventRows`)."""
+        try:
+            return self._events.rows(self._table)
         except (OSError, pa.ArrowException, ValueError) as e:
             raise self._damaged(e) from e
 

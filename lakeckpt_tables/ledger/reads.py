@@ -8,10 +8,13 @@ ledger object's lock (NOTE [ retired and damaged records ] in
 from __future__ import annotations
 
 import abc
+import functools
+import operator
 import threading
 from collections.abc import Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakeckpt_tables.errors import LedgerCorruptError
 from lakeckpt_tables.ledger import schema as s
@@ -43,11 +46,24 @@ class LedgerReads(abc.ABC):
             LedgerCorruptError: a data file of the ledger is missing or unreadable.
         """
 
+    @abc.abstractmethod
+    def _event_rows(self) -> pa.Table:
+        """Every event row of the handle's snapshot (no refresh), reading only what was
+        committed since the last call (NOTE [ event rows kept ] in ``ledger/delta_files.py``).
+
+        Raises:
+            LedgerCorruptError: a data file of the ledger is missing or unreadable.
+        """
+
     def _read(self, *, record: str | None = None, run_id: str | None = None,
               checkpoint_id: str | None = None) -> pa.Table:
         """Rows of the handle's snapshot (no refresh) matching every filter given."""
         wanted = {s.RECORD: record, s.RUN_ID: run_id, s.CHECKPOINT_ID: checkpoint_id}
-        return self._select({name: v for name, v in wanted.items() if v is not None})
+        equal = {name: v for name, v in wanted.items() if v is not None}
+        if record == s.RECORD_EVENT:
+            return self._event_rows().filter(functools.reduce(
+                operator.and_, [pc.field(name) == v for name, v in equal.items()]))
+        return self._select(equal)
 
     @abc.abstractmethod
     def _owner(self, run_id: str) -> str | None:

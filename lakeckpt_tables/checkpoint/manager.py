@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from lakeckpt_tables import errors
-from lakeckpt_tables.checkpoint import readers, registration
+from lakeckpt_tables.checkpoint import registration
 from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.checkpoint.commit import Attempt, Committer, sealed
 from lakeckpt_tables.checkpoint.load import Loader
@@ -127,6 +127,8 @@ class CheckpointManager:
         self._baseline: dict[str, Any] | None = None  # the last checkpoint's reader state
         self._head: CheckpointRecord | None = None  # what this job committed or restored last
         self._pending: Attempt | None = None
+        self._claimed = False  # a restore made this job the run's writer
+        self._read_only = False  # only read-only restores so far: not the run's writer
         # NOTE [ one root for all ranks ]: refused now, before any training step
         self.storage.prove_shared(self.world, self.run_id)
         self._root_shared = True
@@ -172,6 +174,11 @@ class CheckpointManager:
                 files stay, and the next restore or save finds out.
         """
         self.wait()
+        if self._read_only:
+            raise CheckpointError(
+                f"run {self.run_id}: this manager restored it read-only (to evaluate or "
+                "inspect), so it is not the run's writer and cannot save; restore without "
+                "read_only=True to train the run on, or branch a new run from the checkpoint")
         if not self._root_shared:
             self.storage.prove_shared(self.world, self.run_id)
             self._root_shared = True
@@ -226,45 +233,58 @@ class CheckpointManager:
         step: int | None = None,
         tag: str | None = None,
         require: bool = False,
+        read_only: bool = False,
     ) -> int | None:
         """Load the run's latest checkpoint that can be restored (or the one asked for).
 
         A checkpoint whose files are missing or fail verification (or whose ledger record
         fails its checksum) is skipped for the newest earlier one that verifies, and retired,
-        so its step can be saved again (NOTE [ what restore skips ]). Once every rank checked
-        that the model and optimizer fit, one ledger commit records the retirements and the
-        ``restore`` event and makes this job the run's one writer (see ``takeover``). A
-        restore that raises has committed nothing. Call before iterating the dataloader.
+        so its step can be saved again (NOTE [ what restore skips ]). Once every rank loaded
+        the model, optimizer, scheduler, ``extra`` and the reader state, one ledger commit
+        records the retirements and the ``restore`` event and makes this job the run's one
+        writer (see ``takeover``). A restore that raises has committed nothing, whatever
+        failed (NOTE [ restore loads, then claims ]). Call before iterating the dataloader.
         ``extra``, if given, is filled in place.
 
         Args:
             step, tag: restore exactly this checkpoint (the run's newest otherwise).
             require: refuse to start fresh when the run has no checkpoint (a typo in
                 ``run_id`` would otherwise train a second run from scratch).
+            read_only: load the checkpoint to evaluate or inspect it: nothing is committed
+                (no event, no retirement) and the run's owner is not changed, so a job
+                training the run saves on undisturbed. A keyword of ``restore`` rather than
+                a method of its own because it chooses, checks and loads exactly as a
+                restore does; only the claim is left out. This manager cannot ``save``
+                after it (it is not the run's writer).
 
         Returns:
             The restored step, or None for a fresh run.
 
         Raises:
             CheckpointRestoreError: the model or optimizer does not fit the checkpoint (keys
-                and shapes listed); ``step``/``tag`` names no restorable checkpoint (removed
-                by retention, damaged); ``require`` and the run has no checkpoint.
+                and shapes listed), or loading anything failed on some rank (named);
+                ``step``/``tag`` names no restorable checkpoint (removed by retention,
+                damaged); ``require`` and the run has no checkpoint; ``read_only`` and no
+                checkpoint of the run verifies.
             RunInUseError: ``takeover="refuse"`` and a live job owns the run.
-            StateMismatchError: the checkpoint's reader state is of another table or config.
+            StateMismatchError: the checkpoint's reader state is not of the dataloader's
+                tables, plan or schedule.
             LedgerCorruptError: a ledger file is unreadable (the error names it and the way
                 out).
         """
         self.wait()
         parts = Parts(model, optimizer, lr_scheduler, extra)
-        record, state = self._loader.claim(parts, step, tag, require)
+        record, reader = self._loader.restore(parts, dataloader, step, tag, require=require,
+                                              read_only=read_only)
+        if read_only:
+            self._read_only = self._read_only or (not self._claimed and self._head is None)
+            return None if record is None else record.step
+        self._read_only, self._claimed = False, True
         if self._committer is not None:
             self._committer.retention.forget()
         if record is None:
             return None
-        self._loader.load(record, state, parts)
-        if dataloader is not None and record.reader_state:
-            reader = decode_state(record.reader_state)
-            readers.restore(dataloader, reader)
+        if dataloader is not None and reader is not None:
             self._baseline = reader
         self._head = record
         return record.step

@@ -1,10 +1,10 @@
 """Which checkpoint a restore loads, and the one ledger commit that takes the run over.
 
-A restore is choose, check, claim, load: :meth:`RestorePolicy.choose` reads the ledger and the
-checkpoint files and decides (nothing is written), the manager checks on every rank that the
-state fits, and only then :meth:`RestorePolicy.claim` commits the retirements, the ``restore``
-event and the run's ownership in one commit. A restore that fails before the claim changes
-nothing.
+A restore is choose, load, claim: :meth:`RestorePolicy.choose` reads the ledger and the
+checkpoint files and decides (nothing is written), every rank loads the checkpoint (NOTE
+[ restore loads, then claims ] in ``load.py``), and only then :meth:`RestorePolicy.claim`
+commits the retirements, the ``restore`` event and the run's ownership in one commit. A restore
+that fails before the claim changes nothing; a read-only one never claims.
 
 NOTE [ what restore skips ]
 Walking down from the run's newest checkpoint, a checkpoint is skipped when its directory, its
@@ -99,16 +99,22 @@ class RestorePolicy:
 
     # ---------------------------------------------------------------------------- choose
 
-    def choose(self, step: int | None, tag: str | None, *, require: bool = False) -> Choice:
+    def choose(self, step: int | None, tag: str | None, *, require: bool = False,
+               read_only: bool = False) -> Choice:
         """The checkpoint to restore and the events its claim commits; reads only.
+
+        ``read_only``: for a restore that never claims: a run's owner does not matter, a lost
+        ledger file is not dropped from the ledger (a restore that takes the run does that),
+        and when no checkpoint verifies the restore fails instead of starting over.
 
         Raises:
             CheckpointRestoreError: the step/tag asked for is not restorable, the run has no
                 checkpoint and ``require`` is set, or the run's directory is gone.
             RunInUseError: ``takeover="refuse"`` and another live job owns the run.
         """
-        scan = self._scan()
-        self._refuse_if_owned(scan)
+        scan = self.ledger.scan(self.run_id) if read_only else self._scan()
+        if not read_only:
+            self._refuse_if_owned(scan)
         explicit = step is not None or tag is not None
         records = [r for r in scan.committed
                    if (step is None or r.step == step) and (tag is None or tag in r.tags)]
@@ -140,9 +146,10 @@ class RestorePolicy:
                         "; ".join(problems))
             skipped.append({"checkpoint_id": record.checkpoint_id, "step": record.step,
                             "missing": missing, "problems": problems})
-        if require:
-            raise CheckpointRestoreError(self._none_restorable(skipped, scan)
-                                         + "; restore(require=True) does not start over")
+        if require or read_only:
+            raise CheckpointRestoreError(self._none_restorable(skipped, scan) + (
+                "; a read-only restore does not start over" if read_only else
+                "; restore(require=True) does not start over"))
         return self._start_over(skipped, scan)
 
     def _scan(self) -> RunScan:

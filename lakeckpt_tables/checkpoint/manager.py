@@ -22,7 +22,8 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -121,7 +122,10 @@ class CheckpointManager:
         # ledger/base.py); 62 bits, so that Delta can keep it as an app transaction version.
         self.owner = self.world.broadcast(str(uuid.uuid4().int >> 66))
         parts = _rank0_parts(self, takeover, live_for, compact_every, config)
-        self._progress, policy, self._committer, self._registration = parts
+        self._progress, policy, self._committer, self._register = parts
+        # the run's registry entry, made when this job first writes the run (a claim or a
+        # commit): a job that only reads it (a read-only restore) leaves the entry alone
+        self._registration: registration.RunRegistration | None = None
         self._loader = Loader(self.storage, self.world, policy, run_id=run_id,
                               config_hash=self.config_hash)
         self._baseline: dict[str, Any] | None = None  # the last checkpoint's reader state
@@ -215,8 +219,8 @@ class CheckpointManager:
             if record.reader_state else self._baseline
         self._head = record
         if self._committer is not None:
-            if self._registration is not None:
-                self._registration.committed(record)
+            if self._registered() is not None:
+                self._registration.committed(record)  # type: ignore[union-attr]
             self._committer.committed(record)
         return record
 
@@ -280,6 +284,7 @@ class CheckpointManager:
             self._read_only = self._read_only or (not self._claimed and self._head is None)
             return None if record is None else record.step
         self._read_only, self._claimed = False, True
+        self._registered()
         if self._committer is not None:
             self._committer.retention.forget()
         if record is None:
@@ -288,6 +293,12 @@ class CheckpointManager:
             self._baseline = reader
         self._head = record
         return record.step
+
+    def _registered(self) -> registration.RunRegistration | None:
+        """This run's registry entry (rank 0, unless registration is off), made at first use."""
+        if self._registration is None and self._register is not None:
+            self._registration = self._register()
+        return self._registration
 
     def heartbeat(self, step: int) -> None:
         """Note that training reached ``step`` (not collective; call it every step): rank 0
@@ -327,8 +338,10 @@ class CheckpointManager:
 
 def _rank0_parts(manager: CheckpointManager, takeover: Takeover, live_for: float | None,
                  compact_every: int, config: Mapping[str, Any] | None) -> tuple[
-        Progress | None, RestorePolicy | None, Committer | None, Any]:
-    """Rank 0's deciders (None elsewhere): heartbeat, restore policy, committer, registry."""
+        Progress | None, RestorePolicy | None, Committer | None,
+        Callable[[], registration.RunRegistration | None] | None]:
+    """Rank 0's deciders (None elsewhere): heartbeat, restore policy, committer, and how to
+    register the run."""
     ledger, storage, run_id, owner = (manager.ledger, manager.storage, manager.run_id,
                                       manager.owner)
     if ledger is None:
@@ -340,9 +353,9 @@ def _rank0_parts(manager: CheckpointManager, takeover: Takeover, live_for: float
                            takeover=takeover, live_for=live_for, progress=progress)
     committer = Committer(ledger, storage, retention, run_id=run_id, owner=owner,
                           config_hash=manager.config_hash)
-    registered = registration.for_run(run_id, ledger, root=manager.root,
-                                      config_hash=manager.config_hash, config=config)
-    return progress, policy, committer, registered
+    register = partial(registration.for_run, run_id, ledger, root=manager.root,
+                       config_hash=manager.config_hash, config=config)
+    return progress, policy, committer, register
 
 
 def _config_hash(config: Mapping[str, Any]) -> str:

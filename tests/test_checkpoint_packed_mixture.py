@@ -130,7 +130,14 @@ def test_a_mixture_saved_by_two_workers_resumes_on_none_with_each_token_once(
     assert again.restore(dataloader=loader) == 6
     for batch in loader:
         trained.append((batch["source"], batch["input_ids"].ravel().tolist()))
-    again.save(len(trained) + 1, dataloader=loader)
+    last = again.save(len(trained) + 1, dataloader=loader)
+    # the record names each source's table and version (issue 32, item 7), also as read back
+    for record in (last, again.checkpoints()[-1]):
+        assert record.source is None and set(record.sources) == {"web", "code"}
+        for key, at in record.sources.items():
+            snapshot = resumed.sources[key].snapshot
+            assert (at.table, at.version) == (snapshot.identity, snapshot.version)
+    assert {at.table.format for at in last.sources.values()} == {"delta", "iceberg"}
     names = [s for s, _ in trained]
     assert names[6:16] == resumed.source_of(torch.arange(6, 16).numpy())  # the schedule goes on
     seen = consumed_rows(DeltaLedger(str(tmp_path / "_ledger")), "w")

@@ -25,11 +25,11 @@ per_run AS (
 ),
 marks AS (  -- restores and claims are signs of life too; 'finished' ends the run
     SELECT run_id,
-           max(committed_at) FILTER (WHERE event IN ('restore', 'claim', 'restart'))
+           max(committed_at) FILTER (WHERE event IN ('restore', 'claim', 'restart', 'branch'))
                                            AS last_claim_at,
            max(committed_at) FILTER (WHERE event = 'finished') AS finished_at
     FROM ledger
-    WHERE record = 'event' AND event IN ('restore', 'claim', 'restart', 'finished')
+    WHERE record = 'event' AND event IN ('restore', 'claim', 'restart', 'branch', 'finished')
     GROUP BY run_id
 ),
 timed AS (

@@ -53,21 +53,21 @@ class Loader:
         self.config_hash = config_hash
 
     def restore(self, parts: Parts, dataloader: Any, step: int | None, tag: str | None, *,
-                require: bool, read_only: bool) -> tuple[CheckpointRecord | None,
-                                                         dict[str, Any] | None]:
+                require: bool, read_only: bool,
+                from_run: str | None = None) -> tuple[Choice, dict[str, Any] | None]:
         """Choose, load into ``parts`` and ``dataloader`` on every rank, then claim the run
         (unless ``read_only``); chosen and loaded again if another job committed to the run
-        meanwhile. Returns the checkpoint (None: fresh) and its decoded reader state."""
+        meanwhile. Returns the choice (its record None: fresh) and the decoded reader state."""
         for attempt in range(_CLAIM_TRIES):
-            choice: Choice = self.world.decide(
-                partial(self._choose, step, tag, require, read_only))
+            choice: Choice = self.world.decide(partial(
+                self._choose, step, tag, require, read_only, from_run, dataloader is not None))
             record = choice.record
             reader = None if record is None else self._load(record, parts, dataloader)
             if read_only:
-                return record, reader
+                return choice, reader
             try:
                 self.world.decide(partial(self._claim, choice))
-                return record, reader
+                return choice, reader
             except RunFencedError:
                 raise
             except CommitConflictError as exc:
@@ -141,10 +141,11 @@ class Loader:
             raise problems[0]
         return result  # type: ignore[no-any-return]
 
-    def _choose(self, step: int | None, tag: str | None, require: bool,
-                read_only: bool) -> Choice:
+    def _choose(self, step: int | None, tag: str | None, require: bool, read_only: bool,
+                from_run: str | None, continued: bool) -> Choice:
         assert self.policy is not None
-        return self.policy.choose(step, tag, require=require, read_only=read_only)
+        return self.policy.choose(step, tag, require=require, read_only=read_only,
+                                  from_run=from_run, continued=continued)
 
     def _claim(self, choice: Choice) -> None:
         assert self.policy is not None

@@ -238,6 +238,7 @@ class CheckpointManager:
         tag: str | None = None,
         require: bool = False,
         read_only: bool = False,
+        from_run: str | None = None,
     ) -> int | None:
         """Load the run's latest checkpoint that can be restored (or the one asked for).
 
@@ -260,6 +261,13 @@ class CheckpointManager:
                 a method of its own because it chooses, checks and loads exactly as a
                 restore does; only the claim is left out. This manager cannot ``save``
                 after it (it is not the run's writer).
+            from_run: branch this run from run ``from_run``'s checkpoint (its newest, or
+                ``step``/``tag``): a warm start, a fine-tune, a recipe change, a rewind
+                (NOTE [ branched runs ]). The checkpoint is loaded (into ``dataloader`` too:
+                the reader goes on from the parent's position; without one this run's reader
+                starts afresh), and the claim records the lineage in a ``branch`` event; audits
+                follow it. ``from_run``'s run is left untouched. Relaunched after this run
+                saved, the same call resumes this run's own newest checkpoint.
 
         Returns:
             The restored step, or None for a fresh run.
@@ -268,8 +276,10 @@ class CheckpointManager:
             CheckpointRestoreError: the model or optimizer does not fit the checkpoint (keys
                 and shapes listed), or loading anything failed on some rank (named);
                 ``step``/``tag`` names no restorable checkpoint (removed by retention,
-                damaged); ``require`` and the run has no checkpoint; ``read_only`` and no
-                checkpoint of the run verifies.
+                damaged), or, without ``read_only``, one older than the run's newest (a
+                rewind: branch a new run from it); ``require`` and the run has no checkpoint;
+                ``read_only`` and no checkpoint of the run verifies; ``from_run`` and this run
+                has checkpoints without being its branch.
             RunInUseError: ``takeover="refuse"`` and a live job owns the run.
             StateMismatchError: the checkpoint's reader state is not of the dataloader's
                 tables, plan or schedule.
@@ -277,21 +287,30 @@ class CheckpointManager:
                 out).
         """
         self.wait()
+        if read_only and from_run is not None:
+            raise ValueError("restore(read_only=True) reads a run's own checkpoint; to read "
+                             f"run {from_run!r}'s, make a manager of run {from_run!r}")
         parts = Parts(model, optimizer, lr_scheduler, extra)
-        record, reader = self._loader.restore(parts, dataloader, step, tag, require=require,
-                                              read_only=read_only)
+        choice, reader = self._loader.restore(parts, dataloader, step, tag, require=require,
+                                              read_only=read_only, from_run=from_run)
+        record = choice.record
         if read_only:
             self._read_only = self._read_only or (not self._claimed and self._head is None)
             return None if record is None else record.step
         self._read_only, self._claimed = False, True
-        self._registered()
+        registered = self._registered()
+        if registered is not None and choice.branch:
+            detail = choice.events[0].detail
+            registered.branched(detail["parent_run"], detail["parent_step"])
         if self._committer is not None:
             self._committer.retention.forget()
         if record is None:
             return None
         if dataloader is not None and reader is not None:
             self._baseline = reader
-        self._head = record
+        # a branch's first save has no parent in its own run; its rows are counted from the
+        # parent's reader state when the reader went on from it
+        self._head = None if choice.branch else record
         return record.step
 
     def _registered(self) -> registration.RunRegistration | None:

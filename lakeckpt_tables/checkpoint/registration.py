@@ -94,6 +94,10 @@ class RunRegistration:
         updates[r.P_STATUS] = self.current
         self._update(updates)
 
+    def branched(self, parent_run: str, parent_step: int) -> None:
+        """The run starts from ``parent_run``'s checkpoint at ``parent_step``."""
+        self._update({r.P_PARENT: f"{parent_run}@{parent_step}", r.P_UPDATED: _now()})
+
     def status(self, status: r.Status) -> None:
         """Set the run's status."""
         self.current = status

@@ -57,7 +57,9 @@ class Verdict:
         rows: rows they consumed.
         tokens: tokens they consumed (packed readers), None when no record counts tokens.
         finished_passes: passes (segment, epoch) the reader state shows finished, each
-            checked for gaps.
+            checked for gaps (of any source, for a Mixture).
+        source_passes: a Mixture's: each source key's finished passes (empty for a source
+            none of whose passes finished: one a Mixture ended before, ``"stop"``).
         violations: what breaks exactly-once, the first one first; empty when proved.
     """
 
@@ -70,6 +72,7 @@ class Verdict:
     tokens: int | None = None
     finished_passes: list[tuple[int, int]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    source_passes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -81,6 +84,8 @@ class Verdict:
                 "rows": self.rows, "tokens": self.tokens,
                 "finished_passes": [{"segment": seg, "epoch": ep}
                                     for seg, ep in self.finished_passes],
+                "source_passes": {k: [{"segment": seg, "epoch": ep} for seg, ep in v]
+                                  for k, v in self.source_passes.items()},
                 "violations": self.violations}
 
 
@@ -264,6 +269,8 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
                                {r.checkpoint_id for r in chain})
     out: list[str] = []
     for key, one in reader_states(decoded).items():
+        if key is not None:
+            verdict.source_passes.setdefault(key, [])
         given = source if key is None else None  # the one source given is a one-table run's
         state = ReaderState.from_dict(one)
         if state.plan is None:
@@ -285,6 +292,8 @@ def _source_gaps(run_id: str, consumed: _Consumed, undelivered: _Undelivered,
     for segment, epoch, units, stream in _finished_passes(dataset, state, last):
         if (segment, epoch) not in verdict.finished_passes:
             verdict.finished_passes.append((segment, epoch))
+        if source_key is not None and (segment, epoch) not in verdict.source_passes[source_key]:
+            verdict.source_passes[source_key].append((segment, epoch))
         for unit in units:
             key = (source_key, segment, epoch, unit.path, unit.row_group)
             got = sum(n for _, _, n, _ in by_group.get(key, ()))

@@ -25,7 +25,7 @@ from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_eve
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.ledger import ConsumptionRecord, LedgerEvent, SourceVersion
 from lakeckpt_tables.mixture import Mixture, is_mixture_state, merge_mixture_states
-from lakeckpt_tables.mixture.state import paired_reader_states
+from lakeckpt_tables.mixture.state import KEY_POSITIONS, paired_reader_states
 from lakeckpt_tables.reader import (
     ReaderState,
     dataset_of,
@@ -36,9 +36,14 @@ from lakeckpt_tables.reader import (
 from lakeckpt_tables.reader.loaders import states_from_loader
 from lakeckpt_tables.types import TableIdentity
 
-__all__ = ["Captured", "capture", "merged", "restore", "sources_of"]
+__all__ = ["EVENT_MIXTURE_ENDED", "Captured", "capture", "merged", "restore", "sources_of"]
 
 Captured = tuple[dict[str, Any] | None, list[ConsumptionRecord], list[LedgerEvent]]
+
+EVENT_MIXTURE_ENDED = "mixture_ended"
+"""Event of the first checkpoint whose Mixture state has ended (``on_exhausted="stop"``: a
+source ran out, the run is over; sources with rows left stay unfinished): ``{"on_exhausted"}``.
+The views call such a run ``finished`` and its unfinished passes ``stopped``."""
 
 
 def capture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
@@ -64,7 +69,17 @@ def capture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
         c, e = _accounting(datasets[key], before, ReaderState.from_dict(after), key)
         consumed += c
         events += e
+    if isinstance(mixture, Mixture) and _ended(state) and not _ended(baseline):
+        events.append(LedgerEvent(EVENT_MIXTURE_ENDED, {"on_exhausted": mixture.on_exhausted}))
     return state, consumed, events
+
+
+def _ended(state: Mapping[str, Any] | None) -> bool:
+    """Whether a mixture state's every worker has ended (a source ran out under "stop")."""
+    if state is None or not is_mixture_state(state):
+        return False
+    positions = state.get(KEY_POSITIONS) or []
+    return bool(positions) and all(p is not None and p.get("ended") for p in positions)
 
 
 def merged(readers: list[dict[str, Any]], where: str) -> tuple[

@@ -24,7 +24,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="with --where: only runs that read this table (Delta URI or "
                         "iceberg:<namespace.table>)")
     parser.add_argument("--cumulative", action="store_true",
-                        help="with --checkpoint: also the rows of its ancestors")
+                        help="with --checkpoint: also the rows of its ancestors (through the "
+                        "runs it was branched from)")
     add_output(parser)
 
 

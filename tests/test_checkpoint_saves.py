@@ -83,9 +83,7 @@ def test_a_finished_run_relaunched_finds_its_final_checkpoint_at_the_same_step(
     model = torch.nn.Linear(2, 1)
     loader = _loader(table)
     manager = CheckpointManager(tmp_path, "r")
-    step = 0
-    for step, _ in enumerate(loader, 1):
-        pass
+    step = sum(1 for _ in loader)  # trained to the end
     final = manager.save(step, model=model, dataloader=loader)
     for changed in (False, True):
         again, loader = CheckpointManager(tmp_path, "r"), _loader(table)

@@ -17,6 +17,7 @@ from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._failures import describe_failure, is_write_failure
 from lakeckpt_tables.checkpoint.eos_count import eos_events
 from lakeckpt_tables.checkpoint.readers import merged
+from lakeckpt_tables.checkpoint.recipe import recipe_events
 from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
 from lakeckpt_tables.checkpoint.retention import Retention, removed_events
 from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError
@@ -124,8 +125,8 @@ class Committer:
             crash_point("commit:before", 0)
             # rank 0's reader sees the same follow segments as every rank (they are derived
             # from the commit log alone), so its events speak for all
-            events = reports[0].events + eos_events(head, reader) \
-                + removed_events(pushed_out, "retention")
+            events = recipe_events(head, reader) + reports[0].events \
+                + eos_events(head, reader) + removed_events(pushed_out, "retention")
             committed = self._ledger_commit(record, consumption, events)
             self._pushed_out = pushed_out
             crash_point("commit:after", 0)

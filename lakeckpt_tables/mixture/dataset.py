@@ -37,6 +37,10 @@ goes on from the same draw. At another number of DataLoader workers per rank, wo
 LakeDatasets: another dataset cannot re-plan its rows). Rows stay exactly once per pass, and
 the schedule goes on from ``d``, as after an elastic change.
 
+Weights may follow a schedule (NOTE [ weight schedules ] in ``mixture/weights.py``) and may
+change at a resume (NOTE [ recipe changes ] in ``checkpoint/recipe.py``): a worker's draws not
+delivered yet take the new weights, the sources' cursors do not move.
+
 State (JSON-clean, ``format`` = :data:`MIXTURE_FORMAT`): the schedule's configuration, per
 worker its next draw, restarts (``passes``) and end, each source's table and own state: every
 row of a source is delivered once per pass, by that source's own accounting.
@@ -44,7 +48,6 @@ row of a source is delivered once per pass, by that source's own accounting.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -68,7 +71,13 @@ from lakeckpt_tables.mixture.state import (
     merged_source_state,
     same_json,
 )
-from lakeckpt_tables.plan.schedule import scheduled, thresholds
+from lakeckpt_tables.mixture.weights import WeightSchedule, as_schedule, weights_config
+from lakeckpt_tables.plan.schedule import (
+    scheduled,
+    scheduled_per_draw,
+    thresholds,
+    thresholds_per_draw,
+)
 from lakeckpt_tables.reader.dataset import LakeDataset, cycling
 from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
 
@@ -90,7 +99,9 @@ class Mixture(IterableDataset[dict[str, Any]]):
     Args:
         sources: name -> dataset (a :class:`~lakeckpt_tables.LakeDataset`, or any
             ``IterableDataset`` with ``state_dict()``/``load_state_dict()``).
-        weights: name -> positive weight (normalized; the names must be those of ``sources``).
+        weights: name -> positive weight (normalized; the names must be those of
+            ``sources``), or a :class:`~lakeckpt_tables.mixture.WeightSchedule` (or its JSON)
+            of weights that change with the draw or step (NOTE [ weight schedules ]).
         seed: the schedule's seed.
         on_exhausted: ``"stop"`` ends the mixture when a source runs out; ``"cycle"`` starts
             that source's next pass (a LakeDataset's next epochs: NOTE [ cycling sources ]).
@@ -100,20 +111,13 @@ class Mixture(IterableDataset[dict[str, Any]]):
             ``on_exhausted``; ``"cycle"`` over a follower or a ``refresh="epoch"`` reader.
     """
 
-    def __init__(self, sources: Mapping[str, Any], *, weights: Mapping[str, float],
+    def __init__(self, sources: Mapping[str, Any], *,
+                 weights: Mapping[str, float] | WeightSchedule | Mapping[str, Any],
                  seed: int = 0, on_exhausted: OnExhausted = "stop") -> None:
         super().__init__()
         if not sources:
             raise MixtureError("a Mixture needs at least one source")
-        if set(weights) != set(sources):
-            raise MixtureError(
-                f"weights name {sorted(weights)} but the sources are {sorted(sources)}; give "
-                "one weight per source")
-        bad = {k: w for k, w in weights.items()
-               if isinstance(w, bool) or not isinstance(w, int | float)
-               or not math.isfinite(w) or w <= 0}
-        if bad:
-            raise MixtureError(f"weights must be positive finite numbers; got {bad}")
+        self.schedule = as_schedule(weights, list(sources))
         if on_exhausted not in _POLICIES:
             raise MixtureError(f"on_exhausted={on_exhausted!r}: pass 'stop' (end the mixture "
                                "when a source runs out) or 'cycle' (start its next pass)")
@@ -122,25 +126,29 @@ class Mixture(IterableDataset[dict[str, Any]]):
         self.names = sorted(sources)
         self.sources = {n: _cycling(n, sources[n]) if on_exhausted == "cycle" else sources[n]
                         for n in self.names}
-        self.weights = {n: float(weights[n]) for n in self.names}
         self.seed, self.on_exhausted = seed, on_exhausted
-        self._thresholds = thresholds([self.weights[n] for n in self.names])
+        constant = self.schedule.constant
+        self._thresholds = None if constant is None else thresholds(
+            [constant[n] for n in self.names])
         self._resume: Resume | None = None
         self._live: tuple[int, int, Position] | None = None  # workers, worker, position
 
     @property
     def config(self) -> dict[str, Any]:
-        """What defines the schedule: a state loads only into a mixture with the same."""
-        total = sum(self.weights.values())
+        """What defines the schedule: a state loads into a mixture with the same seed and
+        policy; its weights may change at a resume (NOTE [ recipe changes ])."""
         return {"seed": self.seed, "on_exhausted": self.on_exhausted,
-                "weights": {n: w / total for n, w in self.weights.items()}}
+                "weights": weights_config(self.schedule)}
 
     def source_of(self, draws: np.ndarray[Any, Any]) -> list[str]:
         """The source names of ``draws`` (NOTE [ mixture schedule ])."""
         return [self.names[i] for i in self._schedule(np.asarray(draws))]
 
     def _schedule(self, draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        return scheduled(self.seed, self._thresholds, draws)
+        if self._thresholds is not None:
+            return scheduled(self.seed, self._thresholds, draws)
+        bounds = thresholds_per_draw(self.schedule.weights(draws))
+        return scheduled_per_draw(self.seed, bounds, draws)
 
     # -------------------------------------------------------------------------- reading
 
@@ -336,10 +344,15 @@ def _check_state(mixture: Mixture, state: Any) -> None:
                 f"source {name!r} is another table than the state's: the state read "
                 f"{saved}, this Mixture's {name!r} reads {ours}; build it over the run's "
                 "table")
-    if not same_json(state[KEY_CONFIG], mixture.config):
-        raise StateMismatchError(f"mixture state has schedule {state[KEY_CONFIG]}, this "
-                                 f"Mixture {mixture.config}; build it with the run's seed, "
-                                 "weights and on_exhausted")
+    saved, ours = state[KEY_CONFIG], mixture.config
+    if not isinstance(saved, Mapping) or set(saved) != set(ours):
+        raise StateMismatchError(f"mixture state is corrupt: its config is {saved!r}")
+    for key, meaning in (("seed", "the schedule's seed"), ("on_exhausted", "the policy")):
+        if not same_json(saved[key], ours[key]):  # weights may change (NOTE [ recipe changes ])
+            raise StateMismatchError(
+                f"mixture state has {key}={saved[key]!r}, this Mixture {key}={ours[key]!r}: "
+                f"{meaning} cannot change within a run; build the Mixture with {key}="
+                f"{saved[key]!r}, or start a new run")
 
 
 def _resume_source(name: str, source: Any, states: list[Any], workers: int, old: int) -> None:

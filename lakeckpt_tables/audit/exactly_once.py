@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from lakeckpt_tables.audit.replay import dataset_for, lineage
+from lakeckpt_tables.audit.skipped import skip_events, skipped_records
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
@@ -56,6 +57,9 @@ class Verdict:
         finished_passes: passes (segment, epoch) the reader state shows finished, each
             checked for gaps.
         violations: what breaks exactly-once, the first one first; empty when proved.
+        skipped: rows consumed without training (batches skipped after a restore: NOTE
+            [ skipped batches ] in ``checkpoint/skip.py``), checked with the trained ones but
+            not counted in ``rows``.
     """
 
     run_id: str
@@ -67,6 +71,7 @@ class Verdict:
     tokens: int | None = None
     finished_passes: list[tuple[int, int]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    skipped: int = 0
 
     @property
     def ok(self) -> bool:
@@ -75,7 +80,7 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "checkpoint_id": self.checkpoint_id, "step": self.step,
                 "ok": self.ok, "checkpoints": self.checkpoints, "records": self.records,
-                "rows": self.rows, "tokens": self.tokens,
+                "rows": self.rows, "tokens": self.tokens, "skipped": self.skipped,
                 "finished_passes": [{"segment": seg, "epoch": ep}
                                     for seg, ep in self.finished_passes],
                 "violations": self.violations}
@@ -190,6 +195,17 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
         if n is not None:
             tokens[(key, segment, epoch)] += n
             verdict.tokens = (verdict.tokens or 0) + n
+    for checkpoint_id, details in skip_events(snapshot, head.run_id).items():
+        step = steps.get(checkpoint_id)
+        if step is None:
+            continue  # committed by a checkpoint a restore left behind
+        for r in skipped_records(details):  # consumed, not trained: checked all the same
+            at = (r[s.SOURCE_KEY], r[s.SEGMENT], r[s.EPOCH])
+            by_group[(*at, r[s.FILE], r[s.ROW_GROUP])].append(
+                (r[s.ROW_START], r[s.ROW_END], r[s.ROWS], step))
+            verdict.skipped += r[s.ROWS]
+            if r[s.TOKENS] is not None:
+                tokens[at] += r[s.TOKENS]
     for key in sorted(by_group, key=lambda k: (k[0] or "", *k[1:])):
         verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
     verdict.violations.extend(_gaps(snapshot, head, chain, _Consumed(by_group, tokens), verdict,

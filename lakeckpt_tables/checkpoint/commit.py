@@ -105,6 +105,8 @@ class Committer:
     _started: float = field(init=False, default_factory=time.monotonic)
     _pushed_out: list[CheckpointRecord] = field(init=False, default_factory=list)
     """Checkpoints pushed out of retention by the commit in flight."""
+    pending: list[LedgerEvent] = field(init=False, default_factory=list)
+    """Events of this job to commit with its next checkpoint (NOTE [ skipped batches ])."""
 
     def decide(self, attempt: Attempt, reports: list[Prepared], head: CheckpointRecord | None,
                world_size: int) -> CheckpointRecord | errors.LakeckptError:
@@ -125,10 +127,10 @@ class Committer:
             crash_point("commit:before", 0)
             # rank 0's reader sees the same follow segments as every rank (they are derived
             # from the commit log alone), so its events speak for all
-            events = recipe_events(head, reader) + reports[0].events \
+            events = self.pending + recipe_events(head, reader) + reports[0].events \
                 + eos_events(head, reader) + removed_events(pushed_out, "retention")
             committed = self._ledger_commit(record, consumption, events)
-            self._pushed_out = pushed_out
+            self._pushed_out, self.pending = pushed_out, []
             crash_point("commit:after", 0)
             return committed
         except errors.CommitStateUnknownError as exc:

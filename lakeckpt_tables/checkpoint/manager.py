@@ -259,6 +259,7 @@ class CheckpointManager:
         record, state = self._loader.claim(parts, step, tag, require)
         if self._committer is not None:
             self._committer.retention.forget()
+            self._committer.pending = []  # skips not committed before are not this lineage's
         if record is None:
             return None
         self._loader.load(record, state, parts)
@@ -268,6 +269,42 @@ class CheckpointManager:
             self._baseline = reader
         self._head = record
         return record.step
+
+    def skip(self, dataloader: Any, *, batches: int | None = None, steps: int | None = None,
+             batches_per_step: int = 1, reason: str, by: str | None = None) -> int:
+        """Consume the next batches of ``dataloader`` without training (collective: every rank
+        skips the same ones), and record them in the ledger as skipped, with the next
+        checkpoint (NOTE [ skipped batches ] in ``checkpoint/skip.py``). Call after
+        :meth:`restore`, before iterating; the loader then goes on after them.
+
+        Args:
+            batches: how many batches to skip; or ``steps`` x ``batches_per_step``.
+            reason: why (kept in the ledger), e.g. ``"loss spike at step 1400"``.
+            by: who decided (default: the user name of the process).
+
+        Returns:
+            The batches skipped (fewer when the loader ran out).
+
+        Raises:
+            CheckpointError: neither or both of ``batches`` and ``steps``, a count that is not
+                positive, no reason.
+        """
+        from lakeckpt_tables.checkpoint.skip import skip_batches
+
+        if (batches is None) == (steps is None):
+            raise CheckpointError("skip(): pass batches=N or steps=N (with batches_per_step)")
+        count = batches if batches is not None else (steps or 0) * batches_per_step
+        self.wait()
+        head = self._head
+        pending = self._committer.pending if self._committer is not None else []
+        done, state, event = skip_batches(
+            self.world, dataloader, self._baseline, batches=count, reason=reason, by=by,
+            after_step=head.step if head is not None else None,
+            resumed_from=head.checkpoint_id if head is not None else None, index=len(pending))
+        if event is not None:
+            pending.append(event)
+        self._baseline = state
+        return done
 
     def heartbeat(self, step: int) -> None:
         """Note that training reached ``step`` (not collective; call it every step): rank 0

@@ -250,3 +250,62 @@ def test_the_ledger_records_the_weights_change_and_every_row_once(tables, tmp_pa
     assert consumed(tmp_path, "r") == {n: len(ids) for n, ids in rows.items()}
     (verdict,) = verify(str(tmp_path))
     assert verdict.violations == []
+
+
+# ------------------------------------------------------------------ sources added and retired
+
+
+@pytest.mark.timeout(60)
+def test_a_source_added_and_one_retired_at_a_resume_are_recorded_each_row_once(tables, tmp_path):
+    from lakeckpt_tables.audit import connect, verify
+
+    manager = CheckpointManager(tmp_path, "s")
+    loader = loader_for(two(tables, {"web": 0.7, "code": 0.3}), 0)
+    trained: list[tuple[str, list[int]]] = []
+    for step, batch in enumerate(loader, 1):
+        trained.append((batch["source"], batch["id"].tolist()))
+        if step % 4 == 0:
+            manager.save(step, dataloader=loader)
+        if step == 10:
+            break
+    mix = Mixture({"web": source(tables, "web"), "code": source(tables, "code"),
+                   "books": source(tables, "books")},
+                  weights={"web": 0.5, "books": 0.5}, seed=2, retire=["code"])
+    resumed = loader_for(mix, 0)
+    again = CheckpointManager(tmp_path, "s")
+    restored = again.restore(dataloader=resumed)
+    assert restored == 8 and mix.added == ["books"]
+    del trained[restored:]
+    for step, batch in enumerate(resumed, restored + 1):
+        trained.append((batch["source"], batch["id"].tolist()))
+        if step % 4 == 0:
+            again.save(step, dataloader=resumed)
+    again.save(step + 1, dataloader=resumed)
+    assert {s for s, _ in trained[8:]} == {"web", "books"}  # code is drawn no more
+    rows = {n: [i for s, ids in trained if s == n for i in ids] for n in TABLES}
+    assert all(len(ids) == len(set(ids)) for ids in rows.values())
+    assert sorted(rows["books"]) == ids_of("books") or sorted(rows["web"]) == ids_of("web")
+    ((_, added),) = events(tmp_path, "s", "source_added")
+    assert (added["source_key"], added["draw"]) == ("books", 8)
+    ((at, retired),) = events(tmp_path, "s", "source_retired")
+    assert at == 12 and (retired["source_key"], retired["draw"]) == ("code", 8)
+    assert retired["rows"] == len(ids_of("code")) - len(rows["code"])  # never delivered
+    tails = [d for _, d in events(tmp_path, "s", "undelivered") if d["source_key"] == "code"]
+    assert [d["reason"] for d in tails] == ["source retired"]
+    (verdict,) = verify(str(tmp_path))
+    assert verdict.violations == [] and verdict.retired == ["code"]
+    states = dict(connect(str(tmp_path)).sql(
+        "SELECT source_key, state FROM progress WHERE run_id = 's'").fetchall())
+    assert states["code"] == "retired"
+
+
+def test_a_state_source_neither_in_the_mixture_nor_retired_is_refused_by_name(tables):
+    from lakeckpt_tables.errors import MixtureStateError
+
+    first = two(tables, {"web": 0.7, "code": 0.3})
+    next(iter(first))
+    only_web = Mixture({"web": source(tables, "web")}, weights={"web": 1}, seed=2)
+    with pytest.raises(MixtureStateError, match=r"retire=\['code'\]"):
+        only_web.load_state_dict(first.state_dict())
+    with pytest.raises(MixtureError, match=r"retire=\['books'\] names no source"):
+        Mixture({"web": source(tables, "web")}, weights={"web": 1}, retire=["books"])

@@ -60,6 +60,8 @@ class Verdict:
         skipped: rows consumed without training (batches skipped after a restore: NOTE
             [ skipped batches ] in ``checkpoint/skip.py``), checked with the trained ones but
             not counted in ``rows``.
+        retired: Mixture sources retired in the lineage (NOTE [ sources that change ] in
+            ``checkpoint/recipe.py``): their unread rows are recorded, not missing.
     """
 
     run_id: str
@@ -72,6 +74,7 @@ class Verdict:
     finished_passes: list[tuple[int, int]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     skipped: int = 0
+    retired: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -81,6 +84,7 @@ class Verdict:
         return {"run_id": self.run_id, "checkpoint_id": self.checkpoint_id, "step": self.step,
                 "ok": self.ok, "checkpoints": self.checkpoints, "records": self.records,
                 "rows": self.rows, "tokens": self.tokens, "skipped": self.skipped,
+                "retired": self.retired,
                 "finished_passes": [{"segment": seg, "epoch": ep}
                                     for seg, ep in self.finished_passes],
                 "violations": self.violations}
@@ -206,6 +210,12 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
             verdict.skipped += r[s.ROWS]
             if r[s.TOKENS] is not None:
                 tokens[at] += r[s.TOKENS]
+    retired = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                            & (pc.field(s.EVENT) == "source_retired")
+                            & (pc.field(s.RUN_ID) == head.run_id), [s.CHECKPOINT_ID, s.DETAIL])
+    verdict.retired = sorted({json.loads(d)["source_key"] for c, d in zip(
+        retired[s.CHECKPOINT_ID].to_pylist(), retired[s.DETAIL].to_pylist(), strict=True)
+        if c in steps})
     for key in sorted(by_group, key=lambda k: (k[0] or "", *k[1:])):
         verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
     verdict.violations.extend(_gaps(snapshot, head, chain, _Consumed(by_group, tokens), verdict,

@@ -48,7 +48,7 @@ row of a source is delivered once per pass, by that source's own accounting.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -105,6 +105,10 @@ class Mixture(IterableDataset[dict[str, Any]]):
         seed: the schedule's seed.
         on_exhausted: ``"stop"`` ends the mixture when a source runs out; ``"cycle"`` starts
             that source's next pass (a LakeDataset's next epochs: NOTE [ cycling sources ]).
+        retire: sources of ``sources`` that this run no longer draws from (NOTE [ sources
+            that change ]): not named by ``weights``; the rows they had not delivered at the
+            resumed state are recorded by the next checkpoint. A source of ``sources`` that
+            the resumed state lacks is added: it starts its first pass.
 
     Raises:
         MixtureError: weights not positive, or not naming exactly the sources; an unknown
@@ -113,8 +117,16 @@ class Mixture(IterableDataset[dict[str, Any]]):
 
     def __init__(self, sources: Mapping[str, Any], *,
                  weights: Mapping[str, float] | WeightSchedule | Mapping[str, Any],
-                 seed: int = 0, on_exhausted: OnExhausted = "stop") -> None:
+                 seed: int = 0, on_exhausted: OnExhausted = "stop",
+                 retire: Sequence[str] = ()) -> None:
         super().__init__()
+        unknown = sorted(set(retire) - set(sources))
+        if unknown:
+            raise MixtureError(f"retire={unknown} names no source of {sorted(sources)}: give "
+                               "the retired source's dataset in sources too (its undelivered "
+                               "rows are counted from it)")
+        self.retired = {n: sources[n] for n in sorted(retire)}
+        sources = {n: s for n, s in sources.items() if n not in self.retired}
         if not sources:
             raise MixtureError("a Mixture needs at least one source")
         self.schedule = as_schedule(weights, list(sources))
@@ -132,6 +144,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
             [constant[n] for n in self.names])
         self._resume: Resume | None = None
         self._live: tuple[int, int, Position] | None = None  # workers, worker, position
+        self.retiring: dict[str, Any] = {}  # retired source -> its state at the resume
+        self.added: list[str] = []  # sources the resumed state lacked
 
     @property
     def config(self) -> dict[str, Any]:
@@ -217,7 +231,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
                 f"the mixture state holds positions of DataLoader workers {held} of "
                 f"{workers}; load the whole loader state (all workers)")
         for name, source in self.sources.items():
-            _resume_source(name, source, resume.sources[name], workers, old)
+            if name in resume.sources:  # (an added source starts its first pass)
+                _resume_source(name, source, resume.sources[name], workers, old)
         position = resume.positions[old]
         assert position is not None
         return Position(position.draw, dict(position.passes), position.ended)
@@ -241,7 +256,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
                 "LakeDatasets and cannot re-plan their rows for other workers; resume with "
                 f"{resume.workers} worker(s)")
         for name, source in self.sources.items():  # another shape: the merged state re-plans
-            _resume_source(name, source, resume.sources[name], workers, worker)
+            if name in resume.sources:
+                _resume_source(name, source, resume.sources[name], workers, worker)
         first = min(p.draw for p in resume.positions if p is not None)
         return Position(first + worker)
 
@@ -281,13 +297,23 @@ class Mixture(IterableDataset[dict[str, Any]]):
             states = [state_dict]
         for state in states:
             _check_state(self, state)
-        workers, positions = merge_positions(self.names, states)
-        sources = {n: [s[KEY_SOURCES][n] for s in states] for n in self.names}
+        saved = set(states[0][KEY_SOURCES])
+        workers, positions = merge_positions(sorted(saved | set(self.names)), states)
+        for p in positions:  # a retired source's restarts are its own no more
+            if p is not None:
+                p.passes = {n: k for n, k in p.passes.items() if n in self.sources}
+        sources = {n: [s[KEY_SOURCES][n] for s in states] for n in self.names if n in saved}
+        self.added = [n for n in self.names if n not in saved]
+        self.retiring = {n: merged_source_state(n, [s[KEY_SOURCES][n] for s in states])
+                         for n in self.retired if n in saved}
         if get_worker_info() is None:
             # checked (and a version adopted) here; each worker resumes its own part as it
             # starts (NOTE [ mixture resume ])
             for name, source in self.sources.items():
-                source.load_state_dict(merged_source_state(name, sources[name]))
+                if name in sources:
+                    source.load_state_dict(merged_source_state(name, sources[name]))
+            for name, state in self.retiring.items():  # checked: its rows are counted
+                self.retired[name].load_state_dict(state)
         self._resume = Resume(workers, positions, sources)
         self._live = None
 
@@ -310,7 +336,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
                 states.append(one)
         for state in states:
             _check_state(self, state)
-        return {n: merged_source_state(n, [s[KEY_SOURCES][n] for s in states]) for n in self.names}
+        return {n: merged_source_state(n, [s[KEY_SOURCES][n] for s in states])
+                for n in self.names if n in states[0][KEY_SOURCES]}
 
 
 def _check_state(mixture: Mixture, state: Any) -> None:
@@ -322,7 +349,7 @@ def _check_state(mixture: Mixture, state: Any) -> None:
     if set(state) != set(KEYS):
         raise StateMismatchError(f"mixture state is corrupt: keys {sorted(state)}, "
                                  f"expected {sorted(KEYS)}")
-    names = set(mixture.names)
+    names = set(mixture.names) | set(mixture.retired)
     for key in (KEY_SOURCES, KEY_TABLES):
         if not isinstance(state[key], Mapping):
             raise StateMismatchError(f"mixture state is corrupt: {key} is not a dict")
@@ -330,15 +357,14 @@ def _check_state(mixture: Mixture, state: Any) -> None:
         if unknown:
             raise MixtureStateError(
                 f"the mixture state names source(s) {unknown} that this Mixture lacks (its "
-                f"sources: {mixture.names}); build the Mixture with the sources of the run")
-        missing = sorted(names - set(state[key]))
-        if missing:
-            raise MixtureStateError(
-                f"the mixture state lacks source(s) {missing} (it has "
-                f"{sorted(state[key])}); a source cannot join a run mid-way: start a new "
-                "run, or build the Mixture with the run's sources")
-    for name in mixture.names:
-        saved, ours = state[KEY_TABLES][name], _identity(mixture.sources[name])
+                f"sources: {mixture.names}); build the Mixture with the sources of the run, "
+                f"or retire them: Mixture(..., retire={unknown}) with their datasets in "
+                "sources (their undelivered rows are recorded)")
+    if set(state[KEY_SOURCES]) != set(state[KEY_TABLES]):
+        raise StateMismatchError("mixture state is corrupt: its sources and tables differ")
+    everyone = {**mixture.sources, **mixture.retired}
+    for name in sorted(set(state[KEY_TABLES])):
+        saved, ours = state[KEY_TABLES][name], _identity(everyone[name])
         if saved is not None and ours is not None and not same_json(saved, ours):
             raise MixtureStateError(
                 f"source {name!r} is another table than the state's: the state read "

@@ -71,7 +71,9 @@ class TextTokens:
             raise PackingError(f"{where}: {texts.null_count} null document(s) in the text "
                                "column: a null has no tokens; fill or filter them")
         docs = texts.to_pylist()
-        encodings = self.tokenizer.encode_batch(docs, add_special_tokens=False)
+        # the ids only: encode_batch_fast (tokenizers >= 0.21) tracks no character offsets
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        encodings = encode(docs, add_special_tokens=False)
         self.encoded_rows += len(docs)
         ids = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))

@@ -297,12 +297,12 @@ class CheckpointManager:
         self.wait()
         head = self._head
         pending = self._committer.pending if self._committer is not None else []
-        done, state, event = skip_batches(
+        done, state, events = skip_batches(
             self.world, dataloader, self._baseline, batches=count, reason=reason, by=by,
             after_step=head.step if head is not None else None,
-            resumed_from=head.checkpoint_id if head is not None else None, index=len(pending))
-        if event is not None:
-            pending.append(event)
+            resumed_from=head.checkpoint_id if head is not None else None,
+            index=sum(e.event == "skipped" for e in pending))
+        pending.extend(events)
         self._baseline = state
         return done
 

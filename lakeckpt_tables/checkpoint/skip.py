@@ -44,8 +44,9 @@ __all__ = ["SKIP_EVENT", "Skipped", "skip_batches"]
 
 SKIP_EVENT = "skipped"
 
-Skipped = tuple[int, dict[str, Any] | None, LedgerEvent | None]
-"""(batches skipped, merged reader state after the skip, the event on rank 0 else None)."""
+Skipped = tuple[int, dict[str, Any] | None, list[LedgerEvent]]
+"""(batches skipped, merged reader state after the skip, on rank 0 the events to commit with
+the next checkpoint: the reader's own (a pass reached, a source added...) and ``skipped``)."""
 
 
 def skip_batches(world: World, dataloader: Any, baseline: Mapping[str, Any] | None, *,
@@ -66,22 +67,23 @@ def skip_batches(world: World, dataloader: Any, baseline: Mapping[str, Any] | No
         raise CheckpointError("skip(dataloader=None): pass the loader the run trains from")
     it = iter(dataloader)
     done = sum(1 for _ in itertools.islice(it, batches))
-    state, consumed, _ = readers.capture(dataloader, baseline)
+    state, consumed, events = readers.capture(dataloader, baseline)
     del it  # its workers stop: the loader goes on from the merged state below
-    reports = world.gather_to_root((state, consumed))
-    event = None
+    reports = world.gather_to_root((state, consumed, events))
+    out: list[LedgerEvent] = []
     merged_state = None
     if reports is not None:
-        merged_state, _, _ = readers.merged([s for s, _ in reports if s is not None],
+        merged_state, _, _ = readers.merged([s for s, _, _ in reports if s is not None],
                                             "skip")
-        records = [r for _, c in reports for r in c]
-        event = _event(records, merged_state, batches=done, reason=reason,
-                       by=by or _user(), after_step=after_step, resumed_from=resumed_from,
-                       index=index)
+        records = [r for _, c, _ in reports for r in c]
+        # rank 0's reader events speak for all ranks, as at a save (checkpoint/commit.py)
+        out = [*reports[0][2], _event(records, merged_state, batches=done, reason=reason,
+                                      by=by or _user(), after_step=after_step,
+                                      resumed_from=resumed_from, index=index)]
     merged_state = world.broadcast(merged_state)
     if merged_state is not None:
         readers.restore(dataloader, merged_state)
-    return done, merged_state, event
+    return done, merged_state, out
 
 
 def _event(records: list[ConsumptionRecord], state: dict[str, Any] | None, *, batches: int,

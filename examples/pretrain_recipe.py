@@ -30,9 +30,8 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa

@@ -248,3 +248,45 @@ def test_every_rank_skips_the_same_steps(delta_table: Table, code_table: str,
     assert verdict.violations == [] and verdict.skipped == rows_of(skipped, "mixture")
     trained = [b for r in range(2) for b in first[r][:8] + second[r]]
     assert verdict.rows == rows_of(trained, "mixture")
+
+
+@pytest.mark.timeout(60)
+def test_a_rewind_is_a_branch_that_skips_and_changes_its_weights_recorded(
+        delta_table: Table, code_table: str, tmp_path: Path) -> None:
+    """The loss-spike restart from an older checkpoint: a new run branched from it, with other
+    weights, skipping 3 batches; both changes recorded against the parent's checkpoint."""
+    def mix(weights: dict[str, float]) -> Any:
+        web = LakeDataset(DeltaSource(delta_table.location), columns=["id"], batch_size=16,
+                          seed=3)
+        code = LakeDataset(DeltaSource(code_table), columns=["id"], batch_size=16, seed=3)
+        return Mixture({"web": web, "code": code}, weights=weights, seed=1)
+
+    parent = CheckpointManager(tmp_path, "spiked")
+    loader = loader_for(mix({"web": 0.7, "code": 0.3}), 0)
+    trained = []
+    for step, batch in enumerate(loader, 1):
+        trained.append(payload(batch))
+        if step % 4 == 0:
+            parent.save(step, dataloader=loader)
+        if step == 12:
+            break
+    branch = CheckpointManager(tmp_path, "rewound")
+    resumed = loader_for(mix({"web": 0.5, "code": 0.5}), 0)
+    assert branch.restore(dataloader=resumed, from_run="spiked", step=4) == 4
+    assert branch.skip(resumed, batches=3, reason="loss spike at step 12") == 3
+    del trained[4:]
+    trained += [payload(batch) for batch in resumed]
+    branch.save(4 + len(trained), dataloader=resumed)
+    ((_, skip),) = skip_details(tmp_path, "rewound")
+    assert (skip["after_step"], skip["batches"]) == (4, 3)
+    from lakeckpt_tables.audit import connect
+
+    ((detail,),) = connect(str(tmp_path)).sql(
+        "SELECT detail FROM events WHERE run_id = 'rewound' AND event = 'mixture_weights'"
+    ).fetchall()
+    change = json.loads(detail)
+    assert (change["step"], change["draw"]) == (4, 4)
+    assert change["new"] == {"code": 0.5, "web": 0.5}
+    (verdict,) = verify(str(tmp_path), run="rewound")
+    assert verdict.violations == [] and verdict.skipped == skip["rows"] > 0
+    assert verdict.rows == rows_of(trained, "mixture")  # the parent's 4 steps, the branch's

@@ -122,3 +122,15 @@ def test_text_without_a_tokenizer_and_bad_tokenizers_are_refused_by_name(corpus,
         LakeDataset(DeltaSource(corpus["uri"]), tokenizer=corpus["tokenizer"])
     assert torch.equal(next(iter(text_reader(corpus, tmp_path)))["input_ids"],
                        next(iter(token_reader(corpus)))["input_ids"])
+
+
+@pytest.mark.timeout(60)
+def test_the_tokenize_bench_reports_the_reader_beside_encode_batch_and_planning_apart(tmp_path):
+    from lakeckpt_tables.tools.bench.tokenize import format_report, run_tokenize_bench
+
+    report = run_tokenize_bench(docs=300, root=tmp_path, rounds=1)
+    (first, second) = report.figures
+    assert first.name == "tokenizing reader / encode_batch" and first.value > 0
+    assert second.passed is None  # encode_batch_fast: shown, no target
+    assert report.tokens > 0 and report.planning_cached_s < report.planning_s
+    assert "planning pass" in format_report(report)

@@ -134,3 +134,26 @@ def test_the_tokenize_bench_reports_the_reader_beside_encode_batch_and_planning_
     assert second.passed is None  # encode_batch_fast: shown, no target
     assert report.tokens > 0 and report.planning_cached_s < report.planning_s
     assert "planning pass" in format_report(report)
+
+
+@pytest.mark.timeout(60)
+def test_the_ledger_counts_a_text_run_as_the_same_run_over_its_tokens(corpus, tmp_path):
+    """Under CheckpointManager, a text-packing run's consumption records (rows by eos, tokens
+    delivered) are those of the same run over the pre-tokenized column: not characters."""
+    from lakeckpt_tables.checkpoint import CheckpointManager
+    from lakeckpt_tables.ledger import DeltaLedger
+
+    def run(name: str, make: Any) -> list[tuple[Any, ...]]:
+        manager = CheckpointManager(tmp_path / "ckpt", name)
+        loader = loader_for(make(), 0)
+        for step, _ in enumerate(loader, 1):
+            if step % 7 == 0:
+                manager.save(step, dataloader=loader)
+        manager.save(step + 1, dataloader=loader)
+        records = DeltaLedger(str(tmp_path / "ckpt" / "_ledger")).consumption(run_id=name)
+        return sorted((r["step"], r["file"], r["row_group"], r["row_start"], r["row_end"],
+                       r["rows"], r["tokens"]) for r in records.to_pylist())
+
+    text = run("text", lambda: text_reader(corpus, tmp_path / "counts"))
+    tokens = run("tokens", lambda: token_reader(corpus))
+    assert text == tokens and sum(r[-1] for r in text) > 0

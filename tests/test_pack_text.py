@@ -157,3 +157,9 @@ def test_the_ledger_counts_a_text_run_as_the_same_run_over_its_tokens(corpus, tm
     text = run("text", lambda: text_reader(corpus, tmp_path / "counts"))
     tokens = run("tokens", lambda: token_reader(corpus))
     assert text == tokens and sum(r[-1] for r in text) > 0
+    from lakeckpt_tables.audit import verify
+
+    (verdict,) = verify(str(tmp_path / "ckpt"), run="tokens")
+    assert verdict.ok
+    with pytest.raises(PackingError, match="pass tokenizer="):  # a limit, said by name
+        verify(str(tmp_path / "ckpt"), run="text")

@@ -137,7 +137,8 @@ def test_the_tokenize_bench_reports_the_reader_beside_encode_batch_and_planning_
 
 
 @pytest.mark.timeout(60)
-def test_the_ledger_counts_a_text_run_as_the_same_run_over_its_tokens(corpus, tmp_path):
+def test_the_ledger_counts_a_text_run_as_the_same_run_over_its_tokens(corpus, tmp_path,
+                                                                     monkeypatch):
     """Under CheckpointManager, a text-packing run's consumption records (rows by eos, tokens
     delivered) are those of the same run over the pre-tokenized column: not characters."""
     from lakeckpt_tables.checkpoint import CheckpointManager
@@ -161,5 +162,14 @@ def test_the_ledger_counts_a_text_run_as_the_same_run_over_its_tokens(corpus, tm
 
     (verdict,) = verify(str(tmp_path / "ckpt"), run="tokens")
     assert verdict.ok
-    with pytest.raises(PackingError, match="pass tokenizer="):  # a limit, said by name
+    with pytest.raises(PackingError, match="pass tokenizer="):  # without it: said by name
         verify(str(tmp_path / "ckpt"), run="text")
+    monkeypatch.setenv("LAKECKPT_HOME", str(tmp_path / "home"))  # verify's token counts
+    (verdict,) = verify(str(tmp_path / "ckpt"), run="text", tokenizer=corpus["tokenizer"])
+    assert verdict.ok and verdict.finished_passes == [(0, 0)]  # every row group's tokens once
+    corpus["tokenizer"].save(str(tmp_path / "tokenizer.json"))
+    from lakeckpt_tables.cli import main
+
+    assert main(["verify", str(tmp_path / "ckpt"), "--run", "text", "--tokenizer",
+                 str(tmp_path / "tokenizer.json")]) == 0
+    assert len(list((tmp_path / "home" / "token-counts").iterdir())) == 1  # counted once

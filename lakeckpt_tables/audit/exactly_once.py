@@ -100,7 +100,8 @@ class Verdict:
 
 def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None,
            catalog: Any = None, storage_options: Mapping[str, str] | None = None,
-           source: Any = None, source_catalog: Any = None) -> list[Verdict]:
+           source: Any = None, source_catalog: Any = None,
+           tokenizer: Any = None) -> list[Verdict]:
     """Verify exactly-once for each run (or ``run``) up to its newest committed checkpoint.
 
     Args:
@@ -114,6 +115,8 @@ def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None
         source_catalog: the catalog of an Iceberg source, when it is neither the one the
             ledger records for it nor the ledger's (see
             :func:`~lakeckpt_tables.audit.sources.open_source`).
+        tokenizer: the ``tokenizers.Tokenizer`` of a run packing a text column (its passes
+            are sized by its token counts: NOTE [ text tokenized on the fly ]).
 
     Returns:
         One verdict per run verified.
@@ -125,13 +128,14 @@ def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None
     snapshot = read_ledger(target, catalog=catalog,
                            storage_options=ledger_options(target, storage_options))
     return verify_snapshot(snapshot, run=run, checkpoint=checkpoint, source=source,
-                           storage_options=storage_options, source_catalog=source_catalog)
+                           storage_options=storage_options, source_catalog=source_catalog,
+                           tokenizer=tokenizer)
 
 
 def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
                     checkpoint: str | None = None, source: Any = None,
                     storage_options: Mapping[str, str] | None = None,
-                    source_catalog: Any = None) -> list[Verdict]:
+                    source_catalog: Any = None, tokenizer: Any = None) -> list[Verdict]:
     """:func:`verify` over a ledger version already read."""
     is_checkpoint = pc.field(s.RECORD) == s.RECORD_CHECKPOINT
     retired = _retired(snapshot)
@@ -164,7 +168,7 @@ def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
                                   f"{run_id!r}")
             head = mine[-1]
         verdicts.append(_verify_run(snapshot, records, head, source, storage_options,
-                                    source_catalog, branches))
+                                    source_catalog, branches, tokenizer))
     return verdicts
 
 
@@ -198,7 +202,7 @@ class _Consumed:
 def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
                 head: CheckpointRecord, source: Any,
                 storage_options: Mapping[str, str] | None, source_catalog: Any,
-                branches: dict[str, Branch]) -> Verdict:
+                branches: dict[str, Branch], tokenizer: Any = None) -> Verdict:
     chain = lineage(records, head, branches, reader_only=True)
     runs = sorted({r.run_id for r in chain})
     steps = {r.checkpoint_id: r.step for r in chain}
@@ -242,7 +246,7 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
     for key in sorted(by_group, key=lambda k: (k[0] or "", *k[1:])):
         verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
     verdict.violations.extend(_gaps(snapshot, head, chain, _Consumed(by_group, tokens), verdict,
-                                    source, storage_options, source_catalog))
+                                    source, storage_options, source_catalog, tokenizer))
     return verdict
 
 
@@ -283,7 +287,8 @@ def _overlaps(run_id: str, key: Key, ranges: list[tuple[int, int, int, int]]) ->
 
 def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[CheckpointRecord],
           consumed: _Consumed, verdict: Verdict, source: Any,
-          storage_options: Mapping[str, str] | None, source_catalog: Any) -> list[str]:
+          storage_options: Mapping[str, str] | None, source_catalog: Any,
+          tokenizer: Any = None) -> list[str]:
     """Row groups of finished passes that did not give exactly their live rows (and packed
     passes that did not give exactly their tokens)."""
     if not head.reader_state:
@@ -303,7 +308,7 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
         if state.plan is None:
             continue  # nothing read yet
         dataset = dataset_for(state, snapshot, source=given, storage_options=storage_options,
-                              source_catalog=source_catalog)
+                              source_catalog=source_catalog, tokenizer=tokenizer)
         out.extend(_source_gaps(head.run_id, consumed, undelivered, verdict, key, state,
                                 dataset))
     return out

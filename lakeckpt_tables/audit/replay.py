@@ -297,8 +297,10 @@ def _slice_rows(plan: Any, g: int, lo: int, hi: int) -> np.ndarray[Any, Any]:
 
 def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                 storage_options: Mapping[str, str] | None = None,
-                cache: dict[Any, Any] | None = None, source_catalog: Any = None) -> Any:
-    """A reader configured as the one that captured ``state`` (never iterated: it plans)."""
+                cache: dict[Any, Any] | None = None, source_catalog: Any = None,
+                tokenizer: Any = None) -> Any:
+    """A reader configured as the one that captured ``state`` (never iterated: it plans);
+    ``tokenizer``: a text-packing reader's (NOTE [ text tokenized on the fly ])."""
     from lakeckpt_tables.audit.sources import open_source, recorded_catalogs
     from lakeckpt_tables.reader.dataset import LakeDataset, cycling
 
@@ -331,6 +333,8 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
     if pack is not None:
         kwargs.update(pack_tokens=pack["column"], seq_len=int(pack["seq_len"]),
                       eos_id=int(pack["eos_id"]))
+        if pack.get("tokenizer") is not None and tokenizer is not None:
+            kwargs["tokenizer"] = tokenizer  # its identity checked by the reader's state
     world, _, batch = state.plan
     dataset = LakeDataset(source, columns=config.get("columns"), batch_size=batch,
                           shuffle=bool(config.get("shuffle", True)),

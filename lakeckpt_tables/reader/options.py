@@ -25,12 +25,12 @@ __all__ = ["Packing", "ReaderOptions"]
 OUTPUTS = ("torch", "arrow")
 NULL_POLICIES = ("refuse", "fill", "mask")
 DECIMAL_POLICIES = ("refuse", "float64")
-ON_CHANGE = ("fail", "skip")
+ON_CHANGE = ("fail", "skip", "stop")
 
 
 @dataclass(frozen=True)
 class Packing:
-    """How a packing reader packs (NOTE [ packing ] in ``reader/packing.py``)."""
+    """How a packing reader packs (NOTE [ packing ] in ``reader/packing/stream.py``)."""
 
     column: str
     seq_len: int
@@ -85,9 +85,11 @@ class ReaderOptions:
     only); None waits until ``until_version`` or for ever."""
     until_version: int | None = None
     """Follow mode: the last version (Delta) or snapshot id (Iceberg) to read."""
-    on_change: Literal["fail", "skip"] = "fail"
+    on_change: Literal["fail", "skip", "stop"] = "fail"
     """Follow mode: commits that delete or rewrite rows raise
-    :class:`~lakeckpt_tables.errors.SourceChangedError` (``"fail"``) or are skipped."""
+    :class:`~lakeckpt_tables.errors.SourceChangedError` (``"fail"``), are skipped (``"skip"``),
+    or end the pass cleanly at the last row before them (``"stop"``: the loop ends, a final
+    save records everything read; resume with ``"skip"`` to go on past them)."""
     min_segment_rows: int | None = None
     """Follow mode: appended rows a segment waits for; default ``world_size * batch_size``.
     At least ranks x workers."""
@@ -111,7 +113,7 @@ class ReaderOptions:
     shuffle mixes and work divides at any row-group size."""
     pack_tokens: str | None = None
     """Pack this token column (a list of integers per row, one document per row) into
-    sequences of ``seq_len`` tokens (``reader/packed.py``); ``batch_size`` then counts
+    sequences of ``seq_len`` tokens (``reader/packing/planner.py``); ``batch_size`` then counts
     sequences."""
     seq_len: int | None = None
     """Packing: tokens per sequence (>= 2)."""
@@ -179,7 +181,7 @@ class ReaderOptions:
 
     def _check_packing(self) -> None:
         from lakeckpt_tables.errors import PackingError
-        from lakeckpt_tables.reader.packing import check_packing
+        from lakeckpt_tables.reader.packing.stream import check_packing
 
         if self.pack_tokens is None:
             if self.seq_len is not None or self.eos_id is not None:

@@ -9,6 +9,7 @@ the errors it raises.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -196,6 +197,9 @@ class Storage(StoreAddress):
             not_found = isinstance(exc, FileNotFoundError) or _not_found(exc) or (
                 classify(exc) == "not found")
             if self.is_local and isinstance(exc, OSError):
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # named on every write path
+                    raise store_error(self.url(key), action, exc, redact=self.redact,
+                                      kind="store full") from exc
                 raise  # a local file's own error (permissions, a directory): callers name it
             if not_found and not self._bucket_missing():
                 if isinstance(exc, FileNotFoundError):

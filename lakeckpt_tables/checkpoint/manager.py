@@ -138,6 +138,7 @@ class CheckpointManager:
                               config_hash=self.config_hash)
         self._baseline: dict[str, Any] | None = None  # the last checkpoint's reader state
         self._head: CheckpointRecord | None = None  # what this job committed or restored last
+        self._resumed: CheckpointRecord | None = None  # what this job restored (a branch's too)
         self._pending: Attempt | None = None
         self._claimed = False  # a restore made this job the run's writer
         self._restored_rng: dict[str, Any] | None = None  # each RNG as the restore left it
@@ -318,16 +319,56 @@ class CheckpointManager:
             registered.branched(detail["parent_run"], detail["parent_step"])
         if self._committer is not None:
             self._committer.retention.forget()
+            self._committer.pending = []  # skips not committed before are not this lineage's
         if record is None:
             return None
         if dataloader is not None and reader is not None:
             self._baseline = reader
+        self._resumed = record  # a branch's too: what a recipe change is measured from
+        if self._committer is not None:
+            self._committer.resumed = record
         # a branch's first save has no parent in its own run; its rows are counted from the
         # parent's reader state when the reader went on from it
         self._head = None if choice.branch else record
         # NOTE [ a save at the restored step ]: the RNG as the checkpoint holds it
         self._restored_rng = None if choice.branch else rng_state()
         return record.step
+
+    def skip(self, dataloader: Any, *, batches: int | None = None, steps: int | None = None,
+             batches_per_step: int = 1, reason: str, by: str | None = None) -> int:
+        """Consume the next batches of ``dataloader`` without training (collective: every rank
+        skips the same ones), and record them in the ledger as skipped, with the next
+        checkpoint (NOTE [ skipped batches ] in ``checkpoint/skip.py``). Call after
+        :meth:`restore`, before iterating; the loader then goes on after them.
+
+        Args:
+            batches: how many batches to skip; or ``steps`` x ``batches_per_step``.
+            reason: why (kept in the ledger), e.g. ``"loss spike at step 1400"``.
+            by: who decided (default: the user name of the process).
+
+        Returns:
+            The batches skipped (fewer when the loader ran out).
+
+        Raises:
+            CheckpointError: neither or both of ``batches`` and ``steps``, a count that is not
+                positive, no reason.
+        """
+        from lakeckpt_tables.checkpoint.skip import skip_batches
+
+        if (batches is None) == (steps is None):
+            raise CheckpointError("skip(): pass batches=N or steps=N (with batches_per_step)")
+        count = batches if batches is not None else (steps or 0) * batches_per_step
+        self.wait()
+        head = self._head or self._resumed
+        pending = self._committer.pending if self._committer is not None else []
+        done, state, events = skip_batches(
+            self.world, dataloader, self._baseline, batches=count, reason=reason, by=by,
+            after_step=head.step if head is not None else None,
+            resumed_from=head.checkpoint_id if head is not None else None,
+            index=sum(e.event == "skipped" for e in pending))
+        pending.extend(events)
+        self._baseline = state
+        return done
 
     def _registered(self) -> registration.RunRegistration | None:
         """This run's registry entry (rank 0, unless registration is off), made at first use."""

@@ -275,13 +275,14 @@ class CheckpointManager:
                 a method of its own because it chooses, checks and loads exactly as a
                 restore does; only the claim is left out. This manager cannot ``save``
                 after it (it is not the run's writer).
-            from_run: branch this run from run ``from_run``'s checkpoint (its newest, or
-                ``step``/``tag``): a warm start, a fine-tune, a recipe change, a rewind
-                (NOTE [ branched runs ]). The checkpoint is loaded (into ``dataloader`` too:
-                the reader goes on from the parent's position; without one this run's reader
-                starts afresh), and the claim records the lineage in a ``branch`` event; audits
-                follow it. ``from_run``'s run is left untouched. Relaunched after this run
-                saved, the same call resumes this run's own newest checkpoint.
+            from_run: branch this run from run ``from_run``'s checkpoint (a run of the same
+                ledger; its newest, or ``step``/``tag``): a warm start, a fine-tune, a recipe
+                change, a rewind (NOTE [ branched runs ]). The checkpoint is loaded (into
+                ``dataloader`` too: the reader goes on from the parent's position; without
+                one this run's reader starts afresh), and the claim records the lineage in a
+                ``branch`` event; audits follow it. ``from_run``'s run is left untouched.
+                Relaunched after this run saved, the same call resumes this run's own newest
+                checkpoint.
 
         Returns:
             The restored step, or None for a fresh run.

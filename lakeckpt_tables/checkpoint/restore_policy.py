@@ -254,7 +254,8 @@ class RestorePolicy:
             f"{newest.step}. To evaluate or inspect it, restore(..., read_only=True); to train "
             "on from it, branch a new run from it: CheckpointManager(root, '<new run id>')"
             f".restore(..., from_run={self.run_id!r}, step={record.step}) (its lineage is "
-            "kept). Nothing was changed")
+            "kept); to resume the run, restore() without step= or tag= (it falls back past "
+            "newer checkpoints that fail verification, retiring them). Nothing was changed")
 
     def _branch(self, scan: RunScan, from_run: str, step: int | None, tag: str | None, *,
                 continued: bool) -> Choice | None:

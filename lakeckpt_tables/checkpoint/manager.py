@@ -13,6 +13,14 @@ not name is not a checkpoint: a crash at any instant leaves the previous or the 
 as the latest, and ``gc`` removes the orphans. With ``async_save=True`` the files are written in
 the background and the commit happens at the next ``save`` (or ``wait``), so training overlaps
 the write.
+
+NOTE [ a save at the restored step ]
+A job that restores step N and saves step N again without training (a finished run relaunched:
+its loop yields nothing, then "the final save after the loop") must find that checkpoint, not
+a conflict. But iterating a DataLoader draws its base seed from torch's RNG, so the RNG saved
+would differ from the checkpoint's and the files with it. Such a save therefore puts back the
+RNG states the restore left (the checkpoint's): the files are then byte for byte those of the
+checkpoint if, and only if, the model, optimizer and reader state are unchanged.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from lakeckpt_tables.checkpoint.restore_policy import (
     Takeover,
 )
 from lakeckpt_tables.checkpoint.retention import Retention
-from lakeckpt_tables.checkpoint.state import Parts
+from lakeckpt_tables.checkpoint.state import Parts, rng_state, set_rng_state
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, open_ledger
@@ -133,6 +141,7 @@ class CheckpointManager:
         self._resumed: CheckpointRecord | None = None  # what this job restored (a branch's too)
         self._pending: Attempt | None = None
         self._claimed = False  # a restore made this job the run's writer
+        self._restored_rng: dict[str, Any] | None = None  # each RNG as the restore left it
         self._read_only = False  # only read-only restores so far: not the run's writer
         # NOTE [ one root for all ranks ]: refused now, before any training step
         self.storage.prove_shared(self.world, self.run_id)
@@ -179,6 +188,10 @@ class CheckpointManager:
                 files stay, and the next restore or save finds out.
         """
         self.wait()
+        if self._restored_rng is not None and self._head is not None \
+                and step == self._head.step:
+            set_rng_state(self._restored_rng)
+        self._restored_rng = None
         if self._read_only:
             raise CheckpointError(
                 f"run {self.run_id}: this manager restored it read-only (to evaluate or "
@@ -316,6 +329,8 @@ class CheckpointManager:
         # a branch's first save has no parent in its own run; its rows are counted from the
         # parent's reader state when the reader went on from it
         self._head = None if choice.branch else record
+        # NOTE [ a save at the restored step ]: the RNG as the checkpoint holds it
+        self._restored_rng = None if choice.branch else rng_state()
         return record.step
 
     def skip(self, dataloader: Any, *, batches: int | None = None, steps: int | None = None,

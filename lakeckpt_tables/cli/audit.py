@@ -24,7 +24,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="with --where: only runs that read this table (Delta URI or "
                         "iceberg:<namespace.table>)")
     parser.add_argument("--cumulative", action="store_true",
-                        help="with --checkpoint: also the rows of its ancestors")
+                        help="with --checkpoint: also the rows of its ancestors (through the "
+                        "runs it was branched from)")
     parser.add_argument("--skipped", action="store_true",
                         help="with --checkpoint: the rows skipped (consumed, not trained on) "
                         "before it instead of those it trained on")

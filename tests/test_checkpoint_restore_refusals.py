@@ -147,7 +147,8 @@ CAUSES: dict[str, tuple[str, type[LakeckptError], str, Callable[[Runs], dict[str
     "a Mixture into a lone reader": (
         "mix", StateMismatchError, r"run mix: .*format is 'lakeckpt.mixture/1'",
         lambda r: {"dataloader": StatefulDataLoader(_reader(r.a), batch_size=None)}),
-    "Mixture of another schedule seed": (
+    # (other weights are a recipe change a resume may make: tests/test_mixture_recipe.py)
+    "Mixture of another seed": (
         "mix", StateMismatchError, r"run mix: .*mixture state has seed=1, this Mixture seed=2",
         lambda r: {"dataloader": _mixture(r, seed=2)}),
     "Mixture of other sources": (

@@ -39,7 +39,7 @@ def _gcs(properties: Properties) -> Any:
         return str(properties.get(name, "false")).lower() == "true"
 
     return GCSFileSystem(
-        project=properties.get("gcs.project-id"),
+        project=properties.get("gcs.project-id", ""),  # None: gcsfs warns at every start
         access=properties.get("gcs.access", "full_control"),
         token=properties.get("gcs.oauth2.token"),
         consistency=properties.get("gcs.consistency", "none"),

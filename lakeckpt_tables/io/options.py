@@ -373,7 +373,10 @@ def iceberg_properties(scheme: str, options: Mapping[str, str], uri: str = ""
     if scheme in AZURE_SCHEMES:
         az = azure_settings(without_own(options), uri)
         endpoint = urlparse(az["endpoint"])
-        props = {"adls.account-name": az["account"],
+        # pyiceberg's fsspec FileIO (adlfs, as model files): its default for abfs, pyarrow's
+        # C++ Azure client, aborts the process on an answer it cannot parse (filesystems.py)
+        props = {"py-io-impl": "lakeckpt_tables.io.iceberg_fileio.FileIO",
+                 "adls.account-name": az["account"],
                  "adls.connection-string": _azure_connection_string(az),  # fsspec FileIO
                  "adls.blob-storage-authority": endpoint.netloc,  # pyarrow FileIO
                  "adls.blob-storage-scheme": endpoint.scheme,

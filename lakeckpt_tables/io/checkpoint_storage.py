@@ -283,4 +283,7 @@ class _ObjectStoreFiles(_DcpFileSystem):
         return self._retrying("look up", path, lambda: bool(self._files.exists(path)))
 
     def rename(self, path: Any, new_path: Any) -> None:
-        self._retrying("write", new_path, lambda: self._files.rename(path, new_path))
+        """A copy, then a delete: what a rename is on an object store (gcsfs first tried a
+        move API that emulators lack, and logged its fallback)."""
+        self._retrying("write", new_path, lambda: self._files.copy(path, new_path))
+        self._retrying("delete", path, lambda: self._files.rm(path))

@@ -1,8 +1,10 @@
 """``verify``: exactly-once, proved from a run's consumption records up to a checkpoint.
 
-The records checked are those of the checkpoint's lineage (it, its parent, grandparent...):
-checkpoints a restore skipped or went back past recorded training that was lost, and the rows
-they name are read again by the lineage. Per pass (segment, epoch) and row group:
+The records checked are those of the checkpoint's lineage (it, its parent, grandparent...,
+and for a run branched with its reader going on from another run's, that run's lineage up to
+the branch: :mod:`lakeckpt_tables.audit.lineage`): checkpoints a restore skipped or went back
+past recorded training that was lost, and the rows they name are read again by the lineage.
+Per pass (segment, epoch) and row group:
 
 - **no overlap**: exact ranges never intersect each other or a partial range (a range of
   which a checkpoint inside a shuffled window consumed a seeded subset); the counts recorded
@@ -31,7 +33,9 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from lakeckpt_tables.audit.replay import dataset_for, lineage
+from lakeckpt_tables.audit.lineage import Branch, branches_of, lineage
+from lakeckpt_tables.audit.replay import dataset_for
+from lakeckpt_tables.audit.skipped import skip_events, skipped_records
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
@@ -54,8 +58,15 @@ class Verdict:
         rows: rows they consumed.
         tokens: tokens they consumed (packed readers), None when no record counts tokens.
         finished_passes: passes (segment, epoch) the reader state shows finished, each
-            checked for gaps.
+            checked for gaps (of any source, for a Mixture).
+        source_passes: a Mixture's: each source key's finished passes (empty for a source
+            none of whose passes finished: one a Mixture ended before, ``"stop"``).
         violations: what breaks exactly-once, the first one first; empty when proved.
+        skipped: rows consumed without training (batches skipped after a restore: NOTE
+            [ skipped batches ] in ``checkpoint/skip.py``), checked with the trained ones but
+            not counted in ``rows``.
+        retired: Mixture sources retired in the lineage (NOTE [ sources that change ] in
+            ``checkpoint/recipe.py``): their unread rows are recorded, not missing.
     """
 
     run_id: str
@@ -67,6 +78,9 @@ class Verdict:
     tokens: int | None = None
     finished_passes: list[tuple[int, int]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    skipped: int = 0
+    retired: list[str] = field(default_factory=list)
+    source_passes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -75,15 +89,19 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "checkpoint_id": self.checkpoint_id, "step": self.step,
                 "ok": self.ok, "checkpoints": self.checkpoints, "records": self.records,
-                "rows": self.rows, "tokens": self.tokens,
+                "rows": self.rows, "tokens": self.tokens, "skipped": self.skipped,
+                "retired": self.retired,
                 "finished_passes": [{"segment": seg, "epoch": ep}
                                     for seg, ep in self.finished_passes],
+                "source_passes": {k: [{"segment": seg, "epoch": ep} for seg, ep in v]
+                                  for k, v in self.source_passes.items()},
                 "violations": self.violations}
 
 
 def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None,
            catalog: Any = None, storage_options: Mapping[str, str] | None = None,
-           source: Any = None, source_catalog: Any = None) -> list[Verdict]:
+           source: Any = None, source_catalog: Any = None,
+           tokenizer: Any = None) -> list[Verdict]:
     """Verify exactly-once for each run (or ``run``) up to its newest committed checkpoint.
 
     Args:
@@ -97,6 +115,8 @@ def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None
         source_catalog: the catalog of an Iceberg source, when it is neither the one the
             ledger records for it nor the ledger's (see
             :func:`~lakeckpt_tables.audit.sources.open_source`).
+        tokenizer: the ``tokenizers.Tokenizer`` of a run packing a text column (its passes
+            are sized by its token counts: NOTE [ text tokenized on the fly ]).
 
     Returns:
         One verdict per run verified.
@@ -108,13 +128,14 @@ def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None
     snapshot = read_ledger(target, catalog=catalog,
                            storage_options=ledger_options(target, storage_options))
     return verify_snapshot(snapshot, run=run, checkpoint=checkpoint, source=source,
-                           storage_options=storage_options, source_catalog=source_catalog)
+                           storage_options=storage_options, source_catalog=source_catalog,
+                           tokenizer=tokenizer)
 
 
 def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
                     checkpoint: str | None = None, source: Any = None,
                     storage_options: Mapping[str, str] | None = None,
-                    source_catalog: Any = None) -> list[Verdict]:
+                    source_catalog: Any = None, tokenizer: Any = None) -> list[Verdict]:
     """:func:`verify` over a ledger version already read."""
     is_checkpoint = pc.field(s.RECORD) == s.RECORD_CHECKPOINT
     retired = _retired(snapshot)
@@ -131,21 +152,33 @@ def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
     else:
         runs = [run]
     verdicts = []
+    branches = branches_of(snapshot)
     for run_id in runs:
-        # one run's checkpoint records only: a ledger of many runs is not read whole
+        # one run's checkpoint records only (and those of the runs its reader went on from:
+        # NOTE [ branched runs ]): a ledger of many runs is not read whole
+        lines = _reader_runs(run_id, branches)
         records = checkpoints_from_arrow(snapshot.scan(is_checkpoint
-                                                       & (pc.field(s.RUN_ID) == run_id)))
+                                                       & pc.field(s.RUN_ID).isin(lines)))
         if checkpoint is not None:
             head = next(r for r in records if r.checkpoint_id == chosen[0][s.CHECKPOINT_ID])
         else:
-            mine = [r for r in records if r.checkpoint_id not in retired]
+            mine = [r for r in records if r.checkpoint_id not in retired and r.run_id == run_id]
             if not mine:
                 raise LedgerError(f"ledger {snapshot.where} has no committed checkpoint of run "
                                   f"{run_id!r}")
             head = mine[-1]
         verdicts.append(_verify_run(snapshot, records, head, source, storage_options,
-                                    source_catalog))
+                                    source_catalog, branches, tokenizer))
     return verdicts
+
+
+def _reader_runs(run_id: str, branches: dict[str, Branch]) -> list[str]:
+    """The run and the runs its reader went on from, through branches that continued it."""
+    out = [run_id]
+    while (branch := branches.get(out[-1])) is not None and branch.continued \
+            and branch.parent_run not in out:
+        out.append(branch.parent_run)
+    return out
 
 
 def _retired(snapshot: LedgerSnapshot) -> set[str]:
@@ -168,14 +201,16 @@ class _Consumed:
 
 def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
                 head: CheckpointRecord, source: Any,
-                storage_options: Mapping[str, str] | None, source_catalog: Any) -> Verdict:
-    chain = lineage(records, head)
+                storage_options: Mapping[str, str] | None, source_catalog: Any,
+                branches: dict[str, Branch], tokenizer: Any = None) -> Verdict:
+    chain = lineage(records, head, branches, reader_only=True)
+    runs = sorted({r.run_id for r in chain})
     steps = {r.checkpoint_id: r.step for r in chain}
     verdict = Verdict(head.run_id, head.checkpoint_id, head.step, checkpoints=len(chain))
     names = [s.CHECKPOINT_ID, s.SOURCE_KEY, s.SEGMENT, s.EPOCH, s.FILE, s.ROW_GROUP,
              s.ROW_START, s.ROW_END, s.ROWS, s.TOKENS]
     consumed = snapshot.scan((pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
-                             & (pc.field(s.RUN_ID) == head.run_id), names)
+                             & pc.field(s.RUN_ID).isin(runs), names)
     by_group: dict[Key, list[tuple[int, int, int, int]]] = defaultdict(list)
     tokens: dict[Pass, int] = defaultdict(int)
     columns = [consumed[n].to_pylist() for n in names]
@@ -190,10 +225,28 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
         if n is not None:
             tokens[(key, segment, epoch)] += n
             verdict.tokens = (verdict.tokens or 0) + n
+    skips = {k: v for run in runs for k, v in skip_events(snapshot, run).items()}
+    for checkpoint_id, details in skips.items():
+        step = steps.get(checkpoint_id)
+        if step is None:
+            continue  # committed by a checkpoint a restore left behind
+        for r in skipped_records(details):  # consumed, not trained: checked all the same
+            at = (r[s.SOURCE_KEY], r[s.SEGMENT], r[s.EPOCH])
+            by_group[(*at, r[s.FILE], r[s.ROW_GROUP])].append(
+                (r[s.ROW_START], r[s.ROW_END], r[s.ROWS], step))
+            verdict.skipped += r[s.ROWS]
+            if r[s.TOKENS] is not None:
+                tokens[at] += r[s.TOKENS]
+    retired = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                            & (pc.field(s.EVENT) == "source_retired")
+                            & pc.field(s.RUN_ID).isin(runs), [s.CHECKPOINT_ID, s.DETAIL])
+    verdict.retired = sorted({json.loads(d)["source_key"] for c, d in zip(
+        retired[s.CHECKPOINT_ID].to_pylist(), retired[s.DETAIL].to_pylist(), strict=True)
+        if c in steps})
     for key in sorted(by_group, key=lambda k: (k[0] or "", *k[1:])):
         verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
     verdict.violations.extend(_gaps(snapshot, head, chain, _Consumed(by_group, tokens), verdict,
-                                    source, storage_options, source_catalog))
+                                    source, storage_options, source_catalog, tokenizer))
     return verdict
 
 
@@ -234,7 +287,8 @@ def _overlaps(run_id: str, key: Key, ranges: list[tuple[int, int, int, int]]) ->
 
 def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[CheckpointRecord],
           consumed: _Consumed, verdict: Verdict, source: Any,
-          storage_options: Mapping[str, str] | None, source_catalog: Any) -> list[str]:
+          storage_options: Mapping[str, str] | None, source_catalog: Any,
+          tokenizer: Any = None) -> list[str]:
     """Row groups of finished passes that did not give exactly their live rows (and packed
     passes that did not give exactly their tokens)."""
     if not head.reader_state:
@@ -243,15 +297,18 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
     from lakeckpt_tables.reader.state import ReaderState, decode_state
 
     decoded = decode_state(head.reader_state)
-    undelivered = _undelivered(snapshot, head.run_id, {r.checkpoint_id for r in chain})
+    undelivered = _undelivered(snapshot, sorted({r.run_id for r in chain}),
+                               {r.checkpoint_id for r in chain})
     out: list[str] = []
     for key, one in reader_states(decoded).items():
+        if key is not None:
+            verdict.source_passes.setdefault(key, [])
         given = source if key is None else None  # the one source given is a one-table run's
         state = ReaderState.from_dict(one)
         if state.plan is None:
             continue  # nothing read yet
         dataset = dataset_for(state, snapshot, source=given, storage_options=storage_options,
-                              source_catalog=source_catalog)
+                              source_catalog=source_catalog, tokenizer=tokenizer)
         out.extend(_source_gaps(head.run_id, consumed, undelivered, verdict, key, state,
                                 dataset))
     return out
@@ -267,6 +324,8 @@ def _source_gaps(run_id: str, consumed: _Consumed, undelivered: _Undelivered,
     for segment, epoch, units, stream in _finished_passes(dataset, state, last):
         if (segment, epoch) not in verdict.finished_passes:
             verdict.finished_passes.append((segment, epoch))
+        if source_key is not None and (segment, epoch) not in verdict.source_passes[source_key]:
+            verdict.source_passes[source_key].append((segment, epoch))
         for unit in units:
             key = (source_key, segment, epoch, unit.path, unit.row_group)
             got = sum(n for _, _, n, _ in by_group.get(key, ()))
@@ -329,12 +388,12 @@ class _Undelivered:
     tokens: dict[Pass, int]
 
 
-def _undelivered(snapshot: LedgerSnapshot, run_id: str,
+def _undelivered(snapshot: LedgerSnapshot, runs: list[str],
                  checkpoints: Iterable[str]) -> _Undelivered:
     wanted = set(checkpoints)
     events = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
                            & (pc.field(s.EVENT) == "undelivered")
-                           & (pc.field(s.RUN_ID) == run_id))
+                           & pc.field(s.RUN_ID).isin(runs))
     out = _Undelivered(defaultdict(int), defaultdict(int))
     for rec in events.to_pylist():
         if rec[s.CHECKPOINT_ID] not in wanted:

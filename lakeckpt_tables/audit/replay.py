@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lakeckpt_tables.audit.lineage import branches_of, lineage, reader_parent
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
@@ -26,8 +27,8 @@ from lakeckpt_tables.plan.accounting import slice_spans
 from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
 from lakeckpt_tables.plan.shuffle import LEGACY
 
-__all__ = ["ROWS_SCHEMA", "CheckpointRows", "Part", "checkpoint_rows", "dataset_for", "lineage",
-           "rows"]
+__all__ = ["ROWS_SCHEMA", "CheckpointRows", "Part", "checkpoint_rows", "dataset_for", "rows",
+           "rows_between", "skipped_rows"]
 
 ROWS_SCHEMA = pa.schema([
     ("rank", pa.int32()), ("worker", pa.int32()), ("segment", pa.int64()),
@@ -49,8 +50,9 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
 
     Not cumulative by default: the rows delivered since the checkpoint's parent (the
     checkpoint its run saved or restored last), exactly what its consumption records cover.
-    ``cumulative=True`` gives every row of its lineage up to it (parent, grandparent...), so
-    a row read in two epochs appears twice. A Mixture's rows are given source by source
+    ``cumulative=True`` gives every row of its lineage up to it (parent, grandparent...,
+    and for a branched run the run it was branched from: NOTE [ branched runs ]), so a row
+    read in two epochs appears twice. A Mixture's rows are given source by source
     (``source_key``); a packed reader's are every row of which a token was delivered, so a
     document cut between two checkpoints is a row of both.
 
@@ -79,12 +81,43 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
                            storage_options=ledger_options(target, storage_options))
     records = checkpoints_from_arrow(snapshot.rows)
     record = _find(records, checkpoint, snapshot.where)
-    chain = lineage(records, record) if cumulative else [record]
+    branches = branches_of(snapshot)
+    chain = lineage(records, record, branches) if cumulative else [record]
     parts = []
     for rec in reversed(chain):
-        parts.append(checkpoint_rows(rec, _parent(records, rec), snapshot,
+        parts.append(checkpoint_rows(rec, reader_parent(records, rec, branches), snapshot,
                                      source=source, storage_options=storage_options,
                                      source_catalog=source_catalog).table())
+    return pa.concat_tables(parts) if parts else ROWS_SCHEMA.empty_table()
+
+
+def skipped_rows(target: Any, *, checkpoint: str, catalog: Any = None,
+                 storage_options: Mapping[str, str] | None = None, source: Any = None,
+                 source_catalog: Any = None) -> pa.Table:
+    """The (file, row group, row) consumed WITHOUT training before checkpoint ``checkpoint``:
+    the batches skipped since its parent (NOTE [ skipped batches ] in ``checkpoint/skip.py``),
+    in :data:`ROWS_SCHEMA`; empty when none were. Arguments as :func:`rows`.
+
+    Raises:
+        LedgerError: no such checkpoint, or no ledger there.
+    """
+    from lakeckpt_tables.audit.skipped import skip_events
+    from lakeckpt_tables.reader.state import decode_state
+
+    snapshot = read_ledger(target, catalog=catalog,
+                           storage_options=ledger_options(target, storage_options))
+    records = checkpoints_from_arrow(snapshot.rows)
+    record = _find(records, checkpoint, snapshot.where)
+    parent = reader_parent(records, record, branches_of(snapshot))
+    prior = decode_state(parent.reader_state) if parent is not None and parent.reader_state \
+        else None
+    parts = []
+    for detail in skip_events(snapshot, record.run_id).get(record.checkpoint_id, []):
+        after = decode_state(detail["state"])
+        parts.append(rows_between(after, prior, snapshot, source=source,
+                                  storage_options=storage_options,
+                                  source_catalog=source_catalog).table())
+        prior = after
     return pa.concat_tables(parts) if parts else ROWS_SCHEMA.empty_table()
 
 
@@ -142,7 +175,9 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
                     storage_options: Mapping[str, str] | None = None,
                     datasets: dict[Any, Any] | None = None,
                     source_catalog: Any = None) -> CheckpointRows:
-    """Replay the plan from ``parent``'s positions to ``record``'s (see the module docstring).
+    """Replay the plan from ``parent``'s positions to ``record``'s (see the module docstring),
+    or from the state after the batches skipped before ``record`` (NOTE [ skipped batches ] in
+    ``checkpoint/skip.py``: they were not trained on).
 
     Args:
         source: the source of a one-table run (None: opened from the ledger).
@@ -150,14 +185,29 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
         only: replay only the readers of this table id.
         datasets: caches the readers built per (source, state configuration) across calls.
     """
-    from lakeckpt_tables.mixture.state import is_mixture_state, paired_reader_states
+    from lakeckpt_tables.audit.skipped import state_after_skips
     from lakeckpt_tables.reader.state import decode_state
 
     if not record.reader_state:
         return CheckpointRows([])
     after = decode_state(record.reader_state)
-    prior = decode_state(parent.reader_state) if parent is not None and parent.reader_state \
-        else None
+    prior = state_after_skips(snapshot, record)
+    if prior is None and parent is not None and parent.reader_state:
+        prior = decode_state(parent.reader_state)
+    return rows_between(after, prior, snapshot, source=source, sources=sources, only=only,
+                        storage_options=storage_options, datasets=datasets,
+                        source_catalog=source_catalog)
+
+
+def rows_between(after: Mapping[str, Any], prior: Mapping[str, Any] | None,
+                 snapshot: LedgerSnapshot, *, source: Any = None,
+                 sources: Mapping[str, Any] | None = None, only: str | None = None,
+                 storage_options: Mapping[str, str] | None = None,
+                 datasets: dict[Any, Any] | None = None,
+                 source_catalog: Any = None) -> CheckpointRows:
+    """The rows delivered between two merged reader states (``prior`` None: the start)."""
+    from lakeckpt_tables.mixture.state import is_mixture_state, paired_reader_states
+
     if is_mixture_state(after):
         source = None  # the one source given is a one-table run's
     parts: list[Part] = []
@@ -247,8 +297,10 @@ def _slice_rows(plan: Any, g: int, lo: int, hi: int) -> np.ndarray[Any, Any]:
 
 def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                 storage_options: Mapping[str, str] | None = None,
-                cache: dict[Any, Any] | None = None, source_catalog: Any = None) -> Any:
-    """A reader configured as the one that captured ``state`` (never iterated: it plans)."""
+                cache: dict[Any, Any] | None = None, source_catalog: Any = None,
+                tokenizer: Any = None) -> Any:
+    """A reader configured as the one that captured ``state`` (never iterated: it plans);
+    ``tokenizer``: a text-packing reader's (NOTE [ text tokenized on the fly ])."""
     from lakeckpt_tables.audit.sources import open_source, recorded_catalogs
     from lakeckpt_tables.reader.dataset import LakeDataset, cycling
 
@@ -281,6 +333,8 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
     if pack is not None:
         kwargs.update(pack_tokens=pack["column"], seq_len=int(pack["seq_len"]),
                       eos_id=int(pack["eos_id"]))
+        if pack.get("tokenizer") is not None and tokenizer is not None:
+            kwargs["tokenizer"] = tokenizer  # its identity checked by the reader's state
     world, _, batch = state.plan
     dataset = LakeDataset(source, columns=config.get("columns"), batch_size=batch,
                           shuffle=bool(config.get("shuffle", True)),
@@ -295,27 +349,6 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
     if cache is not None:
         cache[key] = dataset
     return dataset
-
-
-def lineage(records: list[CheckpointRecord], record: CheckpointRecord) -> list[CheckpointRecord]:
-    """``record``, its parent, grandparent... (newest first), within its run."""
-    by_id = {r.checkpoint_id: r for r in records if r.run_id == record.run_id}
-    chain = [record]
-    seen = {record.checkpoint_id}
-    while (parent := by_id.get(chain[-1].parent_id or "")) is not None and \
-            parent.checkpoint_id not in seen:
-        chain.append(parent)
-        seen.add(parent.checkpoint_id)
-    return chain
-
-
-def _parent(records: list[CheckpointRecord], record: CheckpointRecord) -> CheckpointRecord | None:
-    if record.parent_id is None:
-        return None
-    for r in records:
-        if r.run_id == record.run_id and r.checkpoint_id == record.parent_id:
-            return r
-    return None
 
 
 def _find(records: list[CheckpointRecord], checkpoint: str, where: str) -> CheckpointRecord:

@@ -37,7 +37,7 @@ from typing import Any, Protocol, TypeVar
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _DcpFileSystem
 
 from lakeckpt_tables.errors import StorageError, StorageRootNotSharedError
-from lakeckpt_tables.io.failures import retrying, store_error
+from lakeckpt_tables.io.failures import client_failure, retrying, store_error
 from lakeckpt_tables.io.storage import Storage
 
 __all__ = ["CheckpointStorage"]
@@ -104,7 +104,9 @@ class CheckpointStorage:
     def _guarded(self, dcp: T) -> T:
         if not self.store.is_local:
             files = _ObjectStoreFiles(self.store)
-            files.fs = dcp.fs.fs  # type: ignore[attr-defined]
+            # this process's client of the store (gcsfs's core class, NOTE [ backing ]) or,
+            # on S3, the s3fs DCP built from the same options
+            files.fs = self.store.fsspec_client() or dcp.fs.fs  # type: ignore[attr-defined]
             dcp.fs = files  # type: ignore[attr-defined]
         return dcp
 
@@ -251,8 +253,8 @@ class _ObjectStoreFiles(_DcpFileSystem):
         try:
             return retrying(call, budget=self._store.retry_seconds, uri=url, action=action,
                             redact=self._store.redact)
-        except (OSError, ValueError) as exc:
-            if isinstance(exc, FileNotFoundError):
+        except Exception as exc:
+            if isinstance(exc, FileNotFoundError) or not client_failure(exc):
                 raise
             raise store_error(url, action, exc, redact=self._store.redact) from exc
 

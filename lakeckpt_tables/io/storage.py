@@ -9,6 +9,7 @@ the errors it raises.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -24,7 +25,14 @@ import pyarrow.parquet as pq
 
 from lakeckpt_tables.errors import StorageError
 from lakeckpt_tables.io import options as opts
-from lakeckpt_tables.io.failures import TRANSIENT, retry_seconds, retrying, store_error
+from lakeckpt_tables.io.failures import (
+    TRANSIENT,
+    classify,
+    client_failure,
+    retry_seconds,
+    retrying,
+    store_error,
+)
 from lakeckpt_tables.io.filesystems import build_filesystem, release_at_exit
 from lakeckpt_tables.io.options import s3_settings
 
@@ -116,6 +124,9 @@ class StoreAddress:
         scheme, sep, rest = url.partition("://")
         if not sep or scheme.lower() != self.scheme:
             raise StorageError(f"{url} is not in the store of {self.uri}")
+        head, slash, tail = rest.partition("/")
+        if "@" in head and self.scheme in opts.AZURE_SCHEMES:
+            rest = head.split("@", 1)[0] + slash + tail  # container@account.dfs...: container
         return rest
 
     # ------------------------------------------------------------------------ filesystem
@@ -134,18 +145,24 @@ class StoreAddress:
             release_at_exit(self)
         return fs
 
+    def fsspec_client(self) -> Any:
+        """This process's fsspec filesystem under :attr:`filesystem`; None when that is
+        pyarrow's own (local disks, S3)."""
+        fs = self.filesystem
+        return fs.handler.fs if isinstance(fs, pafs.PyFileSystem) else None
+
     def fsspec_options(self) -> dict[str, Any]:
         """The options as fsspec keyword arguments (s3fs for S3, as given for other stores)."""
-        return opts.fsspec_kwargs(self.scheme, self._options)
+        return opts.fsspec_kwargs(self.scheme, self._options, self.uri)
 
     def delta_options(self) -> dict[str, str] | None:
         """The options for delta-rs, every setting explicit (no environment fallback)."""
-        return opts.delta_kwargs(self.scheme, self._options, self.retry_seconds)
+        return opts.delta_kwargs(self.scheme, self._options, self.retry_seconds, self.uri)
 
     def iceberg_properties(self) -> dict[str, str]:
         """The options as pyiceberg FileIO properties; {} without options."""
-        return {} if self._options is None else opts.iceberg_properties(self.scheme,
-                                                                         self._options)
+        return {} if self._options is None else opts.iceberg_properties(
+            self.scheme, self._options, self.uri)
 
     # ------------------------------------------------------------------------ operations
 
@@ -174,9 +191,15 @@ class Storage(StoreAddress):
             yield
         except (StorageError, pa.ArrowInvalid):
             raise  # a named error already, or bad content (not Parquet): the caller names the file
-        except (OSError, ValueError) as exc:
-            not_found = isinstance(exc, FileNotFoundError) or _not_found(exc)
+        except Exception as exc:
+            if not client_failure(exc):
+                raise
+            not_found = isinstance(exc, FileNotFoundError) or _not_found(exc) or (
+                classify(exc) == "not found")
             if self.is_local and isinstance(exc, OSError):
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # named on every write path
+                    raise store_error(self.url(key), action, exc, redact=self.redact,
+                                      kind="store full") from exc
                 raise  # a local file's own error (permissions, a directory): callers name it
             if not_found and not self._bucket_missing():
                 if isinstance(exc, FileNotFoundError):
@@ -187,12 +210,15 @@ class Storage(StoreAddress):
 
     def _bucket_missing(self) -> bool:
         """Whether the root's bucket is missing (asked once a file was not found)."""
-        if self.is_local or self.scheme not in ("s3", "s3a", "gs", "gcs"):
+        if self.is_local or self.scheme not in (*opts.S3_SCHEMES, *opts.GCS_SCHEMES,
+                                                *opts.AZURE_SCHEMES):
             return False
         bucket = self._inner("").split("/", 1)[0]
         try:
             return bool(self.filesystem.get_file_info(bucket).type == pafs.FileType.NotFound)
-        except OSError:
+        except Exception as exc:
+            if not client_failure(exc):
+                raise
             return False
 
     def call(self, action: str, key: str, fn: Callable[[], T], *,
@@ -254,9 +280,12 @@ class Storage(StoreAddress):
     def list(self, key: str = "") -> list[str]:
         """Names directly under ``key`` (files and directories), sorted; [] when absent."""
         def list_() -> list[str]:
-            selector = pafs.FileSelector(self._inner(key), allow_not_found=True)
-            infos = self.filesystem.get_file_info(selector)
-            return sorted(info.base_name for info in infos)
+            base = self._inner(key).rstrip("/")
+            infos = self.filesystem.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+            # direct children only: some fsspec stores (adlfs) list deeper than asked
+            return sorted({info.path[len(base):].lstrip("/").split("/", 1)[0]
+                           if info.path.startswith(base) else info.base_name
+                           for info in infos})
         return self.call("list", key, list_)
 
     def exists(self, key: str) -> bool:

@@ -28,12 +28,33 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["Front", "main", "spawn"]
+__all__ = ["RAW_HEADERS", "S3_ANSWERS", "Front", "main", "serve", "spawn"]
 
 _CONTROL = "/_lakeckpt/"
+RAW_HEADERS = "lakeckpt.raw_headers"
+"""The environ key of the request's headers as sent (WSGI's ``HTTP_*`` names lose ``_``)."""
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+def _s3_error(code: str, message: str) -> bytes:
+    return (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>"
+            f"{message}</Message></Error>").encode()
+
+
+S3_ANSWERS = {
+    "down": ("503 Service Unavailable", "application/xml",
+             _s3_error("ServiceUnavailable", "injected outage")),
+    "deny": ("403 Forbidden", "application/xml",
+             _s3_error("InvalidAccessKeyId", "The AWS Access Key Id you provided does not "
+                       "exist in our records.")),
+    "full": ("507 Insufficient Storage", "application/xml",  # MinIO's answer
+             _s3_error("XMinioStorageFull", "Storage backend has reached its minimum free "
+                       "drive threshold. Please delete a few objects to proceed.")),
+}
+"""The front's answer to a request under each fault (``down``, ``deny``, ``full``): status,
+content type and body, as S3 (MinIO for a full store) gives them."""
 
 
 class _Dropped(ConnectionResetError):
@@ -49,13 +70,18 @@ class Front:
         ``peak``, the most requests served at once, and ``spans``, each request's
         ``[start, end]`` in seconds since the log was last cleared (end: its response ready).
         ``DELETE /_lakeckpt/requests``: forget them (and the peak).
-        ``PUT /_lakeckpt/faults``: ``{"down": bool, "latency_ms": int, "lose": [{"method":
-        "PUT", "path": regex, "times": n}]}``; a lost request reaches moto, its response is
-        dropped.
+        ``PUT /_lakeckpt/faults``: ``{"down": bool, "deny": bool, "full": bool, "latency_ms":
+        int, "lose": [{"method": "PUT", "path": regex, "times": n}]}``: ``down`` answers 503 to
+        every request, ``deny`` refuses the credentials of every request, ``full`` answers
+        every write (PUT, POST) as a full store does; a lost request reaches moto, its
+        response is dropped.
     """
 
-    def __init__(self, app: WsgiApp) -> None:
+    def __init__(self, app: WsgiApp, *, ranged: Callable[..., Iterable[bytes] | None] | None
+                 = None, answers: dict[str, tuple[str, str, bytes]] | None = None) -> None:
         self.app = app
+        self._ranged = ranged  # serves a single-range GET itself (NOTE [ ranged reads ])
+        self._answers = answers or S3_ANSWERS
         self.requests: list[tuple[str, str, str]] = []
         self.spans: list[list[float]] = []
         self._since = time.monotonic()
@@ -88,19 +114,20 @@ class Front:
                faults: dict[str, Any], lose: bool) -> Iterable[bytes]:
         if faults["latency_ms"]:
             time.sleep(faults["latency_ms"] / 1000)
-        if faults["down"]:
-            body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable"
-                    b"</Code><Message>injected outage</Message></Error>")
-            start("503 Service Unavailable", [("Content-Type", "application/xml"),
-                                              ("Content-Length", str(len(body)))])
+        fault = ("down" if faults["down"] else "deny" if faults.get("deny")
+                 else "full" if faults.get("full") and method in ("PUT", "POST") else None)
+        if fault:
+            status, kind, body = self._answers[fault]
+            start(status, [("Content-Type", kind), ("Content-Length", str(len(body)))])
             return [body]
         if lose:
             result = self.app(environ, lambda *a, **k: None)
             for _ in result:  # the request lands: let moto finish it
                 pass
             raise _Dropped(f"{method} {path}")
-        if method == "GET" and environ.get("HTTP_RANGE") and not environ.get("QUERY_STRING"):
-            ranged = _ranged_get(path, environ["HTTP_RANGE"], start)
+        if self._ranged is not None and method == "GET" and environ.get("HTTP_RANGE") \
+                and not environ.get("QUERY_STRING"):
+            ranged = self._ranged(path, environ["HTTP_RANGE"], start)
             if ranged is not None:
                 return ranged
         return self.app(environ, start)
@@ -192,22 +219,36 @@ def main(argv: list[str] | None = None) -> None:
         MotoRequestHandler,
         create_backend_app,
     )
-    from werkzeug.serving import make_server
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
-    front = Front(DomainDispatcherApplication(create_backend_app))
+    front = Front(DomainDispatcherApplication(create_backend_app), ranged=_ranged_get)
+    serve(front, args.host, args.port, MotoRequestHandler)
 
-    class Handler(MotoRequestHandler):
+
+def serve(front: Front, host: str, port: int, handler: type | None = None) -> None:
+    """Serve ``front`` on ``host:port`` (threaded) until killed; prints ``ready <port>``."""
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class Handler(handler or WSGIRequestHandler):  # type: ignore[misc]
         def log_request(self, *args: Any, **kwargs: Any) -> None:
             pass
 
         def connection_dropped(self, error: BaseException, environ: Any = None) -> None:
             self.close_connection = True
 
-    server = make_server(args.host, args.port, front, threaded=True, request_handler=Handler)
+        def run_wsgi(self) -> None:
+            # no interim "100 Continue": Azure's C++ client (pyarrow's) takes it for the answer
+            del self.headers["Expect"]
+            super().run_wsgi()
+
+        def make_environ(self) -> dict[str, Any]:
+            environ: dict[str, Any] = super().make_environ()
+            environ[RAW_HEADERS] = list(self.headers.items())  # names as sent ('_' kept)
+            return environ
+
+    server = make_server(host, port, front, threaded=True, request_handler=Handler)
     print(f"ready {server.server_address[1]}", flush=True)
     server.serve_forever()
 

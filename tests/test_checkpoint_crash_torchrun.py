@@ -62,11 +62,11 @@ def chain(table: Path, tmp_path_factory: pytest.TempPathFactory) -> Chain:
     and the kill between checkpoints would train the same steps twice more)."""
     base = tmp_path_factory.mktemp("chain")
     root, out = base / "ckpt", base / "out"
-    jobs = [dict(crash="prepare:mid_write@1#2", extra=EVERY),
-            dict(extra=(*EVERY, "--kill-after-step", "8")), dict(extra=EVERY)]
+    jobs = [("prepare:mid_write@1#2", EVERY), (None, (*EVERY, "--kill-after-step", "8")),
+            (None, EVERY)]
     c = Chain(root, out, [], [])
-    for job in jobs:
-        c.codes.append(run(table, root, out, nproc=2, **job))  # type: ignore[arg-type]
+    for crash, extra in jobs:
+        c.codes.append(run(table, root, out, nproc=2, crash=crash, extra=extra))
         c.steps.append([r.step for r in DeltaLedger(str(root / "_ledger")).checkpoints("run")])
     return c
 

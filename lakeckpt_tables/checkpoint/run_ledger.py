@@ -153,7 +153,7 @@ class RunLedger:
             RunFencedError, CommitConflictError, CommitStateUnknownError: as for
                 :meth:`CheckpointManager.save`.
         """
-        where = self.world.broadcast(self.location_of(location))
+        where = self.world.decide(lambda: self.location_of(location))  # rank 0's counts
         checkpoint_id = self.world.broadcast(checkpoint_id or uuid.uuid4().hex)
         attempt = Attempt(step, checkpoint_id, where, tuple(tags),
                           self._prepare(where, dataloader))
@@ -303,6 +303,11 @@ class RunLedger:
                 + ". Remove them, or leave them for the trainer's rotation"), stacklevel=3)
 
     # -------------------------------------------------------------------------- other
+
+    def checkpoints(self) -> list[CheckpointRecord]:
+        """The run's committed checkpoints, oldest first (collective: rank 0 reads)."""
+        return self.world.decide(lambda: list(self.ledger.checkpoints(self.run_id))
+                                 if self.ledger is not None else [])
 
     def heartbeat(self, step: int) -> None:
         """Note that training reached ``step`` (not collective): see

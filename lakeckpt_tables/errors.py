@@ -32,6 +32,7 @@ __all__ = [
     "ResumePathError",
     "RowCountMismatchError",
     "RunFencedError",
+    "SharedRendezvousStoreWarning",
     "SourceArgumentError",
     "SourceChangedError",
     "SourceFileChangedError",
@@ -229,6 +230,13 @@ class UncommittedCheckpointError(CheckpointRestoreError):
 class UncommittedCheckpointWarning(UserWarning):
     """Trainer checkpoints newer than the run's last ledger commit are present; they are not
     resumed from (the message names them and the checkpoint resumed)."""
+
+
+class SharedRendezvousStoreWarning(UserWarning):
+    """torchrun's elastic agent restarts workers in place (``--max-restarts`` > 0) with its
+    rendezvous store shared with them: torch 2.13's restarted process group can then race for a
+    dead worker's address (pytorch/pytorch#135712). Set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    for torchrun."""
 
 
 class LoaderStateLostError(CheckpointError):

@@ -42,6 +42,7 @@ from lakeckpt_tables.checkpoint.restore_policy import Choice, RestorePolicy, Tak
 from lakeckpt_tables.checkpoint.retention import Retention
 from lakeckpt_tables.errors import (
     CheckpointError,
+    SharedRendezvousStoreWarning,
     UncommittedCheckpointError,
     UncommittedCheckpointWarning,
 )
@@ -114,6 +115,8 @@ class RunLedger:
         """The checkpoint this job committed or resumed last."""
         # NOTE [ one root for all ranks ]: refused now, before any training step
         self.storage.prove_shared(self.world, self.run_id)
+        if self.world.rank == 0:
+            _warn_if_shared_rendezvous_store()
 
     # ------------------------------------------------------------------------- commit
 
@@ -356,6 +359,25 @@ def _rank0_parts(run: RunLedger, takeover: Takeover, live_for: float | None,
     registered = registration.for_run(run_id, ledger, root=run.root,
                                       config_hash=run.config_hash, config=config)
     return progress, policy, committer, registered
+
+
+def _warn_if_shared_rendezvous_store() -> None:
+    """NOTE [ elastic restarts in place ]: torchrun (torch 2.13) hands its workers the agent's
+    rendezvous TCP store unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``; after an in-place
+    restart (``--max-restarts``), the new gloo group then races for the dead worker's address
+    ("connectFullMesh ... Connection refused", about one restart in two, pytorch#135712). The
+    agent's environment is the user's, so the library cannot set it: it says so at start."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if not restarts.isdigit() or int(restarts) == 0:
+        return
+    warnings.warn(SharedRendezvousStoreWarning(
+        f"torchrun restarts this job's workers in place (--max-restarts {restarts}) and shares "
+        "its rendezvous store with them: with torch 2.13 the restarted process group can fail "
+        "to connect (pytorch/pytorch#135712), and the restart is lost. Launch torchrun with "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment (docs/integrations.md)"),
+        stacklevel=3)
 
 
 def _config_hash(config: Mapping[str, Any]) -> str:

@@ -25,19 +25,21 @@ from typing import Any
 
 import torch
 
-from lakeckpt_tables.checkpoint import readers
+from lakeckpt_tables.checkpoint import registration
 from lakeckpt_tables.checkpoint.commit import Attempt
 from lakeckpt_tables.checkpoint.load import Loader
 from lakeckpt_tables.checkpoint.prepare import Preparer
 from lakeckpt_tables.checkpoint.restore_policy import Takeover
 from lakeckpt_tables.checkpoint.run_ledger import RunLedger
 from lakeckpt_tables.checkpoint.state import Parts
+from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.ledger import CheckpointRecord
-from lakeckpt_tables.reader import decode_state
 
 __all__ = ["CheckpointManager"]
 
 log = logging.getLogger(__name__)
+
+_CLAIM_TRIES = 3
 
 
 class CheckpointManager:
@@ -94,7 +96,8 @@ class CheckpointManager:
         if takeover not in ("fence", "refuse"):
             raise ValueError(f"takeover must be 'fence' or 'refuse', got {takeover!r}")
         # the ledger side (commit, fencing, progress, registration) is the one every trainer
-        # integration uses too (NOTE [ someone else's checkpoint ] in run_ledger.py)
+        # integration uses too (NOTE [ someone else's checkpoint ] in run_ledger.py); it
+        # proves the root is shared by every rank (NOTE [ one root for all ranks ])
         self._run = RunLedger(root, run_id, ledger=ledger, keep_last=keep_last,
                               compact_every=compact_every, config=config,
                               storage_options=storage_options, takeover=takeover,
@@ -104,21 +107,31 @@ class CheckpointManager:
         self.ledger, self.config_hash, self.owner = run.ledger, run.config_hash, run.owner
         self.keep_last = keep_last
         self.async_save = async_save
-        self._committer = run._committer
+        self._committer, self._progress = run._committer, run._progress
         self._preparer = Preparer(self.storage, self.world, run_id, async_save=async_save)
         self._loader = Loader(self.storage, self.world, run.policy, run_id=run_id,
                               config_hash=self.config_hash)
         self._pending: Attempt | None = None
+        self._claimed = False  # a restore made this job the run's writer
+        self._read_only = False  # only read-only restores so far: not the run's writer
 
     @property
     def _baseline(self) -> dict[str, Any] | None:
         """The last checkpoint's merged reader state (consumption is counted from it)."""
         return self._run.baseline
 
+    @_baseline.setter
+    def _baseline(self, value: dict[str, Any] | None) -> None:
+        self._run.baseline = value
+
     @property
     def _head(self) -> CheckpointRecord | None:
         """What this job committed or restored last."""
         return self._run.head
+
+    @_head.setter
+    def _head(self, value: CheckpointRecord | None) -> None:
+        self._run.head = value
 
     # --------------------------------------------------------------------------- save
 
@@ -161,6 +174,11 @@ class CheckpointManager:
                 files stay, and the next restore or save finds out.
         """
         self.wait()
+        if self._read_only:
+            raise CheckpointError(
+                f"run {self.run_id}: this manager restored it read-only (to evaluate or "
+                "inspect), so it is not the run's writer and cannot save; restore without "
+                "read_only=True to train the run on, or branch a new run from the checkpoint")
         checkpoint_id = self.world.broadcast(uuid.uuid4().hex)
         location = f"{self.run_id}/step-{step:09d}-{checkpoint_id[:8]}"
         parts = Parts(model, optimizer, lr_scheduler, extra)
@@ -196,49 +214,85 @@ class CheckpointManager:
         step: int | None = None,
         tag: str | None = None,
         require: bool = False,
+        read_only: bool = False,
+        from_run: str | None = None,
     ) -> int | None:
         """Load the run's latest checkpoint that can be restored (or the one asked for).
 
         A checkpoint whose files are missing or fail verification (or whose ledger record
         fails its checksum) is skipped for the newest earlier one that verifies, and retired,
-        so its step can be saved again (NOTE [ what restore skips ]). Once every rank checked
-        that the model and optimizer fit, one ledger commit records the retirements and the
-        ``restore`` event and makes this job the run's one writer (see ``takeover``). A
-        restore that raises has committed nothing. Call before iterating the dataloader.
+        so its step can be saved again (NOTE [ what restore skips ]). Once every rank loaded
+        the model, optimizer, scheduler, ``extra`` and the reader state, one ledger commit
+        records the retirements and the ``restore`` event and makes this job the run's one
+        writer (see ``takeover``). A restore that raises has committed nothing, whatever
+        failed (NOTE [ restore loads, then claims ]). Call before iterating the dataloader.
         ``extra``, if given, is filled in place.
 
         Args:
             step, tag: restore exactly this checkpoint (the run's newest otherwise).
             require: refuse to start fresh when the run has no checkpoint (a typo in
                 ``run_id`` would otherwise train a second run from scratch).
+            read_only: load the checkpoint to evaluate or inspect it: nothing is committed
+                (no event, no retirement) and the run's owner is not changed, so a job
+                training the run saves on undisturbed. A keyword of ``restore`` rather than
+                a method of its own because it chooses, checks and loads exactly as a
+                restore does; only the claim is left out. This manager cannot ``save``
+                after it (it is not the run's writer).
+            from_run: branch this run from run ``from_run``'s checkpoint (its newest, or
+                ``step``/``tag``): a warm start, a fine-tune, a recipe change, a rewind
+                (NOTE [ branched runs ]). The checkpoint is loaded (into ``dataloader`` too:
+                the reader goes on from the parent's position; without one this run's reader
+                starts afresh), and the claim records the lineage in a ``branch`` event; audits
+                follow it. ``from_run``'s run is left untouched. Relaunched after this run
+                saved, the same call resumes this run's own newest checkpoint.
 
         Returns:
             The restored step, or None for a fresh run.
 
         Raises:
             CheckpointRestoreError: the model or optimizer does not fit the checkpoint (keys
-                and shapes listed); ``step``/``tag`` names no restorable checkpoint (removed
-                by retention, damaged); ``require`` and the run has no checkpoint.
+                and shapes listed), or loading anything failed on some rank (named);
+                ``step``/``tag`` names no restorable checkpoint (removed by retention,
+                damaged), or, without ``read_only``, one older than the run's newest (a
+                rewind: branch a new run from it); ``require`` and the run has no checkpoint;
+                ``read_only`` and no checkpoint of the run verifies; ``from_run`` and this run
+                has checkpoints without being its branch.
             RunInUseError: ``takeover="refuse"`` and a live job owns the run.
-            StateMismatchError: the checkpoint's reader state is of another table or config.
+            StateMismatchError: the checkpoint's reader state is not of the dataloader's
+                tables, plan or schedule.
             LedgerCorruptError: a ledger file is unreadable (the error names it and the way
                 out).
         """
         self.wait()
+        if read_only and from_run is not None:
+            raise ValueError("restore(read_only=True) reads a run's own checkpoint; to read "
+                             f"run {from_run!r}'s, make a manager of run {from_run!r}")
         parts = Parts(model, optimizer, lr_scheduler, extra)
-        record, state = self._loader.claim(parts, step, tag, require)
+        choice, reader = self._loader.restore(parts, dataloader, step, tag, require=require,
+                                              read_only=read_only, from_run=from_run)
+        record = choice.record
+        if read_only:
+            self._read_only = self._read_only or (not self._claimed and self._head is None)
+            return None if record is None else record.step
+        self._read_only, self._claimed = False, True
+        registered = self._registered()
+        if registered is not None and choice.branch:
+            detail = choice.events[0].detail
+            registered.branched(detail["parent_run"], detail["parent_step"])
         if self._committer is not None:
             self._committer.retention.forget()
         if record is None:
-            self._run.head = None
             return None
-        self._loader.load(record, state, parts)
-        if dataloader is not None and record.reader_state:
-            reader = decode_state(record.reader_state)
-            readers.restore(dataloader, reader)
-            self._run.baseline = reader
-        self._run.head = record
+        if dataloader is not None and reader is not None:
+            self._baseline = reader
+        # a branch's first save has no parent in its own run; its rows are counted from the
+        # parent's reader state when the reader went on from it
+        self._head = None if choice.branch else record
         return record.step
+
+    def _registered(self) -> registration.RunRegistration | None:
+        """This run's registry entry (rank 0, unless registration is off), made at first use."""
+        return self._run.registered()
 
     def heartbeat(self, step: int) -> None:
         """Note that training reached ``step`` (not collective; call it every step): rank 0

@@ -30,7 +30,8 @@ import logging
 import os
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from lakeckpt_tables import errors
@@ -106,8 +107,11 @@ class RunLedger:
         # This job's token as the run's one writer (NOTE [ one writer per run ] in
         # ledger/base.py); 62 bits, so that Delta can keep it as an app transaction version.
         self.owner = self.world.broadcast(str(uuid.uuid4().int >> 66))
-        self._progress, self.policy, self._committer, self._registration = _rank0_parts(
+        self._progress, self.policy, self._committer, self._register = _rank0_parts(
             self, takeover, live_for, compact_every, config)
+        # the run's registry entry, made when this job first writes the run (a claim or a
+        # commit): a job that only reads it leaves the entry alone
+        self._registration: registration.RunRegistration | None = None
         self.baseline: dict[str, Any] | None = None
         """The merged reader state of the last checkpoint committed or resumed: what the next
         commit's consumption is counted from."""
@@ -178,10 +182,18 @@ class RunLedger:
             if record.reader_state else self.baseline
         self.head = record
         if self._committer is not None:
-            if self._registration is not None:
-                self._registration.committed(record)
+            registered = self.registered()
+            if registered is not None:
+                registered.committed(record)
             self._committer.committed(record)
         return record
+
+    def registered(self) -> registration.RunRegistration | None:
+        """This run's registry entry (rank 0, unless registration is off), made at first
+        use."""
+        if self._registration is None and self._register is not None:
+            self._registration = self._register()
+        return self._registration
 
     def _prepare(self, location: str, dataloader: Any) -> Prepared:
         """Phase 1 of a checkpoint whose files are written: this rank's reader state and
@@ -247,6 +259,7 @@ class RunLedger:
         choice: Choice = self.world.decide(lambda: self._policy().choose(
             step, None, require=require))
         self.world.decide(lambda: self._policy().claim(choice))
+        self.registered()
         if self._committer is not None:
             self._committer.retention.forget()
         record = choice.record
@@ -344,8 +357,10 @@ class RunLedger:
 
 def _rank0_parts(run: RunLedger, takeover: Takeover, live_for: float | None,
                  compact_every: int, config: Mapping[str, Any] | None) -> tuple[
-        Progress | None, RestorePolicy | None, Committer | None, Any]:
-    """Rank 0's deciders (None elsewhere): heartbeat, restore policy, committer, registry."""
+        Progress | None, RestorePolicy | None, Committer | None,
+        Callable[[], registration.RunRegistration | None] | None]:
+    """Rank 0's deciders (None elsewhere): heartbeat, restore policy, committer, and how to
+    register the run."""
     ledger, storage, run_id, owner = run.ledger, run.storage, run.run_id, run.owner
     if ledger is None:
         return None, None, None, None
@@ -356,9 +371,9 @@ def _rank0_parts(run: RunLedger, takeover: Takeover, live_for: float | None,
                            takeover=takeover, live_for=live_for, progress=progress)
     committer = Committer(ledger, storage, retention, run_id=run_id, owner=owner,
                           config_hash=run.config_hash)
-    registered = registration.for_run(run_id, ledger, root=run.root,
-                                      config_hash=run.config_hash, config=config)
-    return progress, policy, committer, registered
+    register = partial(registration.for_run, run_id, ledger, root=run.root,
+                       config_hash=run.config_hash, config=config)
+    return progress, policy, committer, register
 
 
 def _warn_if_shared_rendezvous_store() -> None:

@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -40,42 +39,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_listening(port: int) -> None:
-    """Until the first agent's rendezvous store listens (the second agent must not host it)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"the first agent's rendezvous store never listened on {port}")
-
-
 @pytest.mark.timeout(300)
 def test_the_elastic_agent_restarts_in_place_then_shrinks_exactly_once(tmp_path: Path) -> None:
     table, root, out = tmp_path / "t", tmp_path / "ck", tmp_path / "out"
     write_table(table, ROWS)
     port = _free_port()
-    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2",
-             "--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-backend", "c10d",
-             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic",
-             "--rdzv-conf", "join_timeout=60,last_call_timeout=5,keep_alive_interval=1,"
-             "keep_alive_max_attempt=3", "--monitor-interval", "0.5",
-             JOB, "--table", str(table), "--root", str(root), "--out", str(out),
-             "--batch", str(BATCH), "--every", "2", "--kill-after-step", "3",
-             "--once", str(tmp_path / "killed-once"), "--leave-after-step", "7"]
+    def agent(is_host: bool) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2",
+                "--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic",
+                "--rdzv-conf", f"is_host={str(is_host).lower()},join_timeout=60,"
+                "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=3",
+                "--monitor-interval", "0.5",
+                JOB, "--table", str(table), "--root", str(root), "--out", str(out),
+                "--batch", str(BATCH), "--every", "2", "--kill-after-step", "3",
+                "--once", str(tmp_path / "killed-once"), "--leave-after-step", "7"]
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.pop("LAKECKPT_CRASH_AT", None)
-    # the first agent hosts the rendezvous store: the node that leaves is the second
-    stays = subprocess.Popen(agent, env={**env, "LAKECKPT_TEST_LEAVER": "0"},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # the node that leaves is the one not hosting the rendezvous store; it starts first and
+    # waits for the store, so the first round has both nodes (max reached: no last call)
+    leaves = subprocess.Popen(agent(False), env={**env, "LAKECKPT_TEST_LEAVER": "1"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_listening(port)
-        leaves = subprocess.run(agent, env={**env, "LAKECKPT_TEST_LEAVER": "1"},
-                                capture_output=True, text=True, timeout=240)
-        output, _ = stays.communicate(timeout=240)
+        stays = subprocess.run(agent(True), env={**env, "LAKECKPT_TEST_LEAVER": "0"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=240)
+        output = stays.stdout
+        leaves.wait(timeout=60)
     finally:
-        stays.kill()
+        leaves.kill()
     assert leaves.returncode == -9  # SIGKILLed: the node left for good
     assert stays.returncode == 0, output[-3000:]
     assert "SharedRendezvousStoreWarning" not in output

@@ -246,7 +246,7 @@ class LoaderStateLostError(CheckpointError):
 
 
 STORE_KINDS = ("bucket missing", "access denied", "unreachable", "unavailable", "not found",
-               "failed")
+               "store full", "failed")
 """The kinds of :class:`StorageError`: what a platform engineer acts on."""
 
 

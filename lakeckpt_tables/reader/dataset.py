@@ -86,9 +86,8 @@ class LakeDataset(IterableDataset[Batch]):
         columns, batch_size, shuffle, seed, version, epochs, rank, world_size, drop_last,
             shuffle_window, transform, follow, poll_interval, max_idle, until_version,
             on_change, min_segment_rows, refresh, output, nulls, decimals, filter, unit_rows,
-            read_ahead, pack_tokens, seq_len, eos_id: the fields of
-            :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented there
-            (``pack_tokens``: fixed-length token sequences, ``reader/packing/planner.py``).
+            read_ahead, pack_tokens, seq_len, eos_id, tokenizer, token_cache: the fields of
+            :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented there.
 
     Raises:
         TypeError, ValueError: an option or a source of the wrong kind, named.
@@ -129,6 +128,7 @@ class LakeDataset(IterableDataset[Batch]):
         pack_tokens: str | None = None,
         seq_len: int | None = None,
         eos_id: int | None = None,
+        tokenizer: Any = None, token_cache: str | None = None,  # a text column's (packing)
     ) -> None:
         super().__init__()
         rank, world_size = rank_and_world(rank, world_size)
@@ -140,7 +140,8 @@ class LakeDataset(IterableDataset[Batch]):
             poll_interval=poll_interval, max_idle=max_idle, until_version=until_version,
             on_change=on_change, min_segment_rows=min_segment_rows, refresh=refresh,
             output=output, nulls=nulls, decimals=decimals, filter=filter, unit_rows=unit_rows,
-            read_ahead=read_ahead, pack_tokens=pack_tokens, seq_len=seq_len, eos_id=eos_id)
+            read_ahead=read_ahead, pack_tokens=pack_tokens, seq_len=seq_len, eos_id=eos_id,
+            tokenizer=tokenizer, token_cache=token_cache)
         self._use(ReaderConfig.resolve(source, options))
         self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None
@@ -152,8 +153,7 @@ class LakeDataset(IterableDataset[Batch]):
     shuffle_window, unit_rows, read_ahead = (_Fixed[int]() for _ in range(3))
     shuffle, drop_last = (_Fixed[bool]() for _ in range(2))
     output, nulls, decimals = (_Fixed[str]() for _ in range(3))
-    refresh = _Fixed[str | None]()
-    transform, filter = (_Fixed[Any]() for _ in range(2))
+    transform, filter, refresh = (_Fixed[Any]() for _ in range(3))
     source, snapshot = _Fixed[Source](resolved=True), _Fixed[Snapshot](resolved=True)
     options = _Fixed[ReaderOptions](resolved=True)
     follow = _Fixed[FollowPolicy | None](resolved=True)

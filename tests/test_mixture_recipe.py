@@ -317,3 +317,83 @@ def test_a_state_source_neither_in_the_mixture_nor_retired_is_refused_by_name(ta
         only_web.load_state_dict(first.state_dict())
     with pytest.raises(MixtureError, match=r"retire=\['books'\] names no source"):
         Mixture({"web": source(tables, "web")}, weights={"web": 1}, retire=["books"])
+
+
+# ----------------------------------------------------------------- a source that moves
+
+
+def moving(path: Path, tables: dict[str, str]) -> Mixture:
+    """A cycling mixture whose "fresh" source re-pins its table at each pass boundary."""
+    fresh = LakeDataset(DeltaSource(str(path)), columns=["id"], seed=4, batch_size=8,
+                        refresh="epoch")
+    return Mixture({"fresh": fresh, "code": source(tables, "code")},
+                   weights={"fresh": 0.5, "code": 0.5}, seed=2, on_exhausted="cycle")
+
+
+def append_ids(path: Path, first: int, last: int) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    write_deltalake(str(path), pa.table({"id": np.arange(first, last, dtype=np.int64)}),
+                    mode="append")
+
+
+@pytest.mark.timeout(60)
+def test_a_source_moves_to_the_newest_version_at_its_pass_boundary_recorded_and_exact(
+        tables, tmp_path):
+    from lakeckpt_tables.audit import verify
+
+    table, root = tmp_path / "fresh", tmp_path / "ck"
+    append_ids(table, 0, 40)  # version 0: 5 batches a pass
+    manager = CheckpointManager(root, "m", keep_last=99)
+    loader = loader_for(moving(table, tables), 0)
+    run: list[tuple[str, list[int]]] = []
+    boundary = after = None
+    for step, batch in enumerate(loader, 1):
+        run.append((batch["source"], batch["id"].tolist()))
+        fresh = sum(s == "fresh" for s, _ in run)
+        if fresh == 5 and boundary is None:  # its first pass delivered, the next not drawn
+            boundary = step
+            manager.save(step, dataloader=loader)
+            append_ids(table, 40, 64)  # version 1 lands before the pass boundary
+        elif step % 3 == 0 or fresh == 12:
+            manager.save(step, dataloader=loader)
+            if after is None and fresh > 5:
+                after = step  # a checkpoint within the second pass
+        if fresh == 12:
+            break
+    firsts = [ids for s, ids in run if s == "fresh"]
+    assert sorted(i for ids in firsts[:5] for i in ids) == list(range(40))  # pass 0: v0
+    second = [i for ids in firsts[5:] for i in ids]
+    assert len(second) == len(set(second)) == 7 * 8 and set(second) <= set(range(64))
+    assert set(second) - set(range(40))  # pass 1 reads version 1's rows
+    ((at, move),) = events(root, "m", "source_version")
+    assert move == {"source_key": "fresh", "epoch": 1, "old_version": 0, "new_version": 1,
+                    "since_step": boundary}
+    assert at == min(s for s in (after, step) if s is not None)
+    (verdict,) = verify(str(root))
+    assert verdict.violations == []
+    assert consumed(root, "m") == {n: sum(len(ids) for s, ids in run if s == n)
+                                   for n in ("fresh", "code")}
+
+    def resumed(from_step: int) -> list[tuple[str, list[int]]]:
+        again = loader_for(moving(table, tables), 0)
+        assert CheckpointManager(root, "m", keep_last=99).restore(dataloader=again, step=from_step,
+                                                    read_only=True) == from_step
+        return [(b["source"], b["id"].tolist())
+                for b in itertools.islice(again, step - from_step)]
+
+    # at the boundary (the pass finished, not drawn again): moves on the resumed run's draw
+    assert resumed(boundary) == run[boundary:]
+    append_ids(table, 64, 72)  # version 2 lands within pass 1: pass 1 keeps version 1
+    assert after is not None and resumed(after) == run[after:]
+
+
+@pytest.mark.timeout(60)
+def test_a_moving_source_is_refused_in_dataloader_workers_by_name(tables, tmp_path):
+    from tests.conftest import raised_in_workers
+
+    append_ids(tmp_path / "fresh", 0, 40)
+    loader = loader_for(moving(tmp_path / "fresh", tables), 1)
+    with raised_in_workers(MixtureError, "'fresh' is a refresh='epoch' reader.*num_workers=0"):
+        next(iter(loader))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow.compute as pc
@@ -307,6 +307,9 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
         state = ReaderState.from_dict(one)
         if state.plan is None:
             continue  # nothing read yet
+        if state.config.get("refresh") is not None:
+            state = replace(state, rounds={**_pinned_rounds(snapshot, chain, key),
+                                           **state.rounds})
         dataset = dataset_for(state, snapshot, source=given, storage_options=storage_options,
                               source_catalog=source_catalog, tokenizer=tokenizer)
         out.extend(_source_gaps(head.run_id, consumed, undelivered, verdict, key, state,
@@ -378,6 +381,27 @@ def _finished_passes(dataset: Any, state: Any,
         if all(e > index or (e == index and pos >= end)
                for (e, pos), end in zip(state.positions(), ends, strict=True)):
             yield segment, epoch, units, stream
+
+
+def _pinned_rounds(snapshot: LedgerSnapshot, chain: list[CheckpointRecord],
+                   source_key: str | None) -> dict[int, Any]:
+    """The versions a ``refresh="epoch"`` reader's epochs were pinned to, as the lineage's
+    ``round`` events name them: a state names only the epochs its slices stand in, the
+    finished passes before them are checked at their own versions (NOTE [ sources that
+    move ] in ``mixture/dataset.py``)."""
+    from lakeckpt_tables.plan.rounds import Round
+
+    wanted = {r.checkpoint_id for r in chain}
+    events = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                           & (pc.field(s.EVENT) == "round")
+                           & pc.field(s.RUN_ID).isin(sorted({r.run_id for r in chain})))
+    out = {}
+    for rec in events.to_pylist():
+        detail = json.loads(rec[s.DETAIL])
+        if rec[s.CHECKPOINT_ID] in wanted and detail.get("source_key") == source_key:
+            index = int(detail["round"])
+            out[index] = Round(index, index, index, None, int(detail["version"]))
+    return out
 
 
 @dataclass

@@ -38,6 +38,16 @@ epochs its slices stood in, ``state``: its encoded state), with an ``undelivered
 (and shows the source ``retired``) and ``verify`` names it among ``retired``, not as rows
 missing. A state source neither in the Mixture nor retired is refused by name. Both events
 are rank 0's, derived from the resumed state (the baseline) and the retired source's dataset.
+
+NOTE [ source versions ]
+A source that moves to its table's newest version at each pass boundary (NOTE [ sources that
+move ] in ``mixture/dataset.py``) names each epoch's version in its state. The first checkpoint
+whose state names a pass ``epoch`` >= 1 of a source records ``source_version``: ``source_key``,
+``epoch``, ``old_version`` (the version of its pass before, as the states name it; None when
+neither does), ``new_version``, ``since_step`` (the checkpoint compared with: the boundary was
+crossed after it, by the step of the checkpoint recording the event; None at the run's start).
+One event per pass boundary, also when no newer version had landed (then old == new), so the
+ledger names the version each pass read.
 """
 
 from __future__ import annotations
@@ -59,32 +69,61 @@ from lakeckpt_tables.mixture.weights import as_schedule
 from lakeckpt_tables.reader import decode_state, encode_state
 from lakeckpt_tables.reader.state import ReaderState
 
-__all__ = ["ADDED_EVENT", "MIXTURE_EVENT", "RETIRED_EVENT", "WEIGHTS_EVENT",
+__all__ = ["ADDED_EVENT", "MIXTURE_EVENT", "RETIRED_EVENT", "VERSION_EVENT", "WEIGHTS_EVENT",
            "first_undelivered_draw", "recipe_events", "source_events"]
 
 MIXTURE_EVENT, WEIGHTS_EVENT = "mixture", "mixture_weights"
 ADDED_EVENT, RETIRED_EVENT = "source_added", "source_retired"
+VERSION_EVENT = "source_version"
 
 
 def recipe_events(before: CheckpointRecord | None,
                   after: Mapping[str, Any] | None) -> list[LedgerEvent]:
     """The recipe changes between ``before`` (the checkpoint this job committed or restored
     last; None: the run's start) and the merged reader state ``after`` (NOTE [ recipe
-    changes ])."""
-    if before is None or not before.reader_state or after is None or not is_mixture_state(after):
+    changes ]), and the sources' moves to newer versions (NOTE [ source versions ])."""
+    if after is None or not is_mixture_state(after):
         return []
-    was = decode_state(before.reader_state)
-    if not is_mixture_state(was):
-        return []
+    was = decode_state(before.reader_state) if before is not None and before.reader_state \
+        else None
+    if was is not None and not is_mixture_state(was):
+        was = None
+    moves = _version_events(was, after, None if before is None else before.step)
+    if was is None:
+        return moves
+    assert before is not None
     old, new = was[KEY_CONFIG]["weights"], after[KEY_CONFIG]["weights"]
     if same_json(old, new):
-        return []
+        return moves
     draw = first_undelivered_draw(was)
     return [LedgerEvent(WEIGHTS_EVENT, {
         "draw": draw, "step": before.step, "resumed_from": before.checkpoint_id,
         "old": old, "new": new,
         "in_force_before": _in_force(old, was, draw), "in_force_after": _in_force(new, after, draw),
-    })]
+    }), *moves]
+
+
+def _version_events(was: Mapping[str, Any] | None, after: Mapping[str, Any],
+                    since: int | None) -> list[LedgerEvent]:
+    """NOTE [ source versions ]: the passes (epochs >= 1) of re-pinned sources ``after``
+    names and ``was`` did not."""
+    events = []
+    for key, value in sorted(after[KEY_SOURCES].items()):
+        now = ReaderState.from_dict(value)
+        if now.config.get("refresh") is None:
+            continue
+        old = was[KEY_SOURCES].get(key) if was is not None else None
+        before = ReaderState.from_dict(old).rounds if old is not None else {}
+        known = {**before, **now.rounds}
+        for epoch in sorted(set(now.rounds) - set(before)):
+            if epoch == 0:
+                continue
+            prior = [e for e in known if e < epoch]
+            events.append(LedgerEvent(VERSION_EVENT, {
+                "source_key": key, "epoch": epoch,
+                "old_version": known[max(prior)].to if prior else None,
+                "new_version": now.rounds[epoch].to, "since_step": since}))
+    return events
 
 
 def first_undelivered_draw(state: Mapping[str, Any]) -> int:

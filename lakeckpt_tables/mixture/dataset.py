@@ -22,6 +22,20 @@ re-plans, the ledger names the epoch that read each row. A slice that would get 
 epoch is refused at the start (it would be read for ever). Any other source starts its next
 pass with ``iter(source)`` again, and the position counts those restarts (``passes``).
 
+NOTE [ sources that move ]
+A source whose table must move to a newer version does so at its pass boundary: build it with
+``refresh="epoch"`` (one epoch per pass) in a cycling Mixture. Pass ``p`` of it is its epoch
+``p``, pinned by the mixture (``set_epoch(p)``) when the pass starts: the first pass when the
+mixture starts iterating, each next one when the previous is exhausted, at the version newest
+then (rank 0 resolves it for every rank: NOTE [ re-pinned epochs ] in ``reader/rounds.py``;
+ranks reach a source's pass boundary at the same draw, since each of its epochs gives every
+rank as many batches). Every pass's rows are read once at its pinned version, which the
+source's state names per epoch: a resume re-pins the epochs the state stands in at their own
+versions (a state saved at the boundary, the pass finished, moves on the resumed run's next draw
+of it, as it would have). DataLoader workers cannot re-pin (each would look at its own time, and
+a pin is a collective): such a mixture is refused in workers. Each move is recorded
+(``source_version`` in ``checkpoint/recipe.py``).
+
 NOTE [ mixture resume ]
 A worker's draws and its slices of the sources stay paired: the worker that takes old worker
 ``o``'s position resumes exactly ``o``'s slice of every source. Loaded into the mixture (the
@@ -104,7 +118,9 @@ class Mixture(IterableDataset[dict[str, Any]]):
             of weights that change with the draw or step (NOTE [ weight schedules ]).
         seed: the schedule's seed.
         on_exhausted: ``"stop"`` ends the mixture when a source runs out; ``"cycle"`` starts
-            that source's next pass (a LakeDataset's next epochs: NOTE [ cycling sources ]).
+            that source's next pass (a LakeDataset's next epochs: NOTE [ cycling sources ];
+            a ``refresh="epoch"`` one's next epoch at its table's newest version, in the
+            main process: NOTE [ sources that move ]).
         retire: sources of ``sources`` that this run no longer draws from (NOTE [ sources
             that change ]): not named by ``weights``; the rows they had not delivered at the
             resumed state are recorded by the next checkpoint. A source of ``sources`` that
@@ -112,7 +128,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
 
     Raises:
         MixtureError: weights not positive, or not naming exactly the sources; an unknown
-            ``on_exhausted``; ``"cycle"`` over a follower or a ``refresh="epoch"`` reader.
+            ``on_exhausted``; ``"cycle"`` over a follower; iterating a cycling mixture of a
+            ``refresh="epoch"`` source in DataLoader workers.
     """
 
     def __init__(self, sources: Mapping[str, Any], *,
@@ -139,6 +156,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
         self.sources = {n: _cycling(n, sources[n]) if on_exhausted == "cycle" else sources[n]
                         for n in self.names}
         self.seed, self.on_exhausted = seed, on_exhausted
+        self.repinning = [n for n in self.names if on_exhausted == "cycle"
+                          and isinstance(sources[n], LakeDataset) and sources[n].refresh]
         constant = self.schedule.constant
         self._thresholds = None if constant is None else thresholds(
             [constant[n] for n in self.names])
@@ -171,6 +190,9 @@ class Mixture(IterableDataset[dict[str, Any]]):
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         position = self._start(workers, worker)
         self._live = (workers, worker, position)
+        self._refuse_workers()
+        for name in self.repinning:  # NOTE [ sources that move ]
+            self.sources[name].set_epoch(position.passes.get(name, 0))
         if self.on_exhausted == "cycle":
             for name, source in self.sources.items():
                 _check_epoch_delivers(name, source, workers, worker)
@@ -189,6 +211,14 @@ class Mixture(IterableDataset[dict[str, Any]]):
             position.draw += workers
             yield _tagged(batch, name)
 
+    def _refuse_workers(self) -> None:
+        """NOTE [ sources that move ]: only the main process re-pins a source's passes."""
+        if self.repinning and get_worker_info() is not None:
+            raise MixtureError(
+                f"source {self.repinning[0]!r} is a refresh='epoch' reader: a cycling Mixture "
+                "re-pins it at its pass boundaries in the main process, which DataLoader "
+                "workers cannot do; use num_workers=0, or build the source without refresh")
+
     def _next(self, name: str, iterators: dict[str, Iterator[Any]],
               position: Position) -> Any | None:
         """The next batch of source ``name``; None when the mixture ends."""
@@ -202,6 +232,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
         if self.on_exhausted == "stop":
             return None
         position.passes[name] = position.passes.get(name, 0) + 1
+        if name in self.repinning:  # its next pass reads the newest version
+            self.sources[name].set_epoch(position.passes[name])
         it = iterators[name] = iter(self.sources[name])
         try:
             return next(it)
@@ -267,6 +299,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
         """The mixture's position (torchdata ``Stateful``), JSON-clean: per worker its next
         draw, passes and end, and each source's own state. In a DataLoader worker it holds
         that worker's position only (the loader keeps one per worker)."""
+        self._refuse_workers()
         if self._live is not None:
             workers, worker, position = self._live
             positions: list[Any] = [None] * workers
@@ -406,7 +439,10 @@ def _resume_source(name: str, source: Any, states: list[Any], workers: int, old:
 
 
 def _cycling(name: str, source: Any) -> Any:
-    """``source`` as a cycling mixture reads it (NOTE [ cycling sources ])."""
+    """``source`` as a cycling mixture reads it (NOTE [ cycling sources ]; a refresh='epoch'
+    reader as it is: NOTE [ sources that move ])."""
+    if isinstance(source, LakeDataset) and source.refresh is not None:
+        return source
     try:
         return cycling(source) if isinstance(source, LakeDataset) else source
     except ValueError as exc:

@@ -348,45 +348,53 @@ def test_a_source_moves_to_the_newest_version_at_its_pass_boundary_recorded_and_
     manager = CheckpointManager(root, "m", keep_last=99)
     loader = loader_for(moving(table, tables), 0)
     run: list[tuple[str, list[int]]] = []
-    boundary = after = None
+    boundary = after = end = None
+    saved = []
     for step, batch in enumerate(loader, 1):
         run.append((batch["source"], batch["id"].tolist()))
         fresh = sum(s == "fresh" for s, _ in run)
         if fresh == 5 and boundary is None:  # its first pass delivered, the next not drawn
             boundary = step
             manager.save(step, dataloader=loader)
+            saved.append(step)
             append_ids(table, 40, 64)  # version 1 lands before the pass boundary
-        elif step % 3 == 0 or fresh == 12:
+        elif step % 3 == 0 or fresh == 14:
             manager.save(step, dataloader=loader)
+            saved.append(step)
             if after is None and fresh > 5:
                 after = step  # a checkpoint within the second pass
-        if fresh == 12:
+        if fresh == 13 and end is None:
+            end = step  # the second pass (version 1: 8 batches) delivered
+        if fresh == 14:  # the third pass started (nothing newer: version 1 again)
             break
-    firsts = [ids for s, ids in run if s == "fresh"]
-    assert sorted(i for ids in firsts[:5] for i in ids) == list(range(40))  # pass 0: v0
-    second = [i for ids in firsts[5:] for i in ids]
-    assert len(second) == len(set(second)) == 7 * 8 and set(second) <= set(range(64))
-    assert set(second) - set(range(40))  # pass 1 reads version 1's rows
-    ((at, move),) = events(root, "m", "source_version")
-    assert move == {"source_key": "fresh", "epoch": 1, "old_version": 0, "new_version": 1,
-                    "since_step": boundary}
-    assert at == min(s for s in (after, step) if s is not None)
+    passes = [ids for s, ids in run if s == "fresh"]
+    assert sorted(i for ids in passes[:5] for i in ids) == list(range(40))  # pass 0: v0
+    assert sorted(i for ids in passes[5:13] for i in ids) == list(range(64))  # pass 1: v1
+    moves = events(root, "m", "source_version")
+    assert [m for _, m in moves] == [
+        {"source_key": "fresh", "epoch": 1, "old_version": 0, "new_version": 1,
+         "since_step": boundary},
+        {"source_key": "fresh", "epoch": 2, "old_version": 1, "new_version": 1,
+         "since_step": saved[saved.index(moves[1][0]) - 1]}]
+    assert moves[0][0] == after  # recorded by the first checkpoint of the new pass
     (verdict,) = verify(str(root))
     assert verdict.violations == []
+    assert verdict.source_passes["fresh"] == [(0, 0), (1, 1)]  # each at its own version
     assert consumed(root, "m") == {n: sum(len(ids) for s, ids in run if s == n)
                                    for n in ("fresh", "code")}
 
-    def resumed(from_step: int) -> list[tuple[str, list[int]]]:
+    def resumed(since: int, until: int) -> list[tuple[str, list[int]]]:
         again = loader_for(moving(table, tables), 0)
-        assert CheckpointManager(root, "m", keep_last=99).restore(dataloader=again, step=from_step,
-                                                    read_only=True) == from_step
-        return [(b["source"], b["id"].tolist())
-                for b in itertools.islice(again, step - from_step)]
+        restored = CheckpointManager(root, "m", keep_last=99).restore(
+            dataloader=again, step=since, read_only=True)
+        assert restored == since
+        return [(b["source"], b["id"].tolist()) for b in itertools.islice(again, until - since)]
 
     # at the boundary (the pass finished, not drawn again): moves on the resumed run's draw
-    assert resumed(boundary) == run[boundary:]
+    assert after is not None and end is not None
+    assert resumed(boundary, step) == run[boundary:]
     append_ids(table, 64, 72)  # version 2 lands within pass 1: pass 1 keeps version 1
-    assert after is not None and resumed(after) == run[after:]
+    assert resumed(after, end) == run[after:end]
 
 
 @pytest.mark.timeout(60)

@@ -96,6 +96,32 @@ def test_the_checkpoint_manager_restores_a_re_pinned_epoch(tmp_path: Path) -> No
     assert sorted(seen + rest) == list(range(96))
 
 
+def test_verify_checks_each_finished_epoch_at_the_version_it_was_pinned_to(
+        tmp_path: Path) -> None:
+    """A state names only the epochs its slices stand in: the finished ones before are
+    checked at the versions their ``round`` events name."""
+    from lakeckpt_tables.audit import verify
+
+    table = tmp_path / "t"
+    _append(table, 0, 40)
+    dataset = _dataset(table)
+    loader = StatefulDataLoader(dataset, batch_size=None)
+    manager = CheckpointManager(tmp_path / "ck", "r")
+    dataset.set_epoch(0)
+    assert sorted(_ids(loader)) == list(range(40))
+    manager.save(5, dataloader=loader)
+    _append(table, 40, 64)
+    dataset.set_epoch(1)
+    assert sorted(_ids(loader)) == list(range(64))
+    manager.save(13, dataloader=loader)
+    dataset.set_epoch(2)
+    next(iter(loader))
+    manager.save(14, dataloader=loader)
+    (verdict,) = verify(str(tmp_path / "ck"))
+    assert verdict.violations == [] and verdict.finished_passes == [(0, 0), (1, 1)]
+    assert verdict.rows == 40 + 64 + 8
+
+
 def test_misuse_of_re_pinned_epochs_is_refused_with_the_fix(tmp_path: Path) -> None:
     _append(tmp_path, 0, 10)
     with pytest.raises(ValueError, match="set_epoch"):

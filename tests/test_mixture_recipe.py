@@ -380,6 +380,20 @@ def test_a_source_moves_to_the_newest_version_at_its_pass_boundary_recorded_and_
     (verdict,) = verify(str(root))
     assert verdict.violations == []
     assert verdict.source_passes["fresh"] == [(0, 0), (1, 1)]  # each at its own version
+    from lakeckpt_tables.audit import connect, rows
+
+    ((head,),) = connect(str(root)).sql(
+        f"SELECT checkpoint_id FROM checkpoints WHERE run_id = 'm' AND step = {step}").fetchall()
+    given = [r for r in rows(str(root), checkpoint=head, cumulative=True).to_pylist()
+             if r["source_key"] == "fresh"]  # the audit replays each pass at its version
+    for epoch, count, files in ((0, 40, 1), (1, 64, 2), (2, 8, None)):
+        at = {(r["file"], r["row_group"], r["row"]) for r in given if r["epoch"] == epoch}
+        assert len(at) == count == sum(r["epoch"] == epoch for r in given)
+        assert files is None or len({f for f, _, _ in at}) == files
+    assert connect(str(root)).sql(  # each pass with its own version and rows
+        "SELECT epoch, state, rows_consumed, rows_in_pass, to_version FROM progress "
+        "WHERE run_id = 'm' AND source_key = 'fresh' ORDER BY epoch").fetchall() == [
+        (0, "done", 40, 40, 0), (1, "done", 64, 64, 1), (2, "running", 8, 64, 1)]
     assert consumed(root, "m") == {n: sum(len(ids) for s, ids in run if s == n)
                                    for n in ("fresh", "code")}
 

@@ -412,6 +412,38 @@ def test_a_source_moves_to_the_newest_version_at_its_pass_boundary_recorded_and_
 
 
 @pytest.mark.timeout(60)
+def test_passes_that_start_and_end_between_two_checkpoints_are_recorded_and_replayed(
+        tables, tmp_path):
+    from lakeckpt_tables.audit import connect, rows, verify
+
+    table, root = tmp_path / "fresh", tmp_path / "ck"
+    append_ids(table, 0, 16)  # 2 batches a pass: several passes between two checkpoints
+    manager = CheckpointManager(root, "p")
+    loader = loader_for(moving(table, tables), 0)
+    run = []
+    for step, batch in enumerate(loader, 1):
+        run.append((batch["source"], batch["id"].tolist()))
+        if step == 3:
+            append_ids(table, 16, 24)  # version 1: 3 batches a pass, from pass 1 on
+        if step in (12, 20):
+            manager.save(step, dataloader=loader)
+        if step == 20:
+            break
+    moves = [(at, m["epoch"], m["old_version"], m["new_version"], m["since_step"])
+             for at, m in events(root, "p", "source_version")]
+    assert moves[:2] == [(12, 1, 0, 1, None), (12, 2, 1, 1, None)]
+    epochs = [m[1] for m in moves]
+    assert epochs == list(range(1, len(epochs) + 1))  # one event per pass boundary
+    (verdict,) = verify(str(root))
+    assert verdict.violations == [] and len(verdict.source_passes["fresh"]) >= 3
+    ((head,),) = connect(str(root)).sql(
+        "SELECT checkpoint_id FROM checkpoints WHERE run_id = 'p' AND step = 20").fetchall()
+    given = rows(str(root), checkpoint=head, cumulative=True).to_pylist()
+    assert sum(r["source_key"] == "fresh" for r in given) == sum(
+        len(ids) for s, ids in run if s == "fresh")
+
+
+@pytest.mark.timeout(60)
 def test_a_moving_source_is_refused_in_dataloader_workers_by_name(tables, tmp_path):
     from tests.conftest import raised_in_workers
 

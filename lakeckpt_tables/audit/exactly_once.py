@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from lakeckpt_tables.audit.lineage import Branch, branches_of, lineage
-from lakeckpt_tables.audit.replay import dataset_for
+from lakeckpt_tables.audit.replay import dataset_for, pinned_rounds
 from lakeckpt_tables.audit.skipped import skip_events, skipped_records
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
@@ -308,7 +308,8 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
         if state.plan is None:
             continue  # nothing read yet
         if state.config.get("refresh") is not None:
-            state = replace(state, rounds={**_pinned_rounds(snapshot, chain, key),
+            checkpoints = {r.checkpoint_id for r in chain}
+            state = replace(state, rounds={**pinned_rounds(snapshot, checkpoints, key),
                                            **state.rounds})
         dataset = dataset_for(state, snapshot, source=given, storage_options=storage_options,
                               source_catalog=source_catalog, tokenizer=tokenizer)
@@ -381,27 +382,6 @@ def _finished_passes(dataset: Any, state: Any,
         if all(e > index or (e == index and pos >= end)
                for (e, pos), end in zip(state.positions(), ends, strict=True)):
             yield segment, epoch, units, stream
-
-
-def _pinned_rounds(snapshot: LedgerSnapshot, chain: list[CheckpointRecord],
-                   source_key: str | None) -> dict[int, Any]:
-    """The versions a ``refresh="epoch"`` reader's epochs were pinned to, as the lineage's
-    ``round`` events name them: a state names only the epochs its slices stand in, the
-    finished passes before them are checked at their own versions (NOTE [ sources that
-    move ] in ``mixture/dataset.py``)."""
-    from lakeckpt_tables.plan.rounds import Round
-
-    wanted = {r.checkpoint_id for r in chain}
-    events = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
-                           & (pc.field(s.EVENT) == "round")
-                           & pc.field(s.RUN_ID).isin(sorted({r.run_id for r in chain})))
-    out = {}
-    for rec in events.to_pylist():
-        detail = json.loads(rec[s.DETAIL])
-        if rec[s.CHECKPOINT_ID] in wanted and detail.get("source_key") == source_key:
-            index = int(detail["round"])
-            out[index] = Round(index, index, index, None, int(detail["version"]))
-    return out
 
 
 @dataclass

@@ -12,7 +12,7 @@ metadata is (to list its units). A Mixture's checkpoint is replayed source by so
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -199,7 +199,8 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
         prior = decode_state(parent.reader_state)
     return rows_between(after, prior, snapshot, source=source, sources=sources, only=only,
                         storage_options=storage_options, datasets=datasets,
-                        source_catalog=source_catalog, tokenizer=tokenizer)
+                        source_catalog=source_catalog, tokenizer=tokenizer,
+                        reached=record.checkpoint_id)
 
 
 def rows_between(after: Mapping[str, Any], prior: Mapping[str, Any] | None,
@@ -207,8 +208,11 @@ def rows_between(after: Mapping[str, Any], prior: Mapping[str, Any] | None,
                  sources: Mapping[str, Any] | None = None, only: str | None = None,
                  storage_options: Mapping[str, str] | None = None,
                  datasets: dict[Any, Any] | None = None,
-                 source_catalog: Any = None, tokenizer: Any = None) -> CheckpointRows:
-    """The rows delivered between two merged reader states (``prior`` None: the start)."""
+                 source_catalog: Any = None, tokenizer: Any = None,
+                 reached: str | None = None) -> CheckpointRows:
+    """The rows delivered between two merged reader states (``prior`` None: the start);
+    ``reached``: the checkpoint that committed ``after``, whose ``round`` events name the
+    versions of re-pinned epochs neither state names (:func:`pinned_rounds`)."""
     from lakeckpt_tables.mixture.state import is_mixture_state, paired_reader_states
 
     if is_mixture_state(after):
@@ -218,7 +222,7 @@ def rows_between(after: Mapping[str, Any], prior: Mapping[str, Any] | None,
         parts.extend(_reader_rows(key, one, was, snapshot, source=source, sources=sources,
                                   only=only, storage_options=storage_options,
                                   datasets=datasets, source_catalog=source_catalog,
-                                  tokenizer=tokenizer))
+                                  tokenizer=tokenizer, reached=reached))
     return CheckpointRows(parts)
 
 
@@ -226,13 +230,16 @@ def _reader_rows(key: str | None, state: Mapping[str, Any], prior: Mapping[str, 
                  snapshot: LedgerSnapshot, *, source: Any, sources: Mapping[str, Any] | None,
                  only: str | None, storage_options: Mapping[str, str] | None,
                  datasets: dict[Any, Any] | None, source_catalog: Any,
-                 tokenizer: Any = None) -> Iterator[Part]:
+                 tokenizer: Any = None, reached: str | None = None) -> Iterator[Part]:
     """The rows one reader (a Mixture's source ``key``) delivered between two states."""
     from lakeckpt_tables.reader.state import ReaderState
 
     after = ReaderState.from_dict(state)
     if after.plan is None or (only is not None and after.table.table_id != only):
         return
+    if after.config.get("refresh") is not None and reached is not None:
+        after = replace(after, rounds={**pinned_rounds(snapshot, {reached}, key),
+                                       **after.rounds})
     before = None if prior is None else ReaderState.from_dict(prior)
     if before is not None and (before.plan is None
                                or before.table.table_id != after.table.table_id):
@@ -245,6 +252,31 @@ def _reader_rows(key: str | None, state: Mapping[str, Any], prior: Mapping[str, 
         yield from _replay_packed(dataset, before, after, key)
     else:
         yield from _replay(dataset, before, after, key)
+
+
+def pinned_rounds(snapshot: LedgerSnapshot, checkpoints: set[str],
+                  source_key: str | None) -> dict[int, Any]:
+    """The versions a ``refresh="epoch"`` reader's epochs were pinned to, as the ``round``
+    events of ``checkpoints`` name them: a state names only the epochs its slices stand in,
+    the passes it finished are planned at their own versions (NOTE [ sources that move ] in
+    ``mixture/dataset.py``)."""
+    import json
+
+    import pyarrow.compute as pc
+
+    from lakeckpt_tables.ledger import schema as s
+    from lakeckpt_tables.plan.rounds import Round
+
+    events = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                           & (pc.field(s.EVENT) == "round")
+                           & pc.field(s.CHECKPOINT_ID).isin(sorted(checkpoints)))
+    out = {}
+    for rec in events.to_pylist():
+        detail = json.loads(rec[s.DETAIL])
+        if detail.get("source_key") == source_key:
+            index = int(detail["round"])
+            out[index] = Round(index, index, index, None, int(detail["version"]))
+    return out
 
 
 def _replay(dataset: Any, before: Any, after: Any, key: str | None) -> Iterator[Part]:

@@ -131,7 +131,8 @@ class Committer:
             # rank 0's reader sees the same follow segments as every rank (they are derived
             # from the commit log alone), so its events speak for all
             was = head if head is not None else self.resumed
-            events = self.pending + recipe_events(was, reader) + reports[0].events \
+            events = self.pending + recipe_events(was, reader, reports[0].events) \
+                + reports[0].events \
                 + eos_events(head, reader) + removed_events(pushed_out, "retention")
             committed = self._ledger_commit(record, consumption, events)
             self._pushed_out, self.pending = pushed_out, []

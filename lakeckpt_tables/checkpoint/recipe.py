@@ -42,17 +42,18 @@ are rank 0's, derived from the resumed state (the baseline) and the retired sour
 NOTE [ source versions ]
 A source that moves to its table's newest version at each pass boundary (NOTE [ sources that
 move ] in ``mixture/dataset.py``) names each epoch's version in its state. The first checkpoint
-whose state names a pass ``epoch`` >= 1 of a source records ``source_version``: ``source_key``,
-``epoch``, ``old_version`` (the version of its pass before, as the states name it; None when
-neither does), ``new_version``, ``since_step`` (the checkpoint compared with: the boundary was
-crossed after it, by the step of the checkpoint recording the event; None at the run's start).
+that reaches a pass ``epoch`` >= 1 of such a source (its ``round`` event) records
+``source_version``: ``source_key``, ``epoch``, ``old_version`` (the version of its pass before,
+from that pass's ``round`` event or the state compared with), ``new_version``, ``since_step``
+(the checkpoint compared with: the boundary was crossed after it, by the step of the
+checkpoint recording the event; None at the run's start).
 One event per pass boundary, also when no newer version had landed (then old == new), so the
 ledger names the version each pass read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lakeckpt_tables.ledger import CheckpointRecord, LedgerEvent
@@ -77,18 +78,19 @@ ADDED_EVENT, RETIRED_EVENT = "source_added", "source_retired"
 VERSION_EVENT = "source_version"
 
 
-def recipe_events(before: CheckpointRecord | None,
-                  after: Mapping[str, Any] | None) -> list[LedgerEvent]:
+def recipe_events(before: CheckpointRecord | None, after: Mapping[str, Any] | None,
+                  rounds: Sequence[LedgerEvent] = ()) -> list[LedgerEvent]:
     """The recipe changes between ``before`` (the checkpoint this job committed or restored
     last; None: the run's start) and the merged reader state ``after`` (NOTE [ recipe
-    changes ]), and the sources' moves to newer versions (NOTE [ source versions ])."""
+    changes ]), and the sources' moves to newer versions at the passes ``rounds`` (the
+    checkpoint's ``round`` events) reach (NOTE [ source versions ])."""
     if after is None or not is_mixture_state(after):
         return []
     was = decode_state(before.reader_state) if before is not None and before.reader_state \
         else None
     if was is not None and not is_mixture_state(was):
         was = None
-    moves = _version_events(was, after, None if before is None else before.step)
+    moves = _version_events(was, after, rounds, None if before is None else before.step)
     if was is None:
         return moves
     assert before is not None
@@ -104,26 +106,23 @@ def recipe_events(before: CheckpointRecord | None,
 
 
 def _version_events(was: Mapping[str, Any] | None, after: Mapping[str, Any],
-                    since: int | None) -> list[LedgerEvent]:
-    """NOTE [ source versions ]: the passes (epochs >= 1) of re-pinned sources ``after``
-    names and ``was`` did not."""
-    events = []
-    for key, value in sorted(after[KEY_SOURCES].items()):
-        now = ReaderState.from_dict(value)
-        if now.config.get("refresh") is None:
-            continue
-        old = was[KEY_SOURCES].get(key) if was is not None else None
-        before = ReaderState.from_dict(old).rounds if old is not None else {}
-        known = {**before, **now.rounds}
-        for epoch in sorted(set(now.rounds) - set(before)):
-            if epoch == 0:
-                continue
-            prior = [e for e in known if e < epoch]
-            events.append(LedgerEvent(VERSION_EVENT, {
-                "source_key": key, "epoch": epoch,
-                "old_version": known[max(prior)].to if prior else None,
-                "new_version": now.rounds[epoch].to, "since_step": since}))
-    return events
+                    rounds: Sequence[LedgerEvent], since: int | None) -> list[LedgerEvent]:
+    """NOTE [ source versions ]: a re-pinned source's passes (epochs >= 1) first reached,
+    as this checkpoint's ``round`` events name them, each with the version of the pass before
+    (a ``round`` event of this checkpoint's, or the epoch ``was`` stood in)."""
+    refreshed = {key for key, value in after[KEY_SOURCES].items()
+                 if ReaderState.from_dict(value).config.get("refresh") is not None}
+    versions: dict[tuple[str, int], int] = {}
+    for key in refreshed & set(was[KEY_SOURCES] if was is not None else ()):
+        assert was is not None
+        for epoch, rnd in ReaderState.from_dict(was[KEY_SOURCES][key]).rounds.items():
+            versions[(key, epoch)] = rnd.to
+    new = sorted((e.detail["source_key"], int(e.detail["epoch"]), int(e.detail["version"]))
+                 for e in rounds if e.event == "round" and e.detail.get("source_key") in refreshed)
+    versions.update({(key, epoch): version for key, epoch, version in new})
+    return [LedgerEvent(VERSION_EVENT, {
+        "source_key": key, "epoch": epoch, "old_version": versions.get((key, epoch - 1)),
+        "new_version": version, "since_step": since}) for key, epoch, version in new if epoch]
 
 
 def first_undelivered_draw(state: Mapping[str, Any]) -> int:

@@ -443,6 +443,31 @@ def test_passes_that_start_and_end_between_two_checkpoints_are_recorded_and_repl
         len(ids) for s, ids in run if s == "fresh")
 
 
+def test_ranks_reach_a_moving_source_s_pass_boundary_at_the_same_draw(tables, tmp_path):
+    table = tmp_path / "fresh"
+    append_ids(table, 0, 48)  # 3 batches per rank and pass
+    ranks = []
+    for rank in (0, 1):
+        fresh = LakeDataset(DeltaSource(str(table)), columns=["id"], seed=4, batch_size=8,
+                            refresh="epoch", rank=rank, world_size=2)
+        code = source(tables, "code", rank=rank, world_size=2)
+        ranks.append(iter(Mixture({"fresh": fresh, "code": code}, weights={"fresh": 1, "code": 1},
+                                  seed=2, on_exhausted="cycle")))
+    drawn: list[list[tuple[str, list[int]]]] = [[], []]
+    moved = False
+    while sum(s == "fresh" for s, _ in drawn[0]) < 3 + 4:  # pass 1: 64 rows, 4 per rank
+        for rank, it in enumerate(ranks):  # lockstep: every rank takes the same draw
+            batch = next(it)
+            drawn[rank].append((batch["source"], batch["id"].tolist()))
+        if not moved and sum(s == "fresh" for s, _ in drawn[0]) == 3:
+            moved = True  # pass 0 delivered on every rank, pass 1 not drawn yet
+            append_ids(table, 48, 64)
+    assert [s for s, _ in drawn[0]] == [s for s, _ in drawn[1]]
+    passes = [[ids for s, ids in d if s == "fresh"] for d in drawn]
+    assert sorted(i for p in passes for ids in p[:3] for i in ids) == list(range(48))
+    assert sorted(i for p in passes for ids in p[3:] for i in ids) == list(range(64))
+
+
 @pytest.mark.timeout(60)
 def test_a_moving_source_is_refused_in_dataloader_workers_by_name(tables, tmp_path):
     from tests.conftest import raised_in_workers

@@ -468,6 +468,40 @@ def test_ranks_reach_a_moving_source_s_pass_boundary_at_the_same_draw(tables, tm
     assert sorted(i for p in passes for ids in p[3:] for i in ids) == list(range(64))
 
 
+def test_an_elastic_resume_within_a_moved_pass_goes_on_to_the_next_epoch(tables, tmp_path):
+    table = tmp_path / "fresh"
+    append_ids(table, 0, 40)
+    one = moving(table, tables)
+    it, head = iter(one), []
+    while sum(s == "fresh" for s, _ in head) < 5 + 2:  # pass 0, then 2 batches of pass 1
+        batch = next(it)
+        head.append((batch["source"], batch["id"].tolist()))
+        if head[-1][0] == "fresh" and sum(s == "fresh" for s, _ in head) == 5:
+            append_ids(table, 40, 64)  # before pass 1 starts
+    state = json.loads(json.dumps(one.state_dict()))
+    ranks = []
+    for rank in (0, 1):  # resumed on 2 ranks: the rest of pass 1 re-planned, then pass 2
+        fresh = LakeDataset(DeltaSource(str(table)), columns=["id"], seed=4, batch_size=8,
+                            refresh="epoch", rank=rank, world_size=2)
+        mix = Mixture({"fresh": fresh, "code": source(tables, "code", rank=rank, world_size=2)},
+                      weights={"fresh": 0.5, "code": 0.5}, seed=2, on_exhausted="cycle")
+        mix.load_state_dict(state)
+        ranks.append((mix, iter(mix)))
+    rest: list[list[list[int]]] = [[], []]
+    while len(rest[0]) < 3 + 4:  # 48 rows left: 3 batches per rank; pass 2: 64 rows, 4
+        for rank, (_, it) in enumerate(ranks):
+            batch = next(it)
+            if batch["source"] == "fresh":
+                rest[rank].append(batch["id"].tolist())
+    pass1 = [i for ids in [ids for s, ids in head if s == "fresh"][5:] for i in ids]
+    pass1 += [i for r in rest for ids in r[:3] for i in ids]
+    assert sorted(pass1) == list(range(64))
+    assert sorted(i for r in rest for ids in r[3:] for i in ids) == list(range(64))
+    for mix, _ in ranks:  # the pass after the resumed one is epoch 2, not epoch 1 again
+        slices = mix.state_dict()["sources"]["fresh"]["slices"]
+        assert {e for e, _ in filter(None, slices)} == {2}
+
+
 @pytest.mark.timeout(60)
 def test_a_moving_source_is_refused_in_dataloader_workers_by_name(tables, tmp_path):
     from tests.conftest import raised_in_workers

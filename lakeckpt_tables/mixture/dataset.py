@@ -26,7 +26,8 @@ NOTE [ sources that move ]
 A source whose table must move to a newer version does so at its pass boundary: build it with
 ``refresh="epoch"`` (one epoch per pass) in a cycling Mixture. Pass ``p`` of it is its epoch
 ``p``, pinned by the mixture (``set_epoch(p)``) when the pass starts: the first pass when the
-mixture starts iterating, each next one when the previous is exhausted, at the version newest
+mixture starts iterating (after a resume, the epoch the source's state stands in, at its
+version: ``resume_epoch``), each next one when the previous is exhausted, at the version newest
 then (rank 0 resolves it for every rank: NOTE [ re-pinned epochs ] in ``reader/rounds.py``;
 ranks reach a source's pass boundary at the same draw, since each of its epochs gives every
 rank as many batches). Every pass's rows are read once at its pinned version, which the
@@ -158,6 +159,7 @@ class Mixture(IterableDataset[dict[str, Any]]):
         self.seed, self.on_exhausted = seed, on_exhausted
         self.repinning = [n for n in self.names if on_exhausted == "cycle"
                           and isinstance(sources[n], LakeDataset) and sources[n].refresh]
+        self._repinned: dict[str, int] = {}  # repinning source -> the epoch it reads
         constant = self.schedule.constant
         self._thresholds = None if constant is None else thresholds(
             [constant[n] for n in self.names])
@@ -191,8 +193,9 @@ class Mixture(IterableDataset[dict[str, Any]]):
         position = self._start(workers, worker)
         self._live = (workers, worker, position)
         self._refuse_workers()
-        for name in self.repinning:  # NOTE [ sources that move ]
-            self.sources[name].set_epoch(position.passes.get(name, 0))
+        for name in self.repinning:  # NOTE [ sources that move ]: the pass its state is in
+            self._repinned[name] = self.sources[name].resume_epoch
+            self.sources[name].set_epoch(self._repinned[name])
         if self.on_exhausted == "cycle":
             for name, source in self.sources.items():
                 _check_epoch_delivers(name, source, workers, worker)
@@ -232,8 +235,9 @@ class Mixture(IterableDataset[dict[str, Any]]):
         if self.on_exhausted == "stop":
             return None
         position.passes[name] = position.passes.get(name, 0) + 1
-        if name in self.repinning:  # its next pass reads the newest version
-            self.sources[name].set_epoch(position.passes[name])
+        if name in self.repinning:  # its next pass (epoch) reads the newest version
+            self._repinned[name] += 1
+            self.sources[name].set_epoch(self._repinned[name])
         it = iterators[name] = iter(self.sources[name])
         try:
             return next(it)

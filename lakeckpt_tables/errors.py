@@ -16,6 +16,7 @@ __all__ = [
     "CommitStateUnknownError",
     "DataFileError",
     "DataFileStoreError",
+    "DeletionUntraceableError",
     "EmptySourceError",
     "EosInDocumentWarning",
     "FilterError",
@@ -77,6 +78,11 @@ class PinnedFileMissingError(LakeckptError):
 class SourceChangedError(LakeckptError):
     """A followed table committed what the reader cannot honour (a delete, an overwrite, a
     schema change) under the chosen policy."""
+
+
+class DeletionUntraceableError(SourceChangedError):
+    """``deletes="honor"``: which pinned rows the table deleted cannot be told exactly (a
+    pinned file rewritten with no ``deletes_key`` naming its rows, a key that is not unique)."""
 
 
 class StateMismatchError(LakeckptError):

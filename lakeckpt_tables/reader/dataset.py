@@ -24,6 +24,7 @@ from lakeckpt_tables.errors import PackingError, StateMismatchError
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, Piece
 from lakeckpt_tables.reader.config import ReaderConfig
 from lakeckpt_tables.reader.convert import Batch, CutConverter
+from lakeckpt_tables.reader.deletions import reading
 from lakeckpt_tables.reader.distributed import rank_and_world
 from lakeckpt_tables.reader.loaders import parse_state, refuse_finished_pass
 from lakeckpt_tables.reader.loop import SliceReader, start_cursor
@@ -86,7 +87,7 @@ class LakeDataset(IterableDataset[Batch]):
         columns, batch_size, shuffle, seed, version, epochs, rank, world_size, drop_last,
             shuffle_window, transform, follow, poll_interval, max_idle, until_version,
             on_change, min_segment_rows, refresh, output, nulls, decimals, filter, unit_rows,
-            read_ahead, pack_tokens, seq_len, eos_id: the fields of
+            read_ahead, pack_tokens, seq_len, eos_id, deletes, deletes_key: the fields of
             :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented there
             (``pack_tokens``: fixed-length token sequences, ``reader/packed.py``).
 
@@ -129,18 +130,19 @@ class LakeDataset(IterableDataset[Batch]):
         pack_tokens: str | None = None,
         seq_len: int | None = None,
         eos_id: int | None = None,
+        deletes: Literal["pin", "honor"] = "pin", deletes_key: str | None = None,
     ) -> None:
         super().__init__()
         rank, world_size = rank_and_world(rank, world_size)
         # every option, and every combination, refused with its reason before any I/O
         options = ReaderOptions(
             columns=columns, batch_size=batch_size, shuffle=shuffle, seed=seed, version=version,
-            epochs=epochs, rank=rank, world_size=world_size, drop_last=drop_last,
-            shuffle_window=shuffle_window, transform=transform, follow=follow,
+            epochs=epochs, rank=rank, world_size=world_size, drop_last=drop_last, filter=filter,
+            shuffle_window=shuffle_window, transform=transform, follow=follow, refresh=refresh,
             poll_interval=poll_interval, max_idle=max_idle, until_version=until_version,
-            on_change=on_change, min_segment_rows=min_segment_rows, refresh=refresh,
-            output=output, nulls=nulls, decimals=decimals, filter=filter, unit_rows=unit_rows,
-            read_ahead=read_ahead, pack_tokens=pack_tokens, seq_len=seq_len, eos_id=eos_id)
+            nulls=nulls, on_change=on_change, min_segment_rows=min_segment_rows, seq_len=seq_len,
+            output=output, decimals=decimals, unit_rows=unit_rows, eos_id=eos_id, deletes=deletes,
+            read_ahead=read_ahead, pack_tokens=pack_tokens, deletes_key=deletes_key)
         self._use(ReaderConfig.resolve(source, options))
         self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None
@@ -315,8 +317,7 @@ class LakeDataset(IterableDataset[Batch]):
                                "tables: iterate it, or a StatefulDataLoader over it")
         cursor = self._begin()
         depth = self.read_ahead if read_ahead is None else read_ahead
-        return (self._reader.cuts if cuts else self._reader.tables)(
-            cursor, self.planner, self._rounds, read_ahead=depth, unit_rows=self.unit_rows)
+        return reading(self, cursor, self._reader.cuts if cuts else self._reader.tables, depth)
 
 
 def cycling(dataset: LakeDataset) -> LakeDataset:
@@ -329,6 +330,9 @@ def cycling(dataset: LakeDataset) -> LakeDataset:
     Raises:
         ValueError: a ``follow=True`` or ``refresh="epoch"`` dataset.
     """
+    if dataset.options.deletes == "honor":
+        raise ValueError(f"{dataset.snapshot.describe()}: deletes='honor' re-plans a pinned "
+                         "pass at checkpoints; a cycling source cannot take it yet")
     other = copy.copy(dataset)
     other._use(dataset._config.cycling())
     return other

@@ -39,6 +39,7 @@ class Cursor:
     position: int
     rounds: dict[int, Round]
     eos_inside: int = 0  # a packing reader's eos ids inside delivered documents (state.py)
+    deletes_seen: int | None = None  # deletes="honor": the last commit observed (state.py)
 
 
 def require_whole(state: ReaderState, shape: PlanShape) -> None:
@@ -166,7 +167,8 @@ class RoundPlanner:
         rounds = {r: d for r, d in known.items()
                   if r >= first and self.rounds.needs_descriptor(d)}
         return ReaderState(state.table, state.version, state.config, shape,
-                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy)
+                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy,
+                           deletes_seen=state.deletes_seen)
 
     # ------------------------------------------------------------------------ a loaded state
 

@@ -1,0 +1,258 @@
+"""``deletes="honor"`` (NOTE [ deletions honored ] in ``reader/deletions.py``): rows a table
+deletes after the pin are not delivered once the checkpoint that observed the deletion is
+saved; every other row exactly once; lockstep over ranks; exact resume after a crash; the
+ledger's ``excluded`` events name exactly the rows deleted and the rows taken out. Deletion
+vectors and Iceberg position deletes are written as commits, as Spark and Iceberg engines
+write them; a copy-on-write DELETE is followed through a key column or refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import loader_for, raised_in_workers, sql_catalog
+
+from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
+from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.errors import DeletionUntraceableError
+from lakeckpt_tables.reader import ReaderState, merge_states
+from lakeckpt_tables.reader.deletions import continue_from, observe_deletions
+from lakeckpt_tables.tools.bench.tables import write_deletion_vectors
+
+FILES, ROWS = 3, 100
+USER = 3  # the user whose rows are deleted: id % 7 == USER
+
+
+def _write(path: Path, *, vectors: bool = True) -> None:
+    from deltalake import write_deltalake
+
+    for f in range(FILES):
+        ids = np.arange(f * ROWS, (f + 1) * ROWS)
+        write_deltalake(str(path), pa.table({"id": ids, "user": ids % 7}), mode="append",
+                        configuration=({"delta.enableDeletionVectors": "true"}
+                                       if vectors and f == 0 else None))
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("honored") / "table"
+    _write(path)
+    return path
+
+
+def _copy(pristine: Path, to: Path) -> Path:
+    shutil.copytree(pristine, to)
+    return to
+
+
+def _delete_user_by_vectors(table: Path) -> set[int]:
+    """Commit deletion vectors deleting the user's rows of every file; their ids."""
+    from deltalake import DeltaTable
+
+    deleted: dict[str, np.ndarray[Any, Any]] = {}
+    ids: set[int] = set()
+    for add in pa.table(DeltaTable(str(table)).get_add_actions(flatten=True)).to_pylist():
+        file_ids = pq.read_table(table / add["path"]).column("id").to_numpy()
+        deleted[add["path"]] = np.flatnonzero(file_ids % 7 == USER)
+        ids.update(file_ids[file_ids % 7 == USER].tolist())
+    write_deletion_vectors(str(table), deleted)
+    return ids
+
+
+def _dataset(table: Path, **options: Any) -> LakeDataset:
+    return LakeDataset(DeltaSource(str(table)), **{
+        "batch_size": 10, "seed": 1, "shuffle_window": 2, "unit_rows": 40, "deletes": "honor",
+        **options})
+
+
+def _events(manager: CheckpointManager, name: str) -> list[tuple[int, dict[str, Any]]]:
+    assert manager.ledger is not None
+    return [(r["step"], json.loads(r["detail"])) for r in manager.ledger.to_arrow().to_pylist()
+            if r["event"] == name]
+
+
+def _ids_of(ranges: list[list[Any]], table: Path) -> set[int]:
+    """Ids of [file, row group, first, end] live-row ranges (no deletes at the pin)."""
+    out: set[int] = set()
+    for path, group, first, end in ranges:
+        ids = pq.ParquetFile(path).read_row_group(group, columns=["id"]).column(0).to_pylist()
+        out.update(ids[first:end])
+    return out
+
+
+def _train(table: Path, root: Path, *, delete_after: int, crash_after: int | None = None,
+           saves: tuple[int, ...] = (5, 10, 20)) -> tuple[list[list[int]], set[int]]:
+    """Train to the end, saving at ``saves``; the user's rows deleted by deletion vectors
+    after step ``delete_after``'s save; with ``crash_after``, the job dies after that step
+    and a new one restores. Returns the batches trained (lost ones dropped) and the ids
+    deleted."""
+    manager = CheckpointManager(root, "run")
+    loader = loader_for(_dataset(table), 0)
+    batches: list[list[int]] = []
+    deleted: set[int] = set()
+    for step, batch in enumerate(loader, 1):
+        batches.append(batch["id"].tolist())
+        if step in saves:
+            manager.save(step, dataloader=loader)
+        if step == delete_after:
+            deleted = _delete_user_by_vectors(table)
+        if step == crash_after:
+            break
+    if crash_after is not None:  # a new job: the steps after the last checkpoint are lost
+        manager = CheckpointManager(root, "run")
+        loader = loader_for(_dataset(table), 0)
+        step = manager.restore(dataloader=loader) or 0
+        del batches[step:]
+        for batch in loader:
+            step += 1
+            batches.append(batch["id"].tolist())
+            if step in saves:
+                manager.save(step, dataloader=loader)
+    return batches, deleted
+
+
+def test_deletion_vectors_after_the_pin_stop_at_the_next_checkpoint_and_resume_exactly(
+        pristine: Path, tmp_path: Path) -> None:
+    table = _copy(pristine, tmp_path / "a")
+    batches, deleted = _train(table, tmp_path / "ck-a", delete_after=5)
+    ids = [i for b in batches for i in b]
+    assert len(ids) == len(set(ids))  # at most once
+    trained_before = {i for b in batches[:10] for i in b}  # up to the checkpoint applying it
+    assert not deleted & {i for b in batches[10:] for i in b}  # none after it
+    assert set(ids) == (set(range(FILES * ROWS)) - deleted) | (deleted & trained_before)
+    assert 0 < len(deleted & trained_before) < len(deleted)
+    # the ledger: one exclusion, with the checkpoint that applied it, exact rows
+    manager = CheckpointManager(tmp_path / "ck-a", "run")
+    (step, event), = _events(manager, "excluded")
+    assert (step, event["version"], event["operation"], event["how"]) == (10, 3, "DELETE",
+                                                                          "position")
+    assert _ids_of(event["deleted"], table) == deleted and event["rows"] == len(deleted)
+    assert _ids_of(event["excluded"]["0"], table) == deleted - trained_before
+    assert event["excluded_rows"] == len(deleted - trained_before)
+    # a crash after step 14 resumes step 10's checkpoint: the same rows, row for row
+    other = _copy(pristine, tmp_path / "b")
+    resumed, _ = _train(other, tmp_path / "ck-b", delete_after=5, crash_after=14)
+    assert resumed == batches
+
+
+def test_two_ranks_stay_in_lockstep_when_a_deletion_is_taken_out(pristine: Path,
+                                                                  tmp_path: Path) -> None:
+    table = _copy(pristine, tmp_path / "t")
+    datasets = [_dataset(table, rank=r, world_size=2, batch_size=7) for r in range(2)]
+    loaders = [loader_for(d, 0) for d in datasets]
+    its = [iter(loader) for loader in loaders]
+    head = [[next(it)["id"].tolist() for _ in range(4)] for it in its]
+    deleted = _delete_user_by_vectors(table)
+    merged = merge_states([ReaderState.from_dict(loader.state_dict()["dataset_state"])
+                           for loader in loaders])
+    state, events = observe_deletions(datasets[0], merged)
+    assert state.deletes_seen == 3 and len(events) == 1
+    for d in datasets:
+        continue_from(d, state)
+    tails = [[b["id"].tolist() for b in it] for it in its]
+    assert len(tails[0]) == len(tails[1]) > 0  # lockstep: as many batches on every rank
+    before = {i for h in head for b in h for i in b}
+    after = [i for t in tails for b in t for i in b]
+    assert len(after) == len(set(after)) and not set(after) & (before | deleted)
+    assert set(after) | before == (set(range(FILES * ROWS)) - deleted) | (before & deleted)
+    # a state loaded afresh (a resume) holds the exclusion
+    again = _dataset(table, rank=1, world_size=2, batch_size=7)
+    again.load_state_dict(state.to_dict())
+    assert [b["id"].tolist() for b in loader_for(again, 0)] == tails[1]
+
+
+def test_a_copy_on_write_delete_is_refused_without_a_key_and_followed_with_one(
+        tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    table = tmp_path / "cow"
+    _write(table, vectors=False)
+    plain, keyed = _dataset(table), _dataset(table, deletes_key="id")
+    heads, states, its = [], [], []
+    for d in (plain, keyed):
+        loader = loader_for(d, 0)
+        its.append(iter(loader))
+        heads.append({i for _ in range(6) for i in next(its[-1])["id"].tolist()})
+        states.append(ReaderState.from_dict(loader.state_dict()["dataset_state"]))
+    DeltaTable(str(table)).delete(f"user = {USER}")  # rewrites every file
+    DeltaTable(str(table)).update({"user": "100"}, predicate="id < 50")  # kept: same keys
+    with pytest.raises(DeletionUntraceableError, match=r"version 3 \(DELETE\) rewrote data "
+                       r"file .*part-.*deletes_key"):
+        observe_deletions(plain, states[0])
+    state, events = observe_deletions(keyed, states[1])
+    deleted = {i for i in range(FILES * ROWS) if i % 7 == USER}
+    assert [(e["version"], e["operation"], e["how"]) for e in events] == [(3, "DELETE", "key")]
+    assert _ids_of(events[0]["deleted"], table) == deleted
+    assert _ids_of(events[0]["excluded"]["0"], table) == deleted - heads[1]
+    continue_from(keyed, state)
+    rest = [i for b in its[1] for i in b["id"].tolist()]
+    assert sorted(rest) == sorted(set(range(FILES * ROWS)) - deleted - heads[1])
+
+
+def test_iceberg_position_deletes_after_the_pin_are_taken_out(tmp_path: Path) -> None:
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.schema import Schema
+    from pyiceberg.typedef import Record
+    from pyiceberg.types import LongType, NestedField
+
+    catalog = sql_catalog(tmp_path)
+    catalog.create_namespace("ns")
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    table = catalog.create_table("ns.t", schema=schema, properties={"format-version": "2"})
+    for f in range(2):
+        table.append(pa.table({"id": pa.array(range(f * 50, (f + 1) * 50), pa.int64())}))
+    source = IcebergSource("ns.t", catalog=catalog)
+    dataset = LakeDataset(source, batch_size=8, seed=2, deletes="honor")
+    loader = loader_for(dataset, 0)
+    it = iter(loader)
+    head = {i for _ in range(3) for i in next(it)["id"].tolist()}
+    # a position delete file deleting rows 0, 5, 10, ... of the first data file
+    first = sorted(task.file.file_path for task in catalog.load_table("ns.t").scan()
+                   .plan_files())[0]
+    path = tmp_path / "deletes.parquet"
+    positions = list(range(0, 50, 5))
+    pq.write_table(pa.table({"file_path": pa.array([first] * len(positions)),
+                             "pos": pa.array(positions, pa.int64())},
+                            schema=pa.schema([
+                                pa.field("file_path", pa.string(),
+                                         metadata={b"PARQUET:field_id": b"2147483546"}),
+                                pa.field("pos", pa.int64(),
+                                         metadata={b"PARQUET:field_id": b"2147483545"})])),
+                   str(path))
+    t = catalog.load_table("ns.t")
+    data_file = DataFile.from_args(content=DataFileContent.POSITION_DELETES,
+                                   file_path=f"file://{path}", file_format=FileFormat.PARQUET,
+                                   partition=Record(),
+                                   record_count=len(positions),
+                                   file_size_in_bytes=path.stat().st_size)
+    data_file.spec_id = t.metadata.default_spec_id
+    with t.transaction() as tx, tx.update_snapshot().fast_append() as append:
+        append.append_data_file(data_file)
+    reference = set(catalog.load_table("ns.t").scan().to_arrow().column("id").to_pylist())
+    deleted = set(range(100)) - reference
+    assert len(deleted) == len(positions)
+    state, events = observe_deletions(
+        dataset, ReaderState.from_dict(loader.state_dict()["dataset_state"]))
+    assert [e["how"] for e in events] == ["position"]
+    assert events[0]["rows"] == len(deleted)
+    continue_from(dataset, state)
+    rest = [i for b in it for i in b["id"].tolist()]
+    assert len(rest) == len(set(rest))
+    assert set(rest) == reference - head
+
+
+def test_what_cannot_be_honored_is_refused_by_name(pristine: Path) -> None:
+    with pytest.raises(ValueError, match=r"deletes='honor'.*follow=True"):
+        LakeDataset(DeltaSource(str(pristine)), deletes="honor", follow=True)
+    with pytest.raises(ValueError, match="deletes_key names rows for deletes='honor'"):
+        LakeDataset(DeltaSource(str(pristine)), deletes_key="id")
+    with pytest.raises(ValueError, match="deletes must be one of"):
+        LakeDataset(DeltaSource(str(pristine)), deletes="forget")  # type: ignore[arg-type]
+    with raised_in_workers(ValueError, "deletes='honor'.*num_workers=0"):
+        next(iter(loader_for(_dataset(pristine), 1)))

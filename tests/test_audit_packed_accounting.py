@@ -23,8 +23,8 @@ from lakeckpt_tables.checkpoint.consumption import (
     touched_rows,
     unit_parts,
 )
+from lakeckpt_tables.reader.packing.token_plan import TokenPlan
 from lakeckpt_tables.reader.state import merge_states
-from lakeckpt_tables.reader.token_plan import TokenPlan
 from tests.conftest import Table
 
 

@@ -19,7 +19,7 @@ from lakeckpt_tables import LakeDataset, Mixture
 from lakeckpt_tables.audit import connect
 from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.errors import EosInDocumentWarning
-from lakeckpt_tables.reader import packing
+from lakeckpt_tables.reader.packing import stream
 from lakeckpt_tables.reader.state import ReaderState, merge_states
 from lakeckpt_tables.sources import DeltaSource
 from tests.conftest import loader_for
@@ -93,7 +93,7 @@ def total(states: list[dict[str, Any]]) -> int:
 
 
 def test_the_count_moves_with_each_batch_and_the_warning_fires_once(tables, monkeypatch):
-    monkeypatch.setattr(packing, "_warned_eos", False)
+    monkeypatch.setattr(stream, "_warned_eos", False)
     ds = packed(tables["web"])
     counts, batches = [], []
     with warnings.catch_warnings(record=True) as caught:

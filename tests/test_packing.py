@@ -1,5 +1,6 @@
-"""Packing (NOTE [ packing ] in lakeckpt_tables/reader/packing.py): the delivered tokens are the
-documents + eos stream, cut anywhere and resumed from any carry, with per-document positions."""
+"""Packing (NOTE [ packing ] in lakeckpt_tables/reader/packing/stream.py): the delivered tokens
+are the documents + eos stream, cut anywhere and resumed from any carry, with per-document
+positions."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakeckpt_tables.errors import EosInDocumentWarning, PackingError
-from lakeckpt_tables.reader import packing
-from lakeckpt_tables.reader.packing import (
+from lakeckpt_tables.reader.packing import stream
+from lakeckpt_tables.reader.packing.stream import (
     PackCarry,
     StreamWriter,
     check_packing,
@@ -175,7 +176,7 @@ def test_the_last_partial_sequence_is_dropped_and_counted_or_padded_as_its_own_d
 
 
 def test_an_eos_inside_documents_is_counted_exactly_and_warned_once(monkeypatch):
-    monkeypatch.setattr(packing, "_warned_eos", False)
+    monkeypatch.setattr(stream, "_warned_eos", False)
     offsets, values = as_arrays([[1, 0, 2], [0, 0]])
     with pytest.warns(EosInDocumentWarning, match="eos_id=0 occurs 1 time"):
         first = pack(PackCarry(), offsets, values, seq_len=2, eos_id=0, limit=1)

@@ -1,7 +1,7 @@
-"""The token plan (NOTE [ token plan ] in lakeckpt_tables/reader/token_plan.py): every slice gets
-the same number of sequences, the sequences of all slices are the stream of the permuted row
-groups (its tail reported), and a slice resumes from any position, also after an elastic
-re-plan, with no token lost or repeated."""
+"""The token plan (NOTE [ token plan ] in lakeckpt_tables/reader/packing/token_plan.py): every
+slice gets the same number of sequences, the sequences of all slices are the stream of the
+permuted row groups (its tail reported), and a slice resumes from any position, also after an
+elastic re-plan, with no token lost or repeated."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from lakeckpt_tables.errors import EosInDocumentWarning
-from lakeckpt_tables.reader.token_plan import (
+from lakeckpt_tables.reader.packing.token_plan import (
     TokenPlan,
     _footer_stats,
     packed_batches,

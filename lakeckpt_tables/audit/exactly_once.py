@@ -239,17 +239,14 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
     passes that did not give exactly their tokens)."""
     if not head.reader_state:
         return []
-    from lakeckpt_tables.mixture import is_mixture_state
+    from lakeckpt_tables.mixture.state import reader_states
     from lakeckpt_tables.reader.state import ReaderState, decode_state
 
     decoded = decode_state(head.reader_state)
     undelivered = _undelivered(snapshot, head.run_id, {r.checkpoint_id for r in chain})
-    if not is_mixture_state(decoded):
-        readers = [(None, decoded, source)]
-    else:
-        readers = [(key, one, None) for key, one in sorted(decoded["sources"].items())]
     out: list[str] = []
-    for key, one, given in readers:
+    for key, one in reader_states(decoded).items():
+        given = source if key is None else None  # the one source given is a one-table run's
         state = ReaderState.from_dict(one)
         if state.plan is None:
             continue  # nothing read yet

@@ -150,7 +150,7 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
         only: replay only the readers of this table id.
         datasets: caches the readers built per (source, state configuration) across calls.
     """
-    from lakeckpt_tables.mixture import is_mixture_state
+    from lakeckpt_tables.mixture.state import is_mixture_state, paired_reader_states
     from lakeckpt_tables.reader.state import decode_state
 
     if not record.reader_state:
@@ -158,14 +158,10 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
     after = decode_state(record.reader_state)
     prior = decode_state(parent.reader_state) if parent is not None and parent.reader_state \
         else None
-    if not is_mixture_state(after):
-        pairs = [(None, after, None if prior is None or is_mixture_state(prior) else prior)]
-    else:
-        before = prior["sources"] if prior is not None and is_mixture_state(prior) else {}
-        pairs = [(key, one, before.get(key)) for key, one in sorted(after["sources"].items())]
+    if is_mixture_state(after):
         source = None  # the one source given is a one-table run's
     parts: list[Part] = []
-    for key, one, was in pairs:
+    for key, one, was in paired_reader_states(after, prior):
         parts.extend(_reader_rows(key, one, was, snapshot, source=source, sources=sources,
                                   only=only, storage_options=storage_options,
                                   datasets=datasets, source_catalog=source_catalog))

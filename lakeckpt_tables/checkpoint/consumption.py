@@ -7,9 +7,10 @@ and accounts for a packed reader (``pack_tokens``) itself.
 
 NOTE [ packed accounting ]
 A packed reader's position is sequences delivered, and its plan is in stream space (NOTE
-[ token plan ] in ``reader/token_plan.py``): each slice delivers contiguous stream intervals,
-each row (document) is ``tokens + 1`` stream elements (its eos last). Between two states,
-:func:`stream_spans` gives every slice's delivered intervals, and for each row group they cut:
+[ token plan ] in ``reader/packing/token_plan.py``): each slice delivers contiguous stream
+intervals, each row (document) is ``tokens + 1`` stream elements (its eos last). Between two
+states, :func:`stream_spans` gives every slice's delivered intervals, and for each row group
+they cut:
 
 - **rows** are counted by their eos: a row is consumed by the checkpoint whose span holds its
   eos, so a document cut across sequences or checkpoints is counted once (what ``verify``
@@ -41,8 +42,8 @@ import pyarrow as pa
 from lakeckpt_tables.ledger.records import ConsumptionRecord
 from lakeckpt_tables.plan.accounting import Planner, Positions, consumed_ranges, round_events
 from lakeckpt_tables.plan.pieces import cut_spans
-from lakeckpt_tables.reader.packed import TokenPlanner
-from lakeckpt_tables.reader.token_plan import TokenPlan
+from lakeckpt_tables.reader.packing.planner import TokenPlanner
+from lakeckpt_tables.reader.packing.token_plan import TokenPlan
 
 __all__ = ["RowLengths", "StreamSpan", "UnitPart", "consumed_between", "segment_events",
            "slice_stream", "stream_spans", "touched_rows", "unit_parts"]

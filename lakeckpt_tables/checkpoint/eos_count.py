@@ -3,7 +3,7 @@ inside the documents a checkpoint delivered.
 
 NOTE [ eos counted in the ledger ]
 An ``eos_id`` inside a document makes its boundaries ambiguous to the model; the reader warns
-once per process (``reader/packing.py``) and counts every occurrence exactly. The count is
+once per process (``reader/packing/stream.py``) and counts every occurrence exactly. The count is
 kept where positions are: each slice's state holds its cumulative count (``eos_inside`` in
 ``reader/state.py``), raised with the batch whose ``input_ids`` hold the token, so a document
 cut across sequences, batches or checkpoints has each occurrence counted once, when its token
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lakeckpt_tables.ledger import CheckpointRecord, LedgerEvent
-from lakeckpt_tables.mixture.state import is_mixture_state, is_reader_state
+from lakeckpt_tables.mixture.state import is_reader_state, reader_states
 from lakeckpt_tables.reader import decode_state
 from lakeckpt_tables.reader.state import KEY_EOS_INSIDE
 
@@ -64,8 +64,8 @@ def eos_events(before: CheckpointRecord | None,
 def _readers(state: Mapping[str, Any]) -> dict[str | None, Mapping[str, Any]]:
     """The packing reader states of a checkpoint's merged state, by Mixture source key (None
     for a lone reader); a source of another kind counts nothing."""
-    states = state["sources"] if is_mixture_state(state) else {None: state}
-    return {key: s for key, s in states.items() if is_reader_state(s) and "pack" in s["config"]}
+    return {key: s for key, s in reader_states(state).items()
+            if is_reader_state(s) and "pack" in s["config"]}
 
 
 def _total(state: Mapping[str, Any]) -> int:

@@ -24,6 +24,7 @@ from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_eve
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.ledger import ConsumptionRecord, LedgerEvent
 from lakeckpt_tables.mixture import Mixture, is_mixture_state, merge_mixture_states
+from lakeckpt_tables.mixture.state import paired_reader_states
 from lakeckpt_tables.reader import (
     ReaderState,
     dataset_of,
@@ -44,12 +45,25 @@ def capture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
     (the previous checkpoint's merged state, None at the run's start) and the events."""
     if dataloader is None:
         return None, [], []
-    if isinstance(getattr(dataloader, "dataset", None), Mixture):
-        return _capture_mixture(dataloader, baseline)
-    dataset = dataset_of(dataloader)
-    state = reader_state_of(dataloader)
-    before = None if baseline is None else ReaderState.from_dict(baseline)
-    return state.to_dict(), *_accounting(dataset, before, state, None)
+    mixture = getattr(dataloader, "dataset", None)
+    if isinstance(mixture, Mixture):
+        if getattr(dataloader, "batch_size", None) is not None:
+            raise CheckpointError("build the StatefulDataLoader with batch_size=None: the "
+                                  "Mixture yields whole batches")
+        state = merge_mixture_states(states_from_loader(dataloader.state_dict()))
+        datasets: dict[str | None, Any] = dict(mixture.sources.items())
+    else:
+        state, datasets = reader_state_of(dataloader).to_dict(), {None: dataset_of(dataloader)}
+    consumed: list[ConsumptionRecord] = []
+    events: list[LedgerEvent] = []
+    for key, after, was in paired_reader_states(state, baseline):
+        before = None if was is None else ReaderState.from_dict(was)
+        if key is not None and before is not None and before.plan is None:
+            before = None  # a source not drawn yet at the baseline: its reading starts now
+        c, e = _accounting(datasets[key], before, ReaderState.from_dict(after), key)
+        consumed += c
+        events += e
+    return state, consumed, events
 
 
 def merged(readers: list[dict[str, Any]], where: str) -> tuple[
@@ -77,26 +91,6 @@ def restore(dataloader: Any, state: Mapping[str, Any]) -> None:
         dataloader.dataset.load_state_dict(dict(state))
         return
     restore_reader(dataloader, ReaderState.from_dict(state))
-
-
-def _capture_mixture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
-    mixture: Mixture = dataloader.dataset
-    if getattr(dataloader, "batch_size", None) is not None:
-        raise CheckpointError("build the StatefulDataLoader with batch_size=None: the "
-                              "Mixture yields whole batches")
-    state = merge_mixture_states(states_from_loader(dataloader.state_dict()))
-    consumed: list[ConsumptionRecord] = []
-    events: list[LedgerEvent] = []
-    for key, source in mixture.sources.items():
-        after = ReaderState.from_dict(state["sources"][key])
-        before_state = None if baseline is None else baseline["sources"][key]
-        before = None if before_state is None else ReaderState.from_dict(before_state)
-        if before is not None and before.plan is None:
-            before = None
-        c, e = _accounting(source, before, after, key)
-        consumed += c
-        events += e
-    return state, consumed, events
 
 
 def _accounting(dataset: Any, before: ReaderState | None, after: ReaderState,

@@ -1,4 +1,7 @@
-"""A Mixture's state, defined once: its JSON form, how it is checked, parsed and merged.
+"""A Mixture's state, defined once: its JSON form, how it is checked, parsed and merged, and
+the one answer to "is this state one reader's or a mixture's, and what are its readers' states"
+(:func:`reader_states`, :func:`paired_reader_states`) that checkpoints, eos counts, replays
+and verification all ask.
 
 No torch: audits read mixture states (which sources a checkpoint read) without importing it.
 """
@@ -6,7 +9,7 @@ No torch: audits read mixture states (which sources a checkpoint read) without i
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,8 @@ __all__ = [
     "merge_mixture_states",
     "merge_positions",
     "merged_source_state",
+    "paired_reader_states",
+    "reader_states",
     "same_json",
 ]
 
@@ -64,7 +69,7 @@ def natural(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def merge_mixture_states(states: list[Mapping[str, Any]]) -> dict[str, Any]:
+def merge_mixture_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One mixture state from those of several DataLoader workers and ranks (what a
     checkpoint keeps): every worker's position, and each source's states merged. Ranks take
     the same draws in lockstep, so their positions of a worker agree.
@@ -95,7 +100,25 @@ def is_mixture_state(state: Any) -> bool:
     return isinstance(state, Mapping) and state.get(KEY_FORMAT) == MIXTURE_FORMAT
 
 
-def merge_positions(names: list[str], states: list[Mapping[str, Any]]
+def reader_states(state: Mapping[str, Any] | None) -> dict[str | None, Any]:
+    """The readers' states in a checkpoint's merged reader state, by Mixture source key in
+    name order (a lone reader's under None; a state of nothing read yet, None: no reader)."""
+    if state is None:
+        return {}
+    if is_mixture_state(state):
+        return dict(sorted(state[KEY_SOURCES].items()))
+    return {None: state}
+
+
+def paired_reader_states(after: Mapping[str, Any], before: Mapping[str, Any] | None
+                         ) -> list[tuple[str | None, Any, Any | None]]:
+    """Each reader of ``after`` (key, its state, its state in ``before`` or None when
+    ``before`` has no such reader): what accounting between two checkpoints walks."""
+    was = reader_states(before)
+    return [(key, state, was.get(key)) for key, state in reader_states(after).items()]
+
+
+def merge_positions(names: list[str], states: Sequence[Mapping[str, Any]]
                      ) -> tuple[int | None, list[Position | None]]:
     workers = None
     positions: list[Position | None] = []

@@ -35,7 +35,7 @@ from lakeckpt_tables.reader.columns import resolve_columns
 from lakeckpt_tables.reader.convert import check_convertible
 from lakeckpt_tables.reader.deletions import check_honorable
 from lakeckpt_tables.reader.options import Packing, ReaderOptions
-from lakeckpt_tables.reader.packed import StreamSizes, TokenPlanner
+from lakeckpt_tables.reader.packing.planner import StreamSizes, TokenPlanner
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
 from lakeckpt_tables.reader.rounds import FollowPolicy, RoundSequence
 from lakeckpt_tables.reader.state import PlanShape, ReaderState
@@ -71,7 +71,7 @@ class ReaderConfig:
     cycle: bool = False
     stream_sizes: dict[int, StreamSizes] = dataclasses.field(default_factory=dict, repr=False)
     """Packing: each pinned version's row groups' stream sizes, counted once per process
-    (NOTE [ token plan ] in ``reader/token_plan.py``)."""
+    (NOTE [ token plan ] in ``reader/packing/token_plan.py``)."""
     identity: dict[str, Any] = dataclasses.field(init=False)
     """What defines the rows: a state loads only into a reader with the same."""
     policy: dict[str, Any] = dataclasses.field(init=False)
@@ -107,7 +107,7 @@ class ReaderConfig:
         check_nulls(self.snapshot, list(self.columns), o.nulls if o.output == "torch" else "fill")
         check_honorable(self.snapshot, o.deletes, o.deletes_key)
         if self.packing is not None:
-            from lakeckpt_tables.reader.packing import check_token_column
+            from lakeckpt_tables.reader.packing.stream import check_token_column
             if self.snapshot.whole_files:
                 raise ValueError(
                     f"{self.snapshot.describe()}: a packing reader counts tokens per row group; "
@@ -191,7 +191,7 @@ class ReaderConfig:
 
     def planner(self, rounds: RoundSequence) -> RoundPlanner:
         """The plans of ``rounds`` (this configuration's) and what a state means to them (a
-        packing reader's: ``reader/packed.py``)."""
+        packing reader's: ``reader/packing/planner.py``)."""
         o = self.options
         if self.packing is not None:
             return TokenPlanner(self.packing, o, self.snapshot,  # type: ignore[return-value]

@@ -29,7 +29,7 @@ from lakeckpt_tables.reader.distributed import rank_and_world
 from lakeckpt_tables.reader.loaders import parse_state, refuse_finished_pass
 from lakeckpt_tables.reader.loop import SliceReader, start_cursor
 from lakeckpt_tables.reader.options import ReaderOptions
-from lakeckpt_tables.reader.packed import sequences
+from lakeckpt_tables.reader.packing.planner import sequences
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
 from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH
 from lakeckpt_tables.reader.rounds import (
@@ -89,7 +89,7 @@ class LakeDataset(IterableDataset[Batch]):
             on_change, min_segment_rows, refresh, output, nulls, decimals, filter, unit_rows,
             read_ahead, pack_tokens, seq_len, eos_id, deletes, deletes_key: the fields of
             :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented there
-            (``pack_tokens``: fixed-length token sequences, ``reader/packed.py``).
+            (``pack_tokens``: fixed-length token sequences, ``reader/packing/planner.py``).
 
     Raises:
         TypeError, ValueError: an option or a source of the wrong kind, named.
@@ -292,7 +292,7 @@ class LakeDataset(IterableDataset[Batch]):
                             own=self._resume_own, epoch=self._epoch)
 
     def __iter__(self) -> Iterator[Batch]:
-        if self._config.packing is not None:  # token sequences (reader/packed.py)
+        if self._config.packing is not None:  # token sequences (reader/packing/planner.py)
             yield from sequences(self.planner, self._reader.cache.get,  # type: ignore[arg-type]
                                  self.transform, self._begin())
             return

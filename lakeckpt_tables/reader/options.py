@@ -30,7 +30,7 @@ ON_CHANGE = ("fail", "skip")
 
 @dataclass(frozen=True)
 class Packing:
-    """How a packing reader packs (NOTE [ packing ] in ``reader/packing.py``)."""
+    """How a packing reader packs (NOTE [ packing ] in ``reader/packing/stream.py``)."""
 
     column: str
     seq_len: int
@@ -111,7 +111,7 @@ class ReaderOptions:
     shuffle mixes and work divides at any row-group size."""
     pack_tokens: str | None = None
     """Pack this token column (a list of integers per row, one document per row) into
-    sequences of ``seq_len`` tokens (``reader/packed.py``); ``batch_size`` then counts
+    sequences of ``seq_len`` tokens (``reader/packing/planner.py``); ``batch_size`` then counts
     sequences."""
     seq_len: int | None = None
     """Packing: tokens per sequence (>= 2)."""
@@ -200,7 +200,7 @@ class ReaderOptions:
 
     def _check_packing(self) -> None:
         from lakeckpt_tables.errors import PackingError
-        from lakeckpt_tables.reader.packing import check_packing
+        from lakeckpt_tables.reader.packing.stream import check_packing
 
         if self.pack_tokens is None:
             if self.seq_len is not None or self.eos_id is not None:

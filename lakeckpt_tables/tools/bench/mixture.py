@@ -118,7 +118,8 @@ def run_mixture_bench(*, docs: int = DEFAULT_DOCS, root: str | Path | None = Non
             built += 1
             return made if built % 2 else dict(reversed(made.items()))
 
-        logging.getLogger("lakeckpt_tables.reader.packed").setLevel(logging.ERROR)  # the tail
+        # the tail
+        logging.getLogger("lakeckpt_tables.reader.packing.planner").setLevel(logging.ERROR)
         with no_loader_warnings():
             expected = {n: t.rows for n, t in interleaved_pass(loops(), "tokens").items()}
         done: list[dict[str, LoopTime]] = interleaved_rounds(

@@ -28,7 +28,7 @@ or padded to ``seq_len`` with ``pad_id`` (``last="pad"``: the padding counts on 
 position 0 as a document of its own, so per-document masking keeps it apart, and the number of
 padding tokens is reported) by :func:`finish`. The packed ``LakeDataset`` drops: its round's
 tail is what cannot be split in lockstep among ranks (NOTE [ token plan ] in
-``reader/token_plan.py``), logged with its token count; padding it would hand some ranks
+``reader/packing/token_plan.py``), logged with its token count; padding it would hand some ranks
 sequences of padding only.
 
 An ``eos_id`` that occurs inside a document makes document boundaries ambiguous to the model:

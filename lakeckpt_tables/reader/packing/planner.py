@@ -2,9 +2,9 @@
 
 A packing ``LakeDataset`` has the same source, pinning, state, resume paths and DataLoader
 behaviour as any other, but its epochs are planned in stream space (NOTE [ token plan ] in
-``reader/token_plan.py``: :class:`TokenPlanner`, what ``ReaderConfig.planner`` returns) and it
-yields ``{"input_ids": LongTensor[B, L], "position_ids": LongTensor[B, L]}`` (NOTE [ packing ]
-in ``reader/packing.py``; :func:`sequences`). ``batch_size`` counts sequences. A slice's
+``token_plan.py``: :class:`TokenPlanner`, what ``ReaderConfig.planner`` returns) and it yields
+``{"input_ids": LongTensor[B, L], "position_ids": LongTensor[B, L]}`` (NOTE [ packing ] in
+``stream.py``; :func:`sequences`). ``batch_size`` counts sequences. A slice's
 position counts sequences delivered, so the reader state keeps its shape (``[round,
 position]`` per slice); the configuration names the packing (``"pack"``), and an elastic
 re-plan's layout is one plain piece whose spans are stream intervals.
@@ -25,15 +25,15 @@ from lakeckpt_tables.plan import Piece
 from lakeckpt_tables.reader.convert import Batch
 from lakeckpt_tables.reader.loaders import next_worker_in_turn
 from lakeckpt_tables.reader.options import Packing, ReaderOptions
-from lakeckpt_tables.reader.planner import Cursor, rank_slices, require_whole
-from lakeckpt_tables.reader.rounds import Round, RoundSequence
-from lakeckpt_tables.reader.state import PlanShape, ReaderState
-from lakeckpt_tables.reader.token_plan import (
+from lakeckpt_tables.reader.packing.token_plan import (
     StreamSizes,
     TokenPlan,
     packed_batches,
     stream_sizes,
 )
+from lakeckpt_tables.reader.planner import Cursor, rank_slices, require_whole
+from lakeckpt_tables.reader.rounds import Round, RoundSequence
+from lakeckpt_tables.reader.state import PlanShape, ReaderState
 from lakeckpt_tables.sources.base import Snapshot
 
 __all__ = ["StreamSizes", "TokenPlanner", "sequences"]

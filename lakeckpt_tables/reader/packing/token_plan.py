@@ -6,7 +6,7 @@ Ranks must yield equal numbers of sequences per step, but documents differ in le
 that splits *rows* among slices gives each slice a different number of tokens, and no slice
 can know the others' without reading them. So packed reading is planned in *stream space*
 instead: the stream of a round is its row groups, permuted by (seed, epoch), each contributing
-its documents' tokens plus one eos per document (NOTE [ packing ] in ``reader/packing.py``).
+its documents' tokens plus one eos per document (NOTE [ packing ] in ``reader/packing/stream.py``).
 A row group's stream size is known before reading it: tokens = the token leaf's ``num_values``
 minus its ``null_count`` in the Parquet footer (empty and null lists are the only level entries
 without a token), plus its rows; a row group whose footer cannot say (no statistics, deleted
@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from lakeckpt_tables.errors import PackingError
 from lakeckpt_tables.plan.pieces import cut_spans
-from lakeckpt_tables.reader.packing import StreamWriter, warn_eos
+from lakeckpt_tables.reader.packing.stream import StreamWriter, warn_eos
 from lakeckpt_tables.reader.readahead import ReadAhead
 from lakeckpt_tables.types import Unit
 

@@ -167,6 +167,26 @@ def test_two_ranks_stay_in_lockstep_when_a_deletion_is_taken_out(pristine: Path,
     assert [b["id"].tolist() for b in loader_for(again, 0)] == tails[1]
 
 
+def test_a_deletion_is_taken_out_of_every_later_epoch_too(pristine: Path,
+                                                          tmp_path: Path) -> None:
+    table = _copy(pristine, tmp_path / "t")
+    dataset = _dataset(table, epochs=2, batch_size=16)
+    loader = loader_for(dataset, 0)
+    it = iter(loader)
+    head = {i for _ in range(4) for i in next(it)["id"].tolist()}
+    deleted = _delete_user_by_vectors(table)
+    state, events = observe_deletions(
+        dataset, ReaderState.from_dict(loader.state_dict()["dataset_state"]))
+    assert sorted(events[0]["excluded"]) == ["0", "1"]
+    assert _ids_of(events[0]["excluded"]["1"], table) == deleted  # all of them, next epoch
+    continue_from(dataset, state)
+    rest = [i for b in it for i in b["id"].tolist()]
+    everything = set(range(FILES * ROWS))
+    first_epoch = len(everything) - len(head) - len(deleted - head)
+    assert set(rest[:first_epoch]) == everything - head - deleted
+    assert sorted(rest[first_epoch:]) == sorted(everything - deleted)
+
+
 def test_a_copy_on_write_delete_is_refused_without_a_key_and_followed_with_one(
         tmp_path: Path) -> None:
     from deltalake import DeltaTable

@@ -19,6 +19,8 @@ import pytest
 from conftest import loader_for, raised_in_workers, sql_catalog
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
+from lakeckpt_tables.audit import connect
+from lakeckpt_tables.audit import rows as audit_rows
 from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.errors import DeletionUntraceableError
 from lakeckpt_tables.reader import ReaderState, merge_states
@@ -135,6 +137,15 @@ def test_deletion_vectors_after_the_pin_stop_at_the_next_checkpoint_and_resume_e
     assert _ids_of(event["deleted"], table) == deleted and event["rows"] == len(deleted)
     assert _ids_of(event["excluded"]["0"], table) == deleted - trained_before
     assert event["excluded_rows"] == len(deleted - trained_before)
+    # the audit replays every checkpoint's rows: the re-planned one's up to its state before
+    con = connect(tmp_path / "ck-a")
+    steps = dict(con.sql("SELECT step, checkpoint_id FROM checkpoints").fetchall())
+    for step, first, end in ((10, 5, 10), (20, 10, 20)):
+        replayed = audit_rows(tmp_path / "ck-a", checkpoint=steps[step])
+        assert set(_ids_of([[f, g, r, r + 1] for f, g, r in zip(
+            replayed["file"].to_pylist(), replayed["row_group"].to_pylist(),
+            replayed["row"].to_pylist(), strict=True)], table)) == {
+            i for b in batches[first:end] for i in b}
     # a crash after step 14 resumes step 10's checkpoint: the same rows, row for row
     other = _copy(pristine, tmp_path / "b")
     resumed, _ = _train(other, tmp_path / "ck-b", delete_after=5, crash_after=14)

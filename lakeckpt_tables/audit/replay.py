@@ -11,16 +11,19 @@ metadata is (to list its units). A Mixture's checkpoint is replayed source by so
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
+from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
 from lakeckpt_tables.plan.accounting import slice_spans
 from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
@@ -155,7 +158,7 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
 
     if not record.reader_state:
         return CheckpointRows([])
-    after = decode_state(record.reader_state)
+    after = replanned_from(snapshot, record) or decode_state(record.reader_state)
     prior = decode_state(parent.reader_state) if parent is not None and parent.reader_state \
         else None
     if is_mixture_state(after):
@@ -166,6 +169,21 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
                                   only=only, storage_options=storage_options,
                                   datasets=datasets, source_catalog=source_catalog))
     return CheckpointRows(parts)
+
+
+def replanned_from(snapshot: LedgerSnapshot, record: CheckpointRecord) -> dict[str, Any] | None:
+    """The reader state ``record``'s rows were consumed up to, when the checkpoint re-planned
+    what was left to take deleted rows out (NOTE [ deletions honored ] in
+    ``reader/deletions.py``); None otherwise (its own state)."""
+    from lakeckpt_tables.reader.deletions import REPLANNED_EVENT
+    from lakeckpt_tables.reader.state import decode_state
+
+    found = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                          & (pc.field(s.EVENT) == REPLANNED_EVENT)
+                          & (pc.field(s.RUN_ID) == record.run_id)
+                          & (pc.field(s.CHECKPOINT_ID) == record.checkpoint_id))
+    details = found.column(s.DETAIL).to_pylist() if found.num_rows else []
+    return decode_state(json.loads(details[0])["from"]) if details else None
 
 
 def _reader_rows(key: str | None, state: Mapping[str, Any], prior: Mapping[str, Any] | None,

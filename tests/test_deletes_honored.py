@@ -19,7 +19,7 @@ import pytest
 from conftest import loader_for, raised_in_workers, sql_catalog
 
 from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
-from lakeckpt_tables.audit import connect
+from lakeckpt_tables.audit import connect, verify
 from lakeckpt_tables.audit import rows as audit_rows
 from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.errors import DeletionUntraceableError
@@ -90,7 +90,7 @@ def _ids_of(ranges: list[list[Any]], table: Path) -> set[int]:
 
 def _train(table: Path, root: Path, *, delete_after: int, crash_after: int | None = None,
            saves: tuple[int, ...] = (5, 10, 20)) -> tuple[list[list[int]], set[int]]:
-    """Train to the end, saving at ``saves``; the user's rows deleted by deletion vectors
+    """Train to the end, saving at ``saves`` and at the end; the user's rows deleted by deletion vectors
     after step ``delete_after``'s save; with ``crash_after``, the job dies after that step
     and a new one restores. Returns the batches trained (lost ones dropped) and the ids
     deleted."""
@@ -116,6 +116,7 @@ def _train(table: Path, root: Path, *, delete_after: int, crash_after: int | Non
             batches.append(batch["id"].tolist())
             if step in saves:
                 manager.save(step, dataloader=loader)
+    manager.save(len(batches), dataloader=loader)  # the end of the pass
     return batches, deleted
 
 
@@ -146,6 +147,11 @@ def test_deletion_vectors_after_the_pin_stop_at_the_next_checkpoint_and_resume_e
             replayed["file"].to_pylist(), replayed["row_group"].to_pylist(),
             replayed["row"].to_pylist(), strict=True)], table)) == {
             i for b in batches[first:end] for i in b}
+    # verify: the finished pass gave every row but those taken out, counted as excluded
+    (verdict,) = verify(tmp_path / "ck-a")
+    assert verdict.ok and verdict.finished_passes == [(0, 0)], verdict.violations
+    assert verdict.excluded == len(deleted - trained_before)
+    assert verdict.rows == FILES * ROWS - verdict.excluded
     # a crash after step 14 resumes step 10's checkpoint: the same rows, row for row
     other = _copy(pristine, tmp_path / "b")
     resumed, _ = _train(other, tmp_path / "ck-b", delete_after=5, crash_after=14)

@@ -36,7 +36,11 @@ from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger import schema as s
-from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
+from lakeckpt_tables.ledger.records import (
+    EXCLUDED_EVENT,
+    CheckpointRecord,
+    checkpoints_from_arrow,
+)
 
 __all__ = ["Verdict", "verify", "verify_snapshot"]
 
@@ -55,6 +59,8 @@ class Verdict:
         tokens: tokens they consumed (packed readers), None when no record counts tokens.
         finished_passes: passes (segment, epoch) the reader state shows finished, each
             checked for gaps.
+        excluded: rows the lineage took out of its passes because the table deleted them
+            (``deletes="honor"``: ``excluded`` events), not expected of a finished pass.
         violations: what breaks exactly-once, the first one first; empty when proved.
     """
 
@@ -67,6 +73,7 @@ class Verdict:
     tokens: int | None = None
     finished_passes: list[tuple[int, int]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    excluded: int = 0
 
     @property
     def ok(self) -> bool:
@@ -78,7 +85,7 @@ class Verdict:
                 "rows": self.rows, "tokens": self.tokens,
                 "finished_passes": [{"segment": seg, "epoch": ep}
                                     for seg, ep in self.finished_passes],
-                "violations": self.violations}
+                "excluded": self.excluded, "violations": self.violations}
 
 
 def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None,
@@ -244,6 +251,7 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
 
     decoded = decode_state(head.reader_state)
     undelivered = _undelivered(snapshot, head.run_id, {r.checkpoint_id for r in chain})
+    verdict.excluded = undelivered.excluded
     out: list[str] = []
     for key, one in reader_states(decoded).items():
         given = source if key is None else None  # the one source given is a one-table run's
@@ -323,23 +331,31 @@ def _finished_passes(dataset: Any, state: Any,
 
 @dataclass
 class _Undelivered:
-    """What a lineage's ``undelivered`` events name: rows per row group, tokens per pass."""
+    """What a lineage's ``undelivered`` and ``excluded`` events name: rows per row group,
+    tokens per pass; ``excluded`` counts the rows of the latter."""
 
     rows: dict[Key, int]
     tokens: dict[Pass, int]
+    excluded: int = 0
 
 
 def _undelivered(snapshot: LedgerSnapshot, run_id: str,
                  checkpoints: Iterable[str]) -> _Undelivered:
     wanted = set(checkpoints)
     events = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
-                           & (pc.field(s.EVENT) == "undelivered")
+                           & pc.field(s.EVENT).isin(["undelivered", EXCLUDED_EVENT])
                            & (pc.field(s.RUN_ID) == run_id))
     out = _Undelivered(defaultdict(int), defaultdict(int))
     for rec in events.to_pylist():
         if rec[s.CHECKPOINT_ID] not in wanted:
             continue
         detail = json.loads(rec[s.DETAIL])
+        if rec[s.EVENT] == EXCLUDED_EVENT:  # a pinned pass's rows the table deleted
+            for epoch, ranges in detail["excluded"].items():
+                for path, group, r0, r1 in ranges:
+                    out.rows[(None, 0, int(epoch), path, int(group))] += r1 - r0
+                    out.excluded += r1 - r0
+            continue
         at = (detail.get("source_key"), int(detail["segment"]), int(detail["epoch"]))
         for path, group, r0, r1 in detail.get("ranges", ()):
             out.rows[(*at, path, int(group))] += r1 - r0

@@ -24,7 +24,11 @@ from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger import schema as s
-from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
+from lakeckpt_tables.ledger.records import (
+    REPLANNED_EVENT,
+    CheckpointRecord,
+    checkpoints_from_arrow,
+)
 from lakeckpt_tables.plan.accounting import slice_spans
 from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
 from lakeckpt_tables.plan.shuffle import LEGACY
@@ -175,7 +179,6 @@ def replanned_from(snapshot: LedgerSnapshot, record: CheckpointRecord) -> dict[s
     """The reader state ``record``'s rows were consumed up to, when the checkpoint re-planned
     what was left to take deleted rows out (NOTE [ deletions honored ] in
     ``reader/deletions.py``); None otherwise (its own state)."""
-    from lakeckpt_tables.reader.deletions import REPLANNED_EVENT
     from lakeckpt_tables.reader.state import decode_state
 
     found = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)

@@ -8,13 +8,9 @@ from typing import Any
 from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.ledger import LedgerEvent
+from lakeckpt_tables.ledger.records import EXCLUDED_EVENT, REPLANNED_EVENT
 from lakeckpt_tables.reader import ReaderState, encode_state, merge_states, reader_state_of
-from lakeckpt_tables.reader.deletions import (
-    EXCLUDED_EVENT,
-    REPLANNED_EVENT,
-    continue_from,
-    observe_deletions,
-)
+from lakeckpt_tables.reader.deletions import continue_from, observe_deletions
 
 __all__ = ["honor_deletions"]
 

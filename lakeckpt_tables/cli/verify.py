@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         row["first_violation"] = v.violations[0] if v.violations else None
         row["violations"] = len(v.violations)
         rows.append(row)
-    columns = ("run_id", "step", "ok", "checkpoints", "records", "rows", "tokens",
+    columns = ("run_id", "step", "ok", "checkpoints", "records", "rows", "tokens", "excluded",
                "finished_passes", "violations", "first_violation")
     if args.output == "json":
         emit([v.to_json() for v in verdicts], "json")

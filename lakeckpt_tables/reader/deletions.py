@@ -60,17 +60,8 @@ from lakeckpt_tables.reader.state import ReaderState
 from lakeckpt_tables.sources.base import Snapshot
 from lakeckpt_tables.sources.changes import Deletion, DeletionWatch
 
-__all__ = ["EXCLUDED_EVENT", "REPLANNED_EVENT", "Replans", "check_honorable", "continue_from",
-           "exclude", "following_replans", "observe_deletions", "reading"]
-
-EXCLUDED_EVENT = "excluded"
-"""Ledger event of one deleting commit's rows taken out of a pass (NOTE [ deletions honored ])."""
-
-REPLANNED_EVENT = "replanned"
-"""Ledger event of a checkpoint whose reader state was re-planned to take rows out: its
-``from`` is the (encoded) state before, up to which the checkpoint's rows were consumed (the
-audit replays to it; the next checkpoint's rows start at the checkpoint's own state)."""
-
+__all__ = ["Replans", "check_honorable", "continue_from", "exclude", "following_replans",
+           "observe_deletions", "reading"]
 
 def exclude(planner: RoundPlanner, state: ReaderState, seen: int,
             deletions: Sequence[Deletion]) -> tuple[ReaderState, list[dict[str, Any]]]:

@@ -22,6 +22,7 @@ from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
 from lakeckpt_tables.audit import connect, verify
 from lakeckpt_tables.audit import rows as audit_rows
 from lakeckpt_tables.checkpoint import CheckpointManager
+from lakeckpt_tables.cli import main
 from lakeckpt_tables.errors import DeletionUntraceableError
 from lakeckpt_tables.reader import ReaderState, merge_states
 from lakeckpt_tables.reader.deletions import continue_from, observe_deletions
@@ -90,10 +91,10 @@ def _ids_of(ranges: list[list[Any]], table: Path) -> set[int]:
 
 def _train(table: Path, root: Path, *, delete_after: int, crash_after: int | None = None,
            saves: tuple[int, ...] = (5, 10, 20)) -> tuple[list[list[int]], set[int]]:
-    """Train to the end, saving at ``saves`` and at the end; the user's rows deleted by deletion vectors
-    after step ``delete_after``'s save; with ``crash_after``, the job dies after that step
-    and a new one restores. Returns the batches trained (lost ones dropped) and the ids
-    deleted."""
+    """Train to the end, saving at ``saves`` and at the end; the user's rows deleted by
+    deletion vectors after step ``delete_after``'s save; with ``crash_after``, the job dies
+    after that step and a new one restores. Returns the batches trained (lost ones dropped)
+    and the ids deleted."""
     manager = CheckpointManager(root, "run")
     loader = loader_for(_dataset(table), 0)
     batches: list[list[int]] = []
@@ -121,7 +122,7 @@ def _train(table: Path, root: Path, *, delete_after: int, crash_after: int | Non
 
 
 def test_deletion_vectors_after_the_pin_stop_at_the_next_checkpoint_and_resume_exactly(
-        pristine: Path, tmp_path: Path) -> None:
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     table = _copy(pristine, tmp_path / "a")
     batches, deleted = _train(table, tmp_path / "ck-a", delete_after=5)
     ids = [i for b in batches for i in b]
@@ -147,6 +148,39 @@ def test_deletion_vectors_after_the_pin_stop_at_the_next_checkpoint_and_resume_e
             replayed["file"].to_pylist(), replayed["row_group"].to_pylist(),
             replayed["row"].to_pylist(), strict=True)], table)) == {
             i for b in batches[first:end] for i in b}
+    # the deletions view: the deleted rows, the checkpoint that took them out
+    view = con.sql("SELECT applied_at_step, version, operation, file, row_group, row_start, "
+                   "row_end, excluded_rows FROM deletions").fetchall()
+    assert {r[:3] for r in view} == {(10, 3, "DELETE")}
+    assert _ids_of([list(r[3:7]) for r in view], table) == deleted
+    assert {r[7] for r in view} == {len(deleted - trained_before)}
+    # exposure per matching row: the checkpoints that trained on it, the version that
+    # deleted it, the checkpoint after which none trained on it
+    exposure = audit_rows(tmp_path / "ck-a", where=f"user = {USER}").to_pylist()
+    trained_user = {i for i in ids if i % 7 == USER}
+    got = {next(iter(_ids_of([[r["file"], r["row_group"], r["row"], r["row"] + 1]], table))): r
+           for r in exposure}
+    assert set(got) == trained_user
+    step_bounds = [0, 5, 10, 20, len(batches)]
+    for i, r in got.items():
+        at = next(k for k, b in enumerate(batches) if i in b) + 1  # the step it trained at
+        assert r["steps"] == [next(e for e in step_bounds[1:] if e >= at)]
+        assert r["last_trained_step"] == r["steps"][-1]
+        if i in deleted:
+            assert (r["deleted_version"], r["deleted_by"], r["stopped_after_step"]) == (
+                3, "DELETE", 10)
+        else:
+            assert r["deleted_version"] is r["stopped_after_step"] is None
+    # the command line: per run, and per row
+    assert main(["audit", str(tmp_path / "ck-a"), "--where", f"user = {USER}",
+                 "--output", "json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)
+    assert (run["deleted"], run["deleted_versions"], run["stopped_after_step"]) == (
+        len(deleted & trained_before), [3], 10)
+    assert run["rows"] == len(got)
+    assert main(["audit", str(tmp_path / "ck-a"), "--where", f"user = {USER}", "--rows",
+                 "--output", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(exposure))
     # verify: the finished pass gave every row but those taken out, counted as excluded
     (verdict,) = verify(tmp_path / "ck-a")
     assert verdict.ok and verdict.finished_passes == [(0, 0)], verdict.violations

@@ -49,10 +49,15 @@ document's where a sequence, a checkpoint or a pass's tail cut it (NOTE [ packed
 in ``checkpoint/consumption.py``: a checkpoint saw every row it delivered a token of)."""
 
 
-def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any = None,
-         storage_options: Mapping[str, str] | None = None, source: Any = None,
-         source_catalog: Any = None) -> pa.Table:
-    """The (file, row group, row) checkpoint ``checkpoint`` trained on.
+def rows(target: Any, *, checkpoint: str | None = None, cumulative: bool = False,
+         catalog: Any = None, storage_options: Mapping[str, str] | None = None,
+         source: Any = None, source_catalog: Any = None, where: str | None = None,
+         table: str | None = None) -> pa.Table:
+    """The (file, row group, row) checkpoint ``checkpoint`` trained on; or, given ``where``
+    instead (a SQL predicate over the source tables' columns), per matching row and run the
+    checkpoints that trained on it, the table version that deleted it and the checkpoint after
+    which none trained on it (:func:`~lakeckpt_tables.audit.where.row_exposure`, its columns;
+    ``table`` limits it to the runs that read that table).
 
     Not cumulative by default: the rows delivered since the checkpoint's parent (the
     checkpoint its run saved or restored last), exactly what its consumption records cover.
@@ -82,6 +87,13 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
         SourceNotFoundError: the source table cannot be opened again.
         StateMismatchError: a reader state cannot be replayed against the table.
     """
+    if where is not None:
+        from lakeckpt_tables.audit.where import row_exposure
+
+        return row_exposure(target, where, table, catalog=catalog,
+                            storage_options=storage_options, source_catalog=source_catalog)
+    if checkpoint is None:
+        raise TypeError("audit.rows needs checkpoint= (its rows) or where= (rows matching it)")
     snapshot = read_ledger(target, catalog=catalog,
                            storage_options=ledger_options(target, storage_options))
     records = checkpoints_from_arrow(snapshot.rows)

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import loader_for, raised_in_workers, sql_catalog
 
-from lakeckpt_tables import DeltaSource, IcebergSource, LakeDataset
+from lakeckpt_tables import DeltaSource, ExclusionList, IcebergSource, LakeDataset
 from lakeckpt_tables.audit import connect, verify
 from lakeckpt_tables.audit import rows as audit_rows
 from lakeckpt_tables.checkpoint import CheckpointManager
@@ -318,10 +318,43 @@ def test_iceberg_position_deletes_after_the_pin_are_taken_out(tmp_path: Path) ->
     assert set(rest) == reference - head
 
 
+def test_an_exclusion_list_withholds_its_keys_from_the_start_and_from_the_next_checkpoint(
+        pristine: Path, tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    requests = tmp_path / "requests"
+    write_deltalake(str(requests), pa.table({"user": pa.array([USER], pa.int64())}))
+    listed = ExclusionList(DeltaSource(str(requests)), "user")
+    manager = CheckpointManager(tmp_path / "ck", "run")
+    loader = loader_for(_dataset(pristine, exclusions=listed), 0)
+    batches = []
+    for step, batch in enumerate(loader, 1):
+        batches.append(batch["id"].tolist())
+        if step == 3:
+            write_deltalake(str(requests), pa.table({"user": pa.array([5], pa.int64())}),
+                            mode="append")  # version 1 of the list
+        if step in (4, 8):
+            manager.save(step, dataloader=loader)
+    manager.save(len(batches), dataloader=loader)
+    ids = [i for b in batches for i in b]
+    assert len(ids) == len(set(ids)) and not {i % 7 for i in ids} & {USER} 
+    before = {i for b in batches[:4] for i in b}
+    assert not {i for b in batches[4:] for i in b if i % 7 == 5}
+    assert set(ids) == {i for i in range(FILES * ROWS) if i % 7 not in (USER, 5)} | {
+        i for i in before if i % 7 == 5}
+    events = _events(manager, "excluded")
+    assert [(step, e["version"], e["how"], e["rows"]) for step, e in events] == [
+        (4, 0, "list", FILES * ROWS // 7 + (FILES * ROWS % 7 > USER)),
+        (4, 1, "list", FILES * ROWS // 7 + (FILES * ROWS % 7 > 5))]
+    assert events[0][1]["operation"].startswith("exclusion list")
+    (verdict,) = verify(tmp_path / "ck")
+    assert verdict.ok and verdict.excluded == sum(e["excluded_rows"] for _, e in events)
+
+
 def test_what_cannot_be_honored_is_refused_by_name(pristine: Path) -> None:
     with pytest.raises(ValueError, match=r"deletes='honor'.*follow=True"):
         LakeDataset(DeltaSource(str(pristine)), deletes="honor", follow=True)
-    with pytest.raises(ValueError, match="deletes_key names rows for deletes='honor'"):
+    with pytest.raises(ValueError, match="deletes_key and exclusions are for deletes='honor'"):
         LakeDataset(DeltaSource(str(pristine)), deletes_key="id")
     with pytest.raises(ValueError, match="deletes must be one of"):
         LakeDataset(DeltaSource(str(pristine)), deletes="forget")  # type: ignore[arg-type]

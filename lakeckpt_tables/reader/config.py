@@ -173,7 +173,7 @@ class ReaderConfig:
             None if s is None else cursor.eos_inside for s in slices)
         return ReaderState(self.snapshot.identity, self.snapshot.version, self.identity,
                            cursor.shape, cursor.layouts, tuple(slices), cursor.rounds,
-                           self.policy, eos, cursor.deletes_seen)
+                           self.policy, eos, cursor.deletes_seen, cursor.exclusions_seen)
 
     # ------------------------------------------------------------------------- derived
 

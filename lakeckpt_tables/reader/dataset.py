@@ -72,24 +72,23 @@ class LakeDataset(IterableDataset[Batch]):
     """Batches of a Delta or Iceberg table, resumable exactly from a position.
 
     What one iteration reads: ``epochs`` epochs of a pinned snapshot (the default); with
-    ``follow=True`` the snapshot and then, segment by segment, the rows appended to the table
-    (``lakeckpt_tables.reader.rounds``); with ``refresh="epoch"`` one epoch of the version
-    :meth:`set_epoch` pinned. Each rank reads an equal contiguous share of each epoch's or
-    segment's (permuted) rows and each DataLoader worker an equal share of its rank's; with
-    more than one rank every rank yields the same number of batches per epoch or segment (see
-    ``lakeckpt_tables.plan``). Batches are dicts: numeric columns as tensors (zero-copy where
-    Arrow allows), fixed-length list columns as 2-D tensors, variable-length ones as
-    :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists. How to iterate and resume
-    it: the module's docstring.
+    ``follow=True`` the snapshot, then segment by segment the rows appended to the table
+    (``reader/rounds.py``); with ``refresh="epoch"`` one epoch of the version set_epoch pinned.
+    Each rank reads an equal contiguous share of each epoch's or segment's (permuted) rows and
+    each DataLoader worker an equal share of its rank's; with several ranks every rank yields
+    the same number of batches per epoch or segment (see ``lakeckpt_tables.plan``). Batches
+    are dicts: numeric columns as tensors (zero-copy where Arrow allows), list columns as 2-D
+    tensors or :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists. Iterating
+    and resuming: the module's docstring.
 
     Args:
         source: a :class:`~lakeckpt_tables.DeltaSource` or :class:`~lakeckpt_tables.IcebergSource`.
         columns, batch_size, shuffle, seed, version, epochs, rank, world_size, drop_last,
             shuffle_window, transform, follow, poll_interval, max_idle, until_version,
             on_change, min_segment_rows, refresh, output, nulls, decimals, filter, unit_rows,
-            read_ahead, pack_tokens, seq_len, eos_id, deletes, deletes_key: the fields of
-            :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented there
-            (``pack_tokens``: fixed-length token sequences, ``reader/packing/planner.py``).
+            read_ahead, pack_tokens, seq_len, eos_id, deletes, deletes_key, exclusions: the
+            fields of :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented
+            there (``pack_tokens``: ``reader/packing/planner.py``).
 
     Raises:
         TypeError, ValueError: an option or a source of the wrong kind, named.
@@ -131,18 +130,19 @@ class LakeDataset(IterableDataset[Batch]):
         seq_len: int | None = None,
         eos_id: int | None = None,
         deletes: Literal["pin", "honor"] = "pin", deletes_key: str | None = None,
+        exclusions: Any = None,
     ) -> None:
         super().__init__()
         rank, world_size = rank_and_world(rank, world_size)
         # every option, and every combination, refused with its reason before any I/O
         options = ReaderOptions(
-            columns=columns, batch_size=batch_size, shuffle=shuffle, seed=seed, version=version,
-            epochs=epochs, rank=rank, world_size=world_size, drop_last=drop_last, filter=filter,
-            shuffle_window=shuffle_window, transform=transform, follow=follow, refresh=refresh,
-            poll_interval=poll_interval, max_idle=max_idle, until_version=until_version,
-            nulls=nulls, on_change=on_change, min_segment_rows=min_segment_rows, seq_len=seq_len,
-            output=output, decimals=decimals, unit_rows=unit_rows, eos_id=eos_id, deletes=deletes,
-            read_ahead=read_ahead, pack_tokens=pack_tokens, deletes_key=deletes_key)
+            min_segment_rows=min_segment_rows, shuffle_window=shuffle_window, batch_size=batch_size,
+            poll_interval=poll_interval, until_version=until_version, pack_tokens=pack_tokens,
+            deletes_key=deletes_key, world_size=world_size, read_ahead=read_ahead, columns=columns,
+            exclusions=exclusions, drop_last=drop_last, transform=transform, on_change=on_change,
+            unit_rows=unit_rows, max_idle=max_idle, decimals=decimals, shuffle=shuffle, nulls=nulls,
+            version=version, refresh=refresh, seq_len=seq_len, deletes=deletes, epochs=epochs,
+            filter=filter, follow=follow, output=output, eos_id=eos_id, seed=seed, rank=rank)
         self._use(ReaderConfig.resolve(source, options))
         self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None

@@ -34,6 +34,19 @@ between resumes checkpoint ``k``, which has not excluded it; the re-run observes
 again at ``k + 1``). Rows delivered before the deletion was observed stay delivered: the
 ledger says which (the audit's exposure).
 
+NOTE [ exclusion lists ]
+``exclusions=ExclusionList(source, column, matches=...)``: a table of keys (deletion requests,
+or rows of a table that cannot be changed: an archive, another team's table) whose rows are
+not delivered. A pass that starts afresh starts without them: when it is first iterated, rank
+0 reads the list's latest version, broadcasts it, and every rank takes the rows whose
+``matches`` column holds one of its keys out of the plan before the first batch (recorded, as
+``excluded`` events, with the first checkpoint). At each checkpoint the list is read again
+under the rule above: keys added since the version the state applied
+(``ReaderState.exclusions_seen``) are taken out of what is not delivered yet, each event
+naming the list's version and ``how="list"``. A key removed from the list does not bring its
+rows back. Reading the list costs a read of it per checkpoint; finding its rows, one read of
+the ``matches`` column of the pinned table (kept by rank 0 for the next ones).
+
 Limits, refused by name: DataLoader worker processes (a worker's position cannot be replaced
 in mid-pass; read with ``num_workers=0``), follow mode, ``refresh="epoch"``, packing, filters,
 a cycling mixture source, whole-file units. The state grows by a span per run of deleted rows
@@ -54,6 +67,7 @@ from torch.utils.data import get_worker_info
 from lakeckpt_tables.errors import UnknownColumnError
 from lakeckpt_tables.plan import EpochPlan, Piece, replan_rounds
 from lakeckpt_tables.plan.exclude import base_rows, without
+from lakeckpt_tables.reader.distributed import broadcast_from_rank0
 from lakeckpt_tables.reader.loop import start_cursor
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner, require_whole
 from lakeckpt_tables.reader.state import ReaderState
@@ -64,19 +78,22 @@ __all__ = ["Replans", "check_honorable", "continue_from", "exclude", "following_
            "observe_deletions", "reading"]
 
 def exclude(planner: RoundPlanner, state: ReaderState, seen: int,
-            deletions: Sequence[Deletion]) -> tuple[ReaderState, list[dict[str, Any]]]:
+            deletions: Sequence[Deletion], listed: int | None = None) -> tuple[
+                ReaderState, list[dict[str, Any]]]:
     """``state`` (merged, every slice) with ``deletions`` taken out of what it has not
     delivered, in this and every later epoch of the pass; and an ``excluded`` event detail
-    per deleting commit. ``seen``: the last commit the deletions were observed up to.
+    per deleting commit. ``seen``: the last commit the deletions were observed up to;
+    ``listed``: the exclusion list's version they include (None: no list).
 
     Raises:
         StateMismatchError: ``state`` does not cover every rank and worker.
     """
     if state.plan is None:
         return state, []
+    marks = {"deletes_seen": seen, "exclusions_seen": listed}
     if not deletions:
-        return (state if state.deletes_seen == seen
-                else _with(state, deletes_seen=seen)), []
+        return (state if (state.deletes_seen, state.exclusions_seen) == (seen, listed)
+                else _with(state, **marks)), []
     require_whole(state, state.plan)
     policy = planner.policy(state.plan)
     first_round = planner.rounds.get(0, {}, wait=False)
@@ -116,9 +133,9 @@ def exclude(planner: RoundPlanner, state: ReaderState, seen: int,
                 detail["excluded_rows"] += len(gone)
         events.append(detail)
     if not any(e["excluded_rows"] for e in events):  # every deleted row delivered already
-        return _with(state, deletes_seen=seen), events
+        return _with(state, **marks), events
     slices = ((first, 0),) * len(state.slices)
-    return _with(state, layouts=layouts, slices=slices, deletes_seen=seen), events
+    return _with(state, layouts=layouts, slices=slices, **marks), events
 
 
 def _with(state: ReaderState, **changes: Any) -> ReaderState:
@@ -164,6 +181,7 @@ class Replans:
     """What a ``deletes="honor"`` reader keeps in its process (``LakeDataset._replans``)."""
 
     watch: DeletionWatch | None = None  # rank 0: the commits observed
+    pending: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # events to record
     live: object | None = None  # the pass being iterated (a token)
     swap: Cursor | None = None  # where that pass goes on at its next batch
 
@@ -183,13 +201,46 @@ def observe_deletions(dataset: Any, state: ReaderState) -> tuple[ReaderState,
     Raises:
         DeletionUntraceableError: a pinned file was rewritten and no key names its rows.
     """
+    watch = _watch(dataset)
+    seen = dataset.snapshot.version if state.deletes_seen is None else state.deletes_seen
+    seen, deletions = watch.since(seen)
+    listed = None
+    if watch.exclusions is not None:
+        listed, more = watch.listed(state.exclusions_seen)
+        deletions = [*deletions, *more]
+    state, details = exclude(dataset.planner, state, seen, deletions, listed)
+    replans = _replans(dataset)
+    details, replans.pending = [*replans.pending, *details], []
+    return state, details
+
+
+def _watch(dataset: Any) -> DeletionWatch:
     replans = _replans(dataset)
     if replans.watch is None:
         replans.watch = DeletionWatch(dataset.source, dataset.snapshot,
-                                      dataset.options.deletes_key)
-    seen = dataset.snapshot.version if state.deletes_seen is None else state.deletes_seen
-    seen, deletions = replans.watch.since(seen)
-    return exclude(dataset.planner, state, seen, deletions)
+                                      dataset.options.deletes_key, dataset.options.exclusions)
+    return replans.watch
+
+
+def _excluded_at_start(dataset: Any, cursor: Cursor) -> Cursor:
+    """NOTE [ exclusion lists ]: a pass that starts afresh starts without the rows the list
+    names, at the version rank 0 read (every rank reads that version's keys)."""
+    if (dataset.options.exclusions is None or cursor.exclusions_seen is not None
+            or cursor.position or cursor.epoch or cursor.layouts):
+        return cursor
+    watch = _watch(dataset)
+    version = broadcast_from_rank0(dataset.options.exclusions.source.snapshot(None).version
+                                   if dataset.rank == 0 else None)
+    listed, deletions = watch.listed(None, version)
+    shape = cursor.shape
+    start = dataclasses.replace(dataset._config.empty_state(shape),
+                                slices=((0, 0),) * (shape[0] * shape[1]))
+    state, details = exclude(dataset.planner, start, dataset.snapshot.version, deletions,
+                             listed)
+    if dataset.rank == 0:  # recorded with the first checkpoint
+        _replans(dataset).pending.extend(details)
+    continue_from(dataset, state)
+    return dataset._cursor  # type: ignore[no-any-return]
 
 
 def continue_from(dataset: Any, state: ReaderState) -> None:
@@ -226,6 +277,7 @@ def following_replans(dataset: Any, cursor: Cursor, read: Callable[..., Iterator
             f"{dataset.snapshot.describe()}: deletes='honor' re-plans the pass at checkpoints, "
             "which a DataLoader worker process cannot follow; iterate with num_workers=0 "
             "(read_ahead threads still decode ahead)")
+    cursor = _excluded_at_start(dataset, cursor)
     replans = _replans(dataset)
     live = replans.live = object()
     replans.swap = None

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW
 from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH
 from lakeckpt_tables.reader.rounds import DEFAULT_UNIT_ROWS, FollowPolicy
+from lakeckpt_tables.sources.changes import ExclusionList
 
 __all__ = ["Packing", "ReaderOptions"]
 
@@ -126,6 +127,10 @@ class ReaderOptions:
     deletes_key: str | None = None
     """``deletes="honor"``: a column unique per row, naming rows a copy-on-write commit
     rewrote into other files; without it such a rewrite of a pinned file is refused."""
+    exclusions: Any = None
+    """``deletes="honor"``: an :class:`~lakeckpt_tables.sources.changes.ExclusionList`, a table
+    of keys whose rows are not delivered: read when the pass starts and again at each
+    checkpoint (NOTE [ exclusion lists ] in ``reader/deletions.py``)."""
     read_ahead: int = DEFAULT_DEPTH
     """Windows decoded ahead on background threads while the loop trains (NOTE [ read-ahead ]
     in ``reader/readahead.py``); 0 reads in the iterating thread. Changes no row and no
@@ -150,8 +155,8 @@ class ReaderOptions:
             if other:
                 raise ValueError(f"deletes='honor' re-plans a pinned pass of rows; it does not "
                                  f"combine with {', '.join(other)} yet")
-        elif self.deletes_key is not None:
-            raise ValueError("deletes_key names rows for deletes='honor'; pass that too")
+        elif self.deletes_key is not None or self.exclusions is not None:
+            raise ValueError("deletes_key and exclusions are for deletes='honor'; pass that too")
         if self.follow:
             if self.epochs != 1:
                 raise ValueError("follow mode has no epochs: leave epochs=1")
@@ -190,6 +195,9 @@ class ReaderOptions:
                               ("on_change", ON_CHANGE), ("deletes", ("pin", "honor"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.exclusions is not None and not isinstance(self.exclusions, ExclusionList):
+            raise TypeError("exclusions must be an ExclusionList(source, column), got "
+                            f"{self.exclusions!r}")
         if self.deletes_key is not None and not isinstance(self.deletes_key, str):
             raise TypeError(f"deletes_key must be a column name, got {self.deletes_key!r}")
         if self.transform is not None and not callable(self.transform):
@@ -234,7 +242,8 @@ class ReaderOptions:
         """What the reader state's ``policy`` records of ``deletes`` (nothing for ``"pin"``)."""
         if self.deletes == "pin":
             return {}
-        return {"deletes": self.deletes, "deletes_key": self.deletes_key}
+        listed = None if self.exclusions is None else self.exclusions.describe()
+        return {"deletes": self.deletes, "deletes_key": self.deletes_key, "exclusions": listed}
 
     def follow_policy(self) -> FollowPolicy | None:
         """How the reader follows its table; None without ``follow=True``."""

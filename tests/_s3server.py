@@ -29,10 +29,17 @@ __all__ = ["S3Server", "s3", "shadow_env", "shadow_s3"]
 class S3Server:
     """One running server: its endpoint, options for the library, and its front's controls."""
 
+    kind = "s3"
+    scheme = "s3"
+
     def __init__(self, key: str, secret: str) -> None:
         self.key, self.secret = key, secret
         self.proc, self.port = spawn()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def uri(self, bucket: str, path: str = "") -> str:
+        """The URI of ``path`` in ``bucket``."""
+        return f"s3://{bucket}/{path}".rstrip("/")
 
     def options(self, **extra: str) -> dict[str, str]:
         """delta-rs style storage options naming this server and its credentials."""

@@ -129,11 +129,12 @@ def test_retention_keeps_the_last_n_and_tagged_and_gc_removes_only_orphans(
     removed = manager.gc()
     assert removed == ["k/step-000000006-deadbeef"]
     assert {s for s, r in records.items() if (tmp_path / r.model_location).is_dir()} == kept
-    assert CheckpointManager(tmp_path, "k").restore(model=model, tag="best") == 2
-    assert CheckpointManager(tmp_path, "k").restore(model=model, step=4) == 4
+    reader = CheckpointManager(tmp_path, "k")
+    assert reader.restore(model=model, tag="best", read_only=True) == 2
+    assert reader.restore(model=model, step=4, read_only=True) == 4
     with pytest.raises(CheckpointError,
                        match=r"step 3 .* is removed: .*retention.* not restorable"):
-        CheckpointManager(tmp_path, "k").restore(model=model, step=3)
+        reader.restore(model=model, step=3, read_only=True)
 
 
 class _Broken(torch.nn.Module):

@@ -130,7 +130,14 @@ def test_a_mixture_saved_by_two_workers_resumes_on_none_with_each_token_once(
     assert again.restore(dataloader=loader) == 6
     for batch in loader:
         trained.append((batch["source"], batch["input_ids"].ravel().tolist()))
-    again.save(len(trained) + 1, dataloader=loader)
+    last = again.save(len(trained) + 1, dataloader=loader)
+    # the record names each source's table and version (issue 32, item 7), also as read back
+    for record in (last, again.checkpoints()[-1]):
+        assert record.source is None and set(record.sources) == {"web", "code"}
+        for key, at in record.sources.items():
+            snapshot = resumed.sources[key].snapshot
+            assert (at.table, at.version) == (snapshot.identity, snapshot.version)
+    assert {at.table.format for at in last.sources.values()} == {"delta", "iceberg"}
     names = [s for s, _ in trained]
     assert names[6:16] == resumed.source_of(torch.arange(6, 16).numpy())  # the schedule goes on
     seen = consumed_rows(DeltaLedger(str(tmp_path / "_ledger")), "w")
@@ -190,6 +197,7 @@ def test_verify_and_progress_check_every_source_of_a_mixture_by_its_key(
     assert main(["progress", str(tmp_path)]) == 0  # the command line shows both sources
     shown = capsys.readouterr().out
     assert "source_key" in shown and "web" in shown and "code" in shown
+    assert verdict.source_passes == {"code": [(0, 0)], "web": [(0, 0)]}  # named by source
     last = DeltaLedger(str(tmp_path / "_ledger")).checkpoints("v")[-1]
     replayed = audit_rows(str(tmp_path), checkpoint=last.checkpoint_id, cumulative=True,
                           source_catalog=iceberg_table.extra["catalog"])
@@ -198,6 +206,47 @@ def test_verify_and_progress_check_every_source_of_a_mixture_by_its_key(
     write_deltalake(uri, copy, mode="append")
     (verdict,) = verify(str(tmp_path), source_catalog=iceberg_table.extra["catalog"])
     assert verdict.violations and verdict.violations[0].startswith("overlap: run v source 'code'")
+
+
+def test_runs_progress_and_verify_tell_one_story_of_a_mixture_that_stopped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32 item 5: on_exhausted='stop' ended the mixture when 'a' ran out: the run is
+    finished, 'a' done, 'b' stopped (not running with an ETA, nor stale later), and verify
+    names each source's passes."""
+    import numpy as np
+    import pyarrow as pa
+    from deltalake import WriterProperties, write_deltalake
+
+    from lakeckpt_tables import DeltaSource
+    from lakeckpt_tables.audit import connect
+    from lakeckpt_tables.cli import main
+
+    for name, first, rows in (("a", 0, 16), ("b", 100, 100)):
+        write_deltalake(str(tmp_path / name), pa.table({"id": np.arange(first, first + rows)}),
+                        writer_properties=WriterProperties(max_row_group_size=8))
+    mixture = Mixture({k: LakeDataset(DeltaSource(str(tmp_path / k)), batch_size=4, seed=1)
+                       for k in ("a", "b")}, weights={"a": 0.5, "b": 0.5}, seed=1)
+    loader = loader_for(mixture, 0)
+    manager = CheckpointManager(tmp_path / "ckpt", "m")
+    step = 0
+    for step, _ in enumerate(loader, 1):
+        if step % 3 == 0:
+            manager.save(step, dataloader=loader)
+    manager.save(step + 1, dataloader=loader)
+    ended = [e for e in DeltaLedger(str(tmp_path / "ckpt" / "_ledger")).events("m",
+                                                                                "mixture_ended")]
+    assert [e.detail for e in ended] == [{"on_exhausted": "stop"}]
+    # however long ago its last commit, the run is finished, not stale
+    con = connect(str(tmp_path / "ckpt"))
+    con.sql("SET VARIABLE lakeckpt_stale_factor = 0")
+    con.sql("SET VARIABLE lakeckpt_stale_min_s = 0")
+    assert con.sql("SELECT state, passes, passes_done FROM runs").fetchall() == [
+        ("finished", 2, 1)]
+    assert con.sql("SELECT source_key, state, percent, eta_s FROM progress ORDER BY "
+                   "source_key").fetchall() == [("a", "done", 100.0, 0.0),
+                                               ("b", "stopped", 16.0, None)]
+    assert main(["verify", str(tmp_path / "ckpt"), "--output", "csv"]) == 0
+    assert "a: segment 0 epoch 0; b: none" in capsys.readouterr().out
 
 
 def test_a_loader_over_another_dataset_is_refused_naming_what_it_reads(tmp_path: Path) -> None:

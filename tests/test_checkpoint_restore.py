@@ -322,3 +322,32 @@ def test_an_iceberg_ledger_that_lost_the_file_of_its_newest_commit_falls_back(
     events = ledger.to_arrow().filter(pa.compute.field("event") == "ledger_repaired")
     (detail,) = [json.loads(d) for d in events["detail"].to_pylist()]
     assert detail["missing"] is True and detail["files"][0].endswith(lost.name)
+
+
+def test_a_model_file_altered_in_place_fails_its_checksum_and_restore_falls_back_saying_so(
+        tmp_path: Path) -> None:
+    """The weights' bytes rewritten, same size: torch.distributed.checkpoint would load them
+    without a word, so only the restore's checksum verification tells (issue 32, item 6)."""
+    model = torch.nn.Linear(64, 1, bias=False)
+    manager = CheckpointManager(tmp_path, "r")
+    for step, value in ((1, 1.0), (2, 2.0)):
+        torch.nn.init.constant_(model.weight, value)
+        newest = manager.save(step, model=model)
+    (shard,) = (tmp_path / newest.model_location).glob("*.distcp")
+    data = shard.read_bytes()
+    twos, sevens = np.full(64, 2.0, "<f4").tobytes(), np.full(64, 7.0, "<f4").tobytes()
+    assert data.count(twos) == 1
+    shard.write_bytes(data.replace(twos, sevens))  # same size, other weights
+
+    restored = torch.nn.Linear(64, 1, bias=False)
+    assert CheckpointManager(tmp_path, "r").restore(model=restored) == 1
+    assert torch.equal(restored.weight, torch.ones(1, 64))
+    (retired,) = _events(tmp_path, "retired")
+    assert (retired["checkpoint_id"], retired["step"], retired["missing"]) == (
+        newest.checkpoint_id, 2, [])
+    assert f"{shard.name} does not match its sha256" in str(retired["reason"])
+    assert "fail verification" in str(retired["reason"])
+    (fallback,) = _events(tmp_path, "restore_fallback")
+    assert fallback["step"] == 1 and [s["step"] for s in fallback["skipped"]] == [2]
+    assert [(e["step"], e["newest_step"], e["steps_lost"])
+            for e in _events(tmp_path, "restore")] == [(1, 2, 1)]

@@ -34,6 +34,7 @@ def test_a_checkpoint_tagged_by_the_cli_survives_retention_and_gc_and_restores_b
     assert [(r.step, r.tags) for r in job.checkpoints()] == [
         (1, ("best",)), (2, ()), (3, ()), (4, ())]
     model = _model(0.0)
-    assert CheckpointManager(tmp_path, "r").restore(model=model, tag="best") == 1
+    assert CheckpointManager(tmp_path, "r").restore(model=model, tag="best",
+                                                    read_only=True) == 1
     assert model.weight.tolist() == [[1.0, 1.0]]
     capsys.readouterr()

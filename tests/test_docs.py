@@ -131,8 +131,11 @@ EXPECTED = {
     "README.md": ["delta: step 80", "iceberg: step 80", "finished", "quickstart-delta"],
     "s3-end-to-end.md": ["delta: starting at step 8", "delta: finished at step 16",
                          "iceberg: finished at step 16"],
-    "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "restored step 50", "does not fit",
-                                  "is removed", "has no checkpoint"],
+    "checkpoints-and-ledger.md": ["[25, 50, 75, 80]", "evaluating step 50", "does not fit",
+                                  "is not the run's newest",
+                                  "is removed", "has no checkpoint", "step 80 weight norm",
+                                  "its own rows: 1280 with its lineage: 13840",
+                                  "quickstart-rewind,quickstart-delta,50"],
     "audit-and-progress.md": ["6400", "violations=[]", "(25, 'removed')", "exit 2"],
     "pretraining.md": ["torch.Size([4, 16])", "'code'", "resumed exactly: True"],
 }

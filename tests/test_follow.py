@@ -704,6 +704,25 @@ def test_a_run_stopped_by_on_change_fail_resumes_with_skip_and_the_ledger_record
         (3, 3, 2, 4, 10, 10), (4, 4, 4, 5, 10, 10)]
 
 
+def test_on_change_stop_ends_the_pass_before_the_change_and_a_final_save_records_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 32 item 4: no error mid-step; the rows before the commit are trained and the final
+    save records them; a resume with on_change='skip' goes on past it, each row once."""
+    written = _changed_table(tmp_path, "delete")
+    root = tmp_path / "ckpt"
+    with caplog.at_level("WARNING", logger="lakeckpt_tables"):
+        before = _bounded(lambda: _follow_with_checkpoints(_changed_follower(written, "stop"),
+                                                           root, every=2))
+    _assert_exactly_once(flat(before), written.ids(-1, 2))  # versions 0-2, nothing after
+    (said,) = {r.getMessage() for r in caplog.records if "on_change='stop'" in r.getMessage()}
+    assert "version 3 (DELETE)" in said and "ends at version 2" in said
+    assert realpaths(ledger_units(root)) == realpaths(delta_units(written, 0, [1, 2]))
+    after = _bounded(lambda: _follow_with_checkpoints(_changed_follower(written, "skip"), root,
+                                                      every=2))
+    _assert_exactly_once(flat(before) + flat(after), written.ids())
+    assert realpaths(ledger_units(root)) == realpaths(delta_units(written, 0, [1, 2, 4, 5]))
+
+
 # ------------------------------------------------------------------------- 5. Iceberg
 
 ICEBERG_ID = "follow.rows"

@@ -210,3 +210,28 @@ def test_reading_ahead_packs_the_same_batches_while_threads_read(delta_table):
     ds._reader.cache.get = recorded
     assert rows(ds) == alone
     assert names and all(n.startswith("lakeckpt-readahead") for n in names)
+
+
+def test_a_pass_tail_is_said_once_per_pass_in_words_true_of_its_slices(delta_table, caplog):
+    """Not again at each resume inside the pass; one slice's tail is a partial sequence, not a
+    lockstep remainder (issue 32, item 7)."""
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
+
+    with caplog.at_level("WARNING", logger="lakeckpt_tables"):
+        ds = packed(delta_table, epochs=2)
+        plan = ds.planner.token_plan((1, 1, B), 0, None)
+        assert 0 < plan.tail < L  # the test table leaves a partial sequence
+        it = iter(ds)
+        next(it), next(it)
+        state = ds.state_dict()  # the "crash" inside epoch 0
+        assert len(said()) == 1 and "epoch 0: its last" in said()[0]
+        assert f"do not fill a sequence of {L}" in said()[0] and "lockstep" not in said()[0]
+        resumed = packed(delta_table, epochs=2)
+        resumed.load_state_dict(state)
+        list(resumed)  # the rest of epoch 0, then epoch 1
+        assert len(said()) == 2 and "epoch 1: its last" in said()[1]
+        caplog.clear()
+        list(packed(delta_table, rank=0, world_size=3))
+        (lockstep,) = said()
+        assert f"cannot be split in lockstep into sequences of {L} over 3 slices" in lockstep

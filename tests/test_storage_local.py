@@ -80,7 +80,47 @@ def test_delta_options_leave_nothing_to_the_environment() -> None:
     assert locked is not None and "conditional_put" not in locked
     assert locked["AWS_S3_LOCKING_PROVIDER"] == "dynamodb"
     assert Storage("s3://b/t").delta_options() is None
-    assert Storage("gs://b/t", {"token": "x"}).delta_options() == {"token": "x"}
+    with pytest.raises(StorageOptionsError, match="not an OAuth2 token"):
+        Storage("gs://b/t", {"token": "x"}).delta_options()  # delta-rs has no such option
+
+
+def test_azure_and_gcs_options_are_mapped_once_every_setting_explicit() -> None:
+    """delta-rs, adlfs / gcsfs and pyiceberg each get the same store from any naming: the
+    account (here from an abfss URI), the endpoint and the credentials, so no AZURE_* or
+    GOOGLE_* variable of the environment fills a gap."""
+    az = Storage("abfss://c@acct.dfs.core.windows.net/t", {"account_key": "a2V5",
+                                                           "lakeckpt_retry_seconds": "5"})
+    assert az.delta_options() == {
+        "azure_storage_account_name": "acct", "azure_storage_account_key": "a2V5",
+        "azure_storage_endpoint": "https://acct.blob.core.windows.net",
+        "azure_storage_use_emulator": "false", "retry_timeout": "5s"}
+    assert az.fsspec_options() == {"account_name": "acct", "connection_string": (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=a2V5;"
+        "BlobEndpoint=https://acct.blob.core.windows.net;")}
+    assert az.iceberg_properties()["adls.blob-storage-authority"] == "acct.blob.core.windows.net"
+    emulator = Storage("az://c/t", {"azure_storage_use_emulator": "true"}).delta_options()
+    assert emulator is not None and emulator["azure_storage_endpoint"] == (
+        "http://127.0.0.1:10000/devstoreaccount1") and emulator["azure_allow_http"] == "true"
+    anonymous = Storage("az://c/t", {"azure_storage_account_name": "acct"})
+    assert anonymous.fsspec_options()["anon"] is True
+    assert (anonymous.delta_options() or {})["azure_skip_signature"] == "true"
+    with pytest.raises(StorageOptionsError, match="no account"):
+        Storage("az://c/t", {"azure_storage_account_key": "a2V5"}).delta_options()
+    gcs = Storage("gs://b/t", {"google_project_id": "p"})
+    assert gcs.fsspec_options() == {"endpoint_url": "https://storage.googleapis.com",
+                                    "token": "anon", "project": "p"}
+    assert gcs.delta_options() == {"google_base_url": "https://storage.googleapis.com",
+                                   "google_skip_signature": "true", "retry_timeout": "60s"}
+
+
+def test_a_gcs_key_that_is_no_key_is_named_without_repeating_it() -> None:
+    broken = '{"type": "service_account", "private_key": "not-a-pem-secret"}'
+    with pytest.raises(StorageOptionsError) as caught:
+        Storage("gs://b/t", {"google_service_account_key": broken}).fsspec_options()
+    assert "google_service_account_key is not a usable service account key" in str(
+        caught.value)
+    assert "not-a-pem-secret" not in str(caught.value)
+    assert "refresh_token" not in str(caught.value)  # gcsfs's KeyError, as it was
 
 
 def test_credentials_are_hidden_from_repr_and_redacted_from_text() -> None:
@@ -127,17 +167,18 @@ def test_iceberg_storage_uses_s3_properties_only_for_s3_tables() -> None:
     assert not iceberg_storage("file:///tmp/wh/t", props).has_options
 
 
-def test_iceberg_gcs_and_adls_properties_become_the_fsspec_keywords_pyiceberg_uses() -> None:
+def test_iceberg_gcs_and_adls_properties_reach_gcsfs_and_adlfs() -> None:
     props = {"uri": "sqlite://", "gcs.project-id": "p", "gcs.oauth2.token": "ya29.tok",
              "adls.account-name": "acct", "adls.sas-token": "sv=2024&sig=abcd",
              "adls.connection-string": "DefaultEndpointsProtocol=https;AccountKey=c2VjcmV0",
              "adls.anon": "false"}
     gcs = iceberg_storage("gs://b/wh/t", props)
-    assert gcs.fsspec_options() == {"project": "p", "token": "ya29.tok"}
+    assert gcs.fsspec_options() == {"project": "p", "token": "ya29.tok",
+                                    "endpoint_url": "https://storage.googleapis.com"}
     azure = iceberg_storage("abfs://c@acct.dfs.core.windows.net/wh/t", props)
-    assert azure.fsspec_options() == {
-        "account_name": "acct", "sas_token": "sv=2024&sig=abcd", "anon": False,
-        "connection_string": "DefaultEndpointsProtocol=https;AccountKey=c2VjcmV0"}
+    assert azure.fsspec_options() == {"account_name": "acct", "connection_string": (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c2VjcmV0;"
+        "BlobEndpoint=https://acct.blob.core.windows.net;")}
     assert not iceberg_storage("gs://b/wh/t", {"uri": "sqlite://"}).has_options
     text = f"{azure!r} failed with {props}"
     assert all(secret not in azure.redact(text) for secret in (
@@ -178,17 +219,25 @@ def test_footers_are_read_once_per_file_and_reused_by_remote_opens(tmp_path: Pat
     assert footers.footer_reads() == before + 1
 
 
-def test_gcs_and_azure_options_become_fsspec_keywords() -> None:
-    gcs = Storage("gs://b/t", {"google_service_account_path": "/keys/sa.json",
+def test_gcs_and_azure_options_become_fsspec_keywords(tmp_path: Path) -> None:
+    from google.oauth2.credentials import Credentials
+
+    key = tmp_path / "user.json"  # a user's credentials file (gcloud's): no private key
+    key.write_text('{"type": "authorized_user", "client_id": "c", "client_secret": "s", '
+                   '"refresh_token": "r"}')
+    gcs = Storage("gs://b/t", {"google_service_account_path": str(key),
                                "google_project_id": "p"})
-    assert gcs.fsspec_options() == {"token": "/keys/sa.json", "project": "p"}
-    assert gcs.delta_options() == {"google_service_account_path": "/keys/sa.json",
-                                   "google_project_id": "p"}
+    fsspec = gcs.fsspec_options()
+    assert isinstance(fsspec["token"], Credentials) and fsspec["project"] == "p"
+    assert gcs.delta_options() == {"google_service_account": str(key),
+                                   "google_base_url": "https://storage.googleapis.com",
+                                   "retry_timeout": "60s"}
     azure = Storage("abfs://c@acct.dfs.core.windows.net/t", {
         "AZURE_STORAGE_ACCOUNT_NAME": "acct", "AZURE_STORAGE_ACCOUNT_KEY": "k",
         "anon": "false"})
-    assert azure.fsspec_options() == {"account_name": "acct", "account_key": "k",
-                                      "anon": False}  # a bool: the string "false" is truthy
+    assert azure.fsspec_options() == {"account_name": "acct", "connection_string": (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=k;"
+        "BlobEndpoint=https://acct.blob.core.windows.net;")}
 
 
 def test_storage_options_from_the_command_line_json_file_or_environment(

@@ -1,8 +1,10 @@
 """``verify``: exactly-once, proved from a run's consumption records up to a checkpoint.
 
-The records checked are those of the checkpoint's lineage (it, its parent, grandparent...):
-checkpoints a restore skipped or went back past recorded training that was lost, and the rows
-they name are read again by the lineage. Per pass (segment, epoch) and row group:
+The records checked are those of the checkpoint's lineage (it, its parent, grandparent...,
+and for a run branched with its reader going on from another run's, that run's lineage up to
+the branch: :mod:`lakeckpt_tables.audit.lineage`): checkpoints a restore skipped or went back
+past recorded training that was lost, and the rows they name are read again by the lineage.
+Per pass (segment, epoch) and row group:
 
 - **no overlap**: exact ranges never intersect each other or a partial range (a range of
   which a checkpoint inside a shuffled window consumed a seeded subset); the counts recorded
@@ -31,7 +33,8 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from lakeckpt_tables.audit.replay import dataset_for, lineage
+from lakeckpt_tables.audit.lineage import Branch, branches_of, lineage
+from lakeckpt_tables.audit.replay import dataset_for
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
@@ -58,7 +61,9 @@ class Verdict:
         rows: rows they consumed.
         tokens: tokens they consumed (packed readers), None when no record counts tokens.
         finished_passes: passes (segment, epoch) the reader state shows finished, each
-            checked for gaps.
+            checked for gaps (of any source, for a Mixture).
+        source_passes: a Mixture's: each source key's finished passes (empty for a source
+            none of whose passes finished: one a Mixture ended before, ``"stop"``).
         excluded: rows the lineage took out of its passes because the table deleted them
             (``deletes="honor"``: ``excluded`` events), not expected of a finished pass.
         violations: what breaks exactly-once, the first one first; empty when proved.
@@ -73,6 +78,7 @@ class Verdict:
     tokens: int | None = None
     finished_passes: list[tuple[int, int]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    source_passes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     excluded: int = 0
 
     @property
@@ -85,6 +91,8 @@ class Verdict:
                 "rows": self.rows, "tokens": self.tokens,
                 "finished_passes": [{"segment": seg, "epoch": ep}
                                     for seg, ep in self.finished_passes],
+                "source_passes": {k: [{"segment": seg, "epoch": ep} for seg, ep in v]
+                                  for k, v in self.source_passes.items()},
                 "excluded": self.excluded, "violations": self.violations}
 
 
@@ -138,21 +146,33 @@ def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
     else:
         runs = [run]
     verdicts = []
+    branches = branches_of(snapshot)
     for run_id in runs:
-        # one run's checkpoint records only: a ledger of many runs is not read whole
+        # one run's checkpoint records only (and those of the runs its reader went on from:
+        # NOTE [ branched runs ]): a ledger of many runs is not read whole
+        lines = _reader_runs(run_id, branches)
         records = checkpoints_from_arrow(snapshot.scan(is_checkpoint
-                                                       & (pc.field(s.RUN_ID) == run_id)))
+                                                       & pc.field(s.RUN_ID).isin(lines)))
         if checkpoint is not None:
             head = next(r for r in records if r.checkpoint_id == chosen[0][s.CHECKPOINT_ID])
         else:
-            mine = [r for r in records if r.checkpoint_id not in retired]
+            mine = [r for r in records if r.checkpoint_id not in retired and r.run_id == run_id]
             if not mine:
                 raise LedgerError(f"ledger {snapshot.where} has no committed checkpoint of run "
                                   f"{run_id!r}")
             head = mine[-1]
         verdicts.append(_verify_run(snapshot, records, head, source, storage_options,
-                                    source_catalog))
+                                    source_catalog, branches))
     return verdicts
+
+
+def _reader_runs(run_id: str, branches: dict[str, Branch]) -> list[str]:
+    """The run and the runs its reader went on from, through branches that continued it."""
+    out = [run_id]
+    while (branch := branches.get(out[-1])) is not None and branch.continued \
+            and branch.parent_run not in out:
+        out.append(branch.parent_run)
+    return out
 
 
 def _retired(snapshot: LedgerSnapshot) -> set[str]:
@@ -175,14 +195,16 @@ class _Consumed:
 
 def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
                 head: CheckpointRecord, source: Any,
-                storage_options: Mapping[str, str] | None, source_catalog: Any) -> Verdict:
-    chain = lineage(records, head)
+                storage_options: Mapping[str, str] | None, source_catalog: Any,
+                branches: dict[str, Branch]) -> Verdict:
+    chain = lineage(records, head, branches, reader_only=True)
+    runs = sorted({r.run_id for r in chain})
     steps = {r.checkpoint_id: r.step for r in chain}
     verdict = Verdict(head.run_id, head.checkpoint_id, head.step, checkpoints=len(chain))
     names = [s.CHECKPOINT_ID, s.SOURCE_KEY, s.SEGMENT, s.EPOCH, s.FILE, s.ROW_GROUP,
              s.ROW_START, s.ROW_END, s.ROWS, s.TOKENS]
     consumed = snapshot.scan((pc.field(s.RECORD) == s.RECORD_CONSUMPTION)
-                             & (pc.field(s.RUN_ID) == head.run_id), names)
+                             & pc.field(s.RUN_ID).isin(runs), names)
     by_group: dict[Key, list[tuple[int, int, int, int]]] = defaultdict(list)
     tokens: dict[Pass, int] = defaultdict(int)
     columns = [consumed[n].to_pylist() for n in names]
@@ -250,10 +272,13 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
     from lakeckpt_tables.reader.state import ReaderState, decode_state
 
     decoded = decode_state(head.reader_state)
-    undelivered = _undelivered(snapshot, head.run_id, {r.checkpoint_id for r in chain})
+    undelivered = _undelivered(snapshot, sorted({r.run_id for r in chain}),
+                               {r.checkpoint_id for r in chain})
     verdict.excluded = undelivered.excluded
     out: list[str] = []
     for key, one in reader_states(decoded).items():
+        if key is not None:
+            verdict.source_passes.setdefault(key, [])
         given = source if key is None else None  # the one source given is a one-table run's
         state = ReaderState.from_dict(one)
         if state.plan is None:
@@ -275,6 +300,8 @@ def _source_gaps(run_id: str, consumed: _Consumed, undelivered: _Undelivered,
     for segment, epoch, units, stream in _finished_passes(dataset, state, last):
         if (segment, epoch) not in verdict.finished_passes:
             verdict.finished_passes.append((segment, epoch))
+        if source_key is not None and (segment, epoch) not in verdict.source_passes[source_key]:
+            verdict.source_passes[source_key].append((segment, epoch))
         for unit in units:
             key = (source_key, segment, epoch, unit.path, unit.row_group)
             got = sum(n for _, _, n, _ in by_group.get(key, ()))
@@ -339,12 +366,12 @@ class _Undelivered:
     excluded: int = 0
 
 
-def _undelivered(snapshot: LedgerSnapshot, run_id: str,
+def _undelivered(snapshot: LedgerSnapshot, runs: list[str],
                  checkpoints: Iterable[str]) -> _Undelivered:
     wanted = set(checkpoints)
     events = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
                            & pc.field(s.EVENT).isin(["undelivered", EXCLUDED_EVENT])
-                           & (pc.field(s.RUN_ID) == run_id))
+                           & pc.field(s.RUN_ID).isin(runs))
     out = _Undelivered(defaultdict(int), defaultdict(int))
     for rec in events.to_pylist():
         if rec[s.CHECKPOINT_ID] not in wanted:

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakeckpt_tables.audit.lineage import branches_of, lineage, reader_parent
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
@@ -33,7 +34,7 @@ from lakeckpt_tables.plan.accounting import slice_spans
 from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
 from lakeckpt_tables.plan.shuffle import LEGACY
 
-__all__ = ["ROWS_SCHEMA", "CheckpointRows", "Part", "checkpoint_rows", "dataset_for", "lineage",
+__all__ = ["ROWS_SCHEMA", "CheckpointRows", "Part", "checkpoint_rows", "dataset_for",
            "rows"]
 
 ROWS_SCHEMA = pa.schema([
@@ -61,8 +62,9 @@ def rows(target: Any, *, checkpoint: str | None = None, cumulative: bool = False
 
     Not cumulative by default: the rows delivered since the checkpoint's parent (the
     checkpoint its run saved or restored last), exactly what its consumption records cover.
-    ``cumulative=True`` gives every row of its lineage up to it (parent, grandparent...), so
-    a row read in two epochs appears twice. A Mixture's rows are given source by source
+    ``cumulative=True`` gives every row of its lineage up to it (parent, grandparent...,
+    and for a branched run the run it was branched from: NOTE [ branched runs ]), so a row
+    read in two epochs appears twice. A Mixture's rows are given source by source
     (``source_key``); a packed reader's are every row of which a token was delivered, so a
     document cut between two checkpoints is a row of both.
 
@@ -98,10 +100,11 @@ def rows(target: Any, *, checkpoint: str | None = None, cumulative: bool = False
                            storage_options=ledger_options(target, storage_options))
     records = checkpoints_from_arrow(snapshot.rows)
     record = _find(records, checkpoint, snapshot.where)
-    chain = lineage(records, record) if cumulative else [record]
+    branches = branches_of(snapshot)
+    chain = lineage(records, record, branches) if cumulative else [record]
     parts = []
     for rec in reversed(chain):
-        parts.append(checkpoint_rows(rec, _parent(records, rec), snapshot,
+        parts.append(checkpoint_rows(rec, reader_parent(records, rec, branches), snapshot,
                                      source=source, storage_options=storage_options,
                                      source_catalog=source_catalog).table())
     return pa.concat_tables(parts) if parts else ROWS_SCHEMA.empty_table()
@@ -328,27 +331,6 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
     if cache is not None:
         cache[key] = dataset
     return dataset
-
-
-def lineage(records: list[CheckpointRecord], record: CheckpointRecord) -> list[CheckpointRecord]:
-    """``record``, its parent, grandparent... (newest first), within its run."""
-    by_id = {r.checkpoint_id: r for r in records if r.run_id == record.run_id}
-    chain = [record]
-    seen = {record.checkpoint_id}
-    while (parent := by_id.get(chain[-1].parent_id or "")) is not None and \
-            parent.checkpoint_id not in seen:
-        chain.append(parent)
-        seen.add(parent.checkpoint_id)
-    return chain
-
-
-def _parent(records: list[CheckpointRecord], record: CheckpointRecord) -> CheckpointRecord | None:
-    if record.parent_id is None:
-        return None
-    for r in records:
-        if r.run_id == record.run_id and r.checkpoint_id == record.parent_id:
-            return r
-    return None
 
 
 def _find(records: list[CheckpointRecord], checkpoint: str, where: str) -> CheckpointRecord:

@@ -16,12 +16,16 @@ from lakeckpt_tables.audit.plot import progress_png
 __all__ = ["render_report"]
 
 _SECTIONS = (
-    ("Runs", "SELECT r.run_id, r.state, r.checkpoints, r.last_step, c.world_size, "
+    # a branched run right under the run it came from (NOTE [ branched runs ]), one level deep
+    ("Runs", "SELECT CASE WHEN r.parent_run IS NULL THEN r.run_id ELSE '└ ' || r.run_id END "
+             "AS run_id, r.parent_run || ' @ step ' || r.parent_step AS branched_from, "
+             "r.state, r.checkpoints, r.last_step, c.world_size, "
              "r.source_location AS source_table, c.rows_consumed, "
              "r.last_commit_at AS last_commit, round(r.save_interval_s, 1) AS save_interval_s "
              "FROM runs r LEFT JOIN (SELECT run_id, max(world_size) AS world_size, "
              "CAST(sum(rows) FILTER (WHERE status = 'committed') AS BIGINT) AS rows_consumed "
-             "FROM checkpoints GROUP BY run_id) c USING (run_id) ORDER BY r.run_id"),
+             "FROM checkpoints GROUP BY run_id) c USING (run_id) "
+             "ORDER BY coalesce(r.parent_run, r.run_id), r.parent_run NULLS FIRST, r.run_id"),
     ("Progress", "SELECT run_id, segment, epoch, state, rows_consumed, rows_in_pass, percent, "
                  "round(rows_per_s, 1) AS rows_per_s, round(eta_s, 1) AS eta_s, last_step "
                  "FROM progress"),

@@ -6,7 +6,8 @@ replayed from the plan (:mod:`lakeckpt_tables.audit.replay`); the predicate is e
 DuckDB on the row groups those rows come from, read as the reader read them (deletes applied).
 A packed reader's checkpoint trained on a row if it delivered any token of it (a document cut
 between two checkpoints: both). A checkpoint's model has seen a row if it or any checkpoint of
-its lineage trained on it.
+its lineage trained on it, the lineage of a branched run going on into the run it was branched
+from (:mod:`lakeckpt_tables.audit.lineage`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakeckpt_tables.audit.replay import checkpoint_rows, lineage
+from lakeckpt_tables.audit.lineage import Branch, branches_of, lineage, parent_of, reader_parent
+from lakeckpt_tables.audit.replay import checkpoint_rows
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import read_ledger
 from lakeckpt_tables.errors import AuditError, SourceNotFoundError
@@ -102,11 +104,11 @@ def _hits(snapshot: Any, predicate: str, table: str | None, catalog: Any,
         only = given.snapshot(None).identity.table_id
         sources[only] = given
     records = checkpoints_from_arrow(snapshot.rows)
-    by_id = {(r.run_id, r.checkpoint_id): r for r in records}
+    branches = branches_of(snapshot)
     datasets: dict[Any, Any] = {}
     matches: dict[tuple[str, int, int], np.ndarray[Any, Any]] = {}
     for record in records:
-        parent = by_id.get((record.run_id, record.parent_id or ""))
+        parent = reader_parent(records, record, branches)
         replayed = checkpoint_rows(record, parent, snapshot, sources=sources, only=only,
                                    storage_options=storage_options, datasets=datasets,
                                    source_catalog=source_catalog)
@@ -210,14 +212,18 @@ class RunExposure:
 
     Attributes:
         run_id: the run.
-        first_step, last_step: the first and last checkpoints that trained on matching rows.
+        first_step, last_step: the first and last checkpoints that trained on matching rows
+            (None for a run that did not, branched from one that did).
         first_checkpoint, last_checkpoint: their ids.
         rows: matching rows trained on, summed over checkpoints: a row counts once per
             checkpoint and pass, so a row read in two epochs counts twice, and so does a packed
             document whose tokens two checkpoints delivered.
         checkpoints: ids of the checkpoints that trained on matching rows.
         exposed: ids of every checkpoint whose model has seen a matching row: those above and
-            every checkpoint whose lineage holds one of them. These must be retrained or deleted.
+            every checkpoint whose lineage holds one of them, a branched run's lineage going
+            on into the run it was branched from. These must be retrained or deleted.
+        inherited_from: the runs of its lineage (branched from: NOTE [ branched runs ]) whose
+            checkpoints trained on matching rows its models carry.
         deleted: matching rows trained on that the table deleted after the run's pin, as the
             run's honored deletions (``deletes="honor"``) record them.
         deleted_versions: the table versions that deleted them.
@@ -227,13 +233,14 @@ class RunExposure:
     """
 
     run_id: str
-    first_step: int
-    last_step: int
-    first_checkpoint: str
-    last_checkpoint: str
+    first_step: int | None
+    last_step: int | None
+    first_checkpoint: str | None
+    last_checkpoint: str | None
     rows: int
     checkpoints: list[str] = field(default_factory=list)
     exposed: list[str] = field(default_factory=list)
+    inherited_from: list[str] = field(default_factory=list)
     deleted: int = 0
     deleted_versions: list[int] = field(default_factory=list)
     stopped_after_step: int | None = None
@@ -250,17 +257,22 @@ def exposure(target: Any, matches: pa.Table, *, catalog: Any = None,
     snapshot = read_ledger(target, catalog=catalog,
                            storage_options=ledger_options(target, storage_options))
     records = checkpoints_from_arrow(snapshot.rows)
+    branches = branches_of(snapshot)
     rows = matches.to_pylist()
+    hit = {r["checkpoint_id"] for r in rows}
+    seen = _seen(records, hit, branches)
     out = []
-    for run_id in sorted({r["run_id"] for r in rows}):
+    for run_id in sorted({rec.run_id for rec in records if seen[rec.checkpoint_id]}):
         mine = sorted((r for r in rows if r["run_id"] == run_id), key=lambda r: r["step"])
-        hit = {r["checkpoint_id"] for r in mine}
-        exposed = [rec.checkpoint_id for rec in records if rec.run_id == run_id
-                   and _sees(records, rec, hit)]
-        run = RunExposure(run_id, mine[0]["step"], mine[-1]["step"],
-                          mine[0]["checkpoint_id"], mine[-1]["checkpoint_id"],
+        exposed = [rec.checkpoint_id for rec in records
+                   if rec.run_id == run_id and seen[rec.checkpoint_id]]
+        inherited = sorted({run for rec in records if rec.run_id == run_id
+                            for run in seen[rec.checkpoint_id]} - {run_id})
+        first, last = (mine[0], mine[-1]) if mine else ({}, {})
+        run = RunExposure(run_id, first.get("step"), last.get("step"),
+                          first.get("checkpoint_id"), last.get("checkpoint_id"),
                           sum(r["rows"] for r in mine), [r["checkpoint_id"] for r in mine],
-                          exposed)
+                          exposed, inherited)
         gone = [] if per_row is None else [
             r for r in per_row.to_pylist()
             if r["run_id"] == run_id and r["deleted_version"] is not None]
@@ -287,8 +299,27 @@ def matches_of(rows: pa.Table) -> pa.Table:
                     schema=MATCHES_SCHEMA)
 
 
-def _sees(records: list[CheckpointRecord], record: CheckpointRecord, hit: set[str]) -> bool:
-    return any(r.checkpoint_id in hit for r in lineage(records, record))
+def _seen(records: list[CheckpointRecord], hit: set[str],
+          branches: dict[str, Branch]) -> dict[str, frozenset[str]]:
+    """Per checkpoint, the runs of its lineage whose checkpoints in it trained on a hit;
+    each lineage walked once, down to a checkpoint already known."""
+    by_id = {r.checkpoint_id: r for r in records}
+    seen: dict[str, frozenset[str]] = {}
+    for record in records:
+        walk: list[CheckpointRecord] = []
+        walked: set[str] = set()
+        current: CheckpointRecord | None = record
+        while current is not None and current.checkpoint_id not in seen \
+                and current.checkpoint_id not in walked:
+            walk.append(current)
+            walked.add(current.checkpoint_id)
+            current = parent_of(by_id, current, branches)
+        runs = seen.get(current.checkpoint_id, frozenset()) if current is not None \
+            else frozenset()
+        for r in reversed(walk):
+            runs = runs | {r.run_id} if r.checkpoint_id in hit else runs
+            seen[r.checkpoint_id] = runs
+    return seen
 
 
 def _open_table(table: str, catalog: Any, storage_options: Mapping[str, str] | None) -> Any:

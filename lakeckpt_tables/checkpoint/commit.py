@@ -16,7 +16,7 @@ from typing import Any
 from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._failures import describe_failure, is_write_failure
 from lakeckpt_tables.checkpoint.eos_count import eos_events
-from lakeckpt_tables.checkpoint.readers import merged
+from lakeckpt_tables.checkpoint.readers import merged, sources_of
 from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
 from lakeckpt_tables.checkpoint.retention import Retention, removed_events
 from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError
@@ -210,7 +210,7 @@ class Committer:
             reader_state=encode_state(reader) if reader is not None else "",
             source=source, source_version=version,
             world_size=world_size, tags=attempt.tags, config_hash=self.config_hash,
-            wall_time_s=time.monotonic() - self._started)
+            wall_time_s=time.monotonic() - self._started, sources=sources_of(reader))
         return record, consumption, reader
 
 

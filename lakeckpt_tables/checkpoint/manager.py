@@ -22,13 +22,14 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 
 from lakeckpt_tables import errors
-from lakeckpt_tables.checkpoint import readers, registration
+from lakeckpt_tables.checkpoint import registration
 from lakeckpt_tables.checkpoint._world import World
 from lakeckpt_tables.checkpoint.commit import Attempt, Committer, sealed
 from lakeckpt_tables.checkpoint.load import Loader
@@ -121,12 +122,17 @@ class CheckpointManager:
         # ledger/base.py); 62 bits, so that Delta can keep it as an app transaction version.
         self.owner = self.world.broadcast(str(uuid.uuid4().int >> 66))
         parts = _rank0_parts(self, takeover, live_for, compact_every, config)
-        self._progress, policy, self._committer, self._registration = parts
+        self._progress, policy, self._committer, self._register = parts
+        # the run's registry entry, made when this job first writes the run (a claim or a
+        # commit): a job that only reads it (a read-only restore) leaves the entry alone
+        self._registration: registration.RunRegistration | None = None
         self._loader = Loader(self.storage, self.world, policy, run_id=run_id,
                               config_hash=self.config_hash)
         self._baseline: dict[str, Any] | None = None  # the last checkpoint's reader state
         self._head: CheckpointRecord | None = None  # what this job committed or restored last
         self._pending: Attempt | None = None
+        self._claimed = False  # a restore made this job the run's writer
+        self._read_only = False  # only read-only restores so far: not the run's writer
         # NOTE [ one root for all ranks ]: refused now, before any training step
         self.storage.prove_shared(self.world, self.run_id)
         self._root_shared = True
@@ -172,6 +178,11 @@ class CheckpointManager:
                 files stay, and the next restore or save finds out.
         """
         self.wait()
+        if self._read_only:
+            raise CheckpointError(
+                f"run {self.run_id}: this manager restored it read-only (to evaluate or "
+                "inspect), so it is not the run's writer and cannot save; restore without "
+                "read_only=True to train the run on, or branch a new run from the checkpoint")
         if not self._root_shared:
             self.storage.prove_shared(self.world, self.run_id)
             self._root_shared = True
@@ -208,8 +219,8 @@ class CheckpointManager:
             if record.reader_state else self._baseline
         self._head = record
         if self._committer is not None:
-            if self._registration is not None:
-                self._registration.committed(record)
+            if self._registered() is not None:
+                self._registration.committed(record)  # type: ignore[union-attr]
             self._committer.committed(record)
         return record
 
@@ -226,48 +237,87 @@ class CheckpointManager:
         step: int | None = None,
         tag: str | None = None,
         require: bool = False,
+        read_only: bool = False,
+        from_run: str | None = None,
     ) -> int | None:
         """Load the run's latest checkpoint that can be restored (or the one asked for).
 
         A checkpoint whose files are missing or fail verification (or whose ledger record
         fails its checksum) is skipped for the newest earlier one that verifies, and retired,
-        so its step can be saved again (NOTE [ what restore skips ]). Once every rank checked
-        that the model and optimizer fit, one ledger commit records the retirements and the
-        ``restore`` event and makes this job the run's one writer (see ``takeover``). A
-        restore that raises has committed nothing. Call before iterating the dataloader.
+        so its step can be saved again (NOTE [ what restore skips ]). Once every rank loaded
+        the model, optimizer, scheduler, ``extra`` and the reader state, one ledger commit
+        records the retirements and the ``restore`` event and makes this job the run's one
+        writer (see ``takeover``). A restore that raises has committed nothing, whatever
+        failed (NOTE [ restore loads, then claims ]). Call before iterating the dataloader.
         ``extra``, if given, is filled in place.
 
         Args:
             step, tag: restore exactly this checkpoint (the run's newest otherwise).
             require: refuse to start fresh when the run has no checkpoint (a typo in
                 ``run_id`` would otherwise train a second run from scratch).
+            read_only: load the checkpoint to evaluate or inspect it: nothing is committed
+                (no event, no retirement) and the run's owner is not changed, so a job
+                training the run saves on undisturbed. A keyword of ``restore`` rather than
+                a method of its own because it chooses, checks and loads exactly as a
+                restore does; only the claim is left out. This manager cannot ``save``
+                after it (it is not the run's writer).
+            from_run: branch this run from run ``from_run``'s checkpoint (its newest, or
+                ``step``/``tag``): a warm start, a fine-tune, a recipe change, a rewind
+                (NOTE [ branched runs ]). The checkpoint is loaded (into ``dataloader`` too:
+                the reader goes on from the parent's position; without one this run's reader
+                starts afresh), and the claim records the lineage in a ``branch`` event; audits
+                follow it. ``from_run``'s run is left untouched. Relaunched after this run
+                saved, the same call resumes this run's own newest checkpoint.
 
         Returns:
             The restored step, or None for a fresh run.
 
         Raises:
             CheckpointRestoreError: the model or optimizer does not fit the checkpoint (keys
-                and shapes listed); ``step``/``tag`` names no restorable checkpoint (removed
-                by retention, damaged); ``require`` and the run has no checkpoint.
+                and shapes listed), or loading anything failed on some rank (named);
+                ``step``/``tag`` names no restorable checkpoint (removed by retention,
+                damaged), or, without ``read_only``, one older than the run's newest (a
+                rewind: branch a new run from it); ``require`` and the run has no checkpoint;
+                ``read_only`` and no checkpoint of the run verifies; ``from_run`` and this run
+                has checkpoints without being its branch.
             RunInUseError: ``takeover="refuse"`` and a live job owns the run.
-            StateMismatchError: the checkpoint's reader state is of another table or config.
+            StateMismatchError: the checkpoint's reader state is not of the dataloader's
+                tables, plan or schedule.
             LedgerCorruptError: a ledger file is unreadable (the error names it and the way
                 out).
         """
         self.wait()
+        if read_only and from_run is not None:
+            raise ValueError("restore(read_only=True) reads a run's own checkpoint; to read "
+                             f"run {from_run!r}'s, make a manager of run {from_run!r}")
         parts = Parts(model, optimizer, lr_scheduler, extra)
-        record, state = self._loader.claim(parts, step, tag, require)
+        choice, reader = self._loader.restore(parts, dataloader, step, tag, require=require,
+                                              read_only=read_only, from_run=from_run)
+        record = choice.record
+        if read_only:
+            self._read_only = self._read_only or (not self._claimed and self._head is None)
+            return None if record is None else record.step
+        self._read_only, self._claimed = False, True
+        registered = self._registered()
+        if registered is not None and choice.branch:
+            detail = choice.events[0].detail
+            registered.branched(detail["parent_run"], detail["parent_step"])
         if self._committer is not None:
             self._committer.retention.forget()
         if record is None:
             return None
-        self._loader.load(record, state, parts)
-        if dataloader is not None and record.reader_state:
-            reader = decode_state(record.reader_state)
-            readers.restore(dataloader, reader)
+        if dataloader is not None and reader is not None:
             self._baseline = reader
-        self._head = record
+        # a branch's first save has no parent in its own run; its rows are counted from the
+        # parent's reader state when the reader went on from it
+        self._head = None if choice.branch else record
         return record.step
+
+    def _registered(self) -> registration.RunRegistration | None:
+        """This run's registry entry (rank 0, unless registration is off), made at first use."""
+        if self._registration is None and self._register is not None:
+            self._registration = self._register()
+        return self._registration
 
     def heartbeat(self, step: int) -> None:
         """Note that training reached ``step`` (not collective; call it every step): rank 0
@@ -307,8 +357,10 @@ class CheckpointManager:
 
 def _rank0_parts(manager: CheckpointManager, takeover: Takeover, live_for: float | None,
                  compact_every: int, config: Mapping[str, Any] | None) -> tuple[
-        Progress | None, RestorePolicy | None, Committer | None, Any]:
-    """Rank 0's deciders (None elsewhere): heartbeat, restore policy, committer, registry."""
+        Progress | None, RestorePolicy | None, Committer | None,
+        Callable[[], registration.RunRegistration | None] | None]:
+    """Rank 0's deciders (None elsewhere): heartbeat, restore policy, committer, and how to
+    register the run."""
     ledger, storage, run_id, owner = (manager.ledger, manager.storage, manager.run_id,
                                       manager.owner)
     if ledger is None:
@@ -320,9 +372,9 @@ def _rank0_parts(manager: CheckpointManager, takeover: Takeover, live_for: float
                            takeover=takeover, live_for=live_for, progress=progress)
     committer = Committer(ledger, storage, retention, run_id=run_id, owner=owner,
                           config_hash=manager.config_hash)
-    registered = registration.for_run(run_id, ledger, root=manager.root,
-                                      config_hash=manager.config_hash, config=config)
-    return progress, policy, committer, registered
+    register = partial(registration.for_run, run_id, ledger, root=manager.root,
+                       config_hash=manager.config_hash, config=config)
+    return progress, policy, committer, register
 
 
 def _config_hash(config: Mapping[str, Any]) -> str:

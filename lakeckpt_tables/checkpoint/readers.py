@@ -8,7 +8,8 @@ lockstep, so theirs agree) and each source's reader state merged over ranks and 
 for a lone reader: the rows its slices of that source consumed since the previous checkpoint's
 merged state of that source, every record named by the source's key (``source_key``) and its
 events' details too. A source not drawn yet has no plan and consumed nothing. The checkpoint
-record names no single source table (``source`` is null): the ``source`` events do, per key.
+record names no single source table (``source`` is null): its ``sources`` name each key's
+table and pinned version (:func:`sources_of`), and the ``source`` events do too, per key.
 With ``on_exhausted="cycle"`` a source's next pass is its next epochs (NOTE [ cycling sources ]
 in ``lakeckpt_tables/mixture/dataset.py``): its records name the epoch that read each row, as for a
 reader built with ``epochs=N``.
@@ -22,9 +23,9 @@ from typing import Any
 
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
 from lakeckpt_tables.errors import CheckpointError
-from lakeckpt_tables.ledger import ConsumptionRecord, LedgerEvent
+from lakeckpt_tables.ledger import ConsumptionRecord, LedgerEvent, SourceVersion
 from lakeckpt_tables.mixture import Mixture, is_mixture_state, merge_mixture_states
-from lakeckpt_tables.mixture.state import paired_reader_states
+from lakeckpt_tables.mixture.state import KEY_POSITIONS, paired_reader_states
 from lakeckpt_tables.reader import (
     ReaderState,
     dataset_of,
@@ -35,9 +36,14 @@ from lakeckpt_tables.reader import (
 from lakeckpt_tables.reader.loaders import states_from_loader
 from lakeckpt_tables.types import TableIdentity
 
-__all__ = ["Captured", "capture", "merged", "restore"]
+__all__ = ["EVENT_MIXTURE_ENDED", "Captured", "capture", "merged", "restore", "sources_of"]
 
 Captured = tuple[dict[str, Any] | None, list[ConsumptionRecord], list[LedgerEvent]]
+
+EVENT_MIXTURE_ENDED = "mixture_ended"
+"""Event of the first checkpoint whose Mixture state has ended (``on_exhausted="stop"``: a
+source ran out, the run is over; sources with rows left stay unfinished): ``{"on_exhausted"}``.
+The views call such a run ``finished`` and its unfinished passes ``stopped``."""
 
 
 def capture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
@@ -63,7 +69,17 @@ def capture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
         c, e = _accounting(datasets[key], before, ReaderState.from_dict(after), key)
         consumed += c
         events += e
+    if isinstance(mixture, Mixture) and _ended(state) and not _ended(baseline):
+        events.append(LedgerEvent(EVENT_MIXTURE_ENDED, {"on_exhausted": mixture.on_exhausted}))
     return state, consumed, events
+
+
+def _ended(state: Mapping[str, Any] | None) -> bool:
+    """Whether a mixture state's every worker has ended (a source ran out under "stop")."""
+    if state is None or not is_mixture_state(state):
+        return False
+    positions = state.get(KEY_POSITIONS) or []
+    return bool(positions) and all(p is not None and p.get("ended") for p in positions)
 
 
 def merged(readers: list[dict[str, Any]], where: str) -> tuple[
@@ -83,6 +99,18 @@ def merged(readers: list[dict[str, Any]], where: str) -> tuple[
         raise CheckpointError(f"{where}: the ranks' reader states do not cover every rank "
                               "and worker")
     return reader.to_dict(), reader.table, reader.version
+
+
+def sources_of(state: Mapping[str, Any] | None) -> dict[str, SourceVersion] | None:
+    """A Mixture state's sources: each key's table and the version its reader state pins;
+    None for a lone reader's state (the record's ``source`` names its table)."""
+    if state is None or not is_mixture_state(state):
+        return None
+    out = {}
+    for key, source in sorted(state["sources"].items()):
+        reader = ReaderState.from_dict(source)
+        out[key] = SourceVersion(reader.table, reader.version)
+    return out
 
 
 def restore(dataloader: Any, state: Mapping[str, Any]) -> None:

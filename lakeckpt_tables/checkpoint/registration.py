@@ -1,9 +1,10 @@
 """The run registry, write side: a CheckpointManager keeps its run's entry up to date.
 
 The entry's shape is :mod:`lakeckpt_tables.ledger.registry`, its readers
-:mod:`lakeckpt_tables.audit.registry`. The manager registers its run when created (status
-``running``; rank 0 only), updates it after every commit (``latest``; ``best`` for a checkpoint
-tagged ``best``; the table and version read), marks it ``failed`` when the process ends on an
+:mod:`lakeckpt_tables.audit.registry`. The manager registers its run when it first writes it
+(a restore's claim or a commit; status ``running``; rank 0 only; a read-only restore never
+does), updates it after every commit (``latest``; ``best`` for a checkpoint tagged ``best``; the
+table and version read), marks it ``failed`` when the process ends on an
 uncaught exception and ``finished`` when it ends normally (a SIGKILLed run stays ``running``
 until it is resumed or marked with :func:`set_status`). ``LAKECKPT_REGISTRY=off`` turns
 registration off.
@@ -92,6 +93,10 @@ class RunRegistration:
         self.current = "running"
         updates[r.P_STATUS] = self.current
         self._update(updates)
+
+    def branched(self, parent_run: str, parent_step: int) -> None:
+        """The run starts from ``parent_run``'s checkpoint at ``parent_step``."""
+        self._update({r.P_PARENT: f"{parent_run}@{parent_step}", r.P_UPDATED: _now()})
 
     def status(self, status: r.Status) -> None:
         """Set the run's status."""

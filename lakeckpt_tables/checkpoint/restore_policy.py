@@ -1,10 +1,10 @@
 """Which checkpoint a restore loads, and the one ledger commit that takes the run over.
 
-A restore is choose, check, claim, load: :meth:`RestorePolicy.choose` reads the ledger and the
-checkpoint files and decides (nothing is written), the manager checks on every rank that the
-state fits, and only then :meth:`RestorePolicy.claim` commits the retirements, the ``restore``
-event and the run's ownership in one commit. A restore that fails before the claim changes
-nothing.
+A restore is choose, load, claim: :meth:`RestorePolicy.choose` reads the ledger and the
+checkpoint files and decides (nothing is written), every rank loads the checkpoint (NOTE
+[ restore loads, then claims ] in ``load.py``), and only then :meth:`RestorePolicy.claim`
+commits the retirements, the ``restore`` event and the run's ownership in one commit. A restore
+that fails before the claim changes nothing; a read-only one never claims.
 
 NOTE [ what restore skips ]
 Walking down from the run's newest checkpoint, a checkpoint is skipped when its directory, its
@@ -15,7 +15,21 @@ one restored, the claim lands, and the skipped step can be saved again. When not
 every checkpoint is retired and the run starts over from its beginning (a ``restart`` event):
 what the lost checkpoints trained is trained again, never skipped. Asked for a step or tag,
 restore loads exactly that checkpoint or fails by name (``removed`` by retention or gc, or
-damaged), retiring nothing.
+damaged), retiring nothing; a checkpoint older than the run's newest is refused up front to
+train on (it would rewind the run: its next save would not come after the newest step): it is
+read only, or a new run branches from it.
+
+NOTE [ branched runs ]
+``restore(from_run=P, step=...)`` on a manager of a run without checkpoints starts that run
+from run P's checkpoint (a warm start, a fine-tune, a recipe change, a rewind): P's checkpoint
+is chosen as a read-only restore of P chooses it (nothing of P is retired or claimed), loaded,
+and the claim of the new run commits a ``branch`` event naming P, its checkpoint and step, and
+whether the new run's reader went on from P's reader state (a dataloader was restored) or
+started afresh. The new run's checkpoints then chain among themselves (its first has no
+parent_id); audits follow the ``branch`` event from the run's first checkpoint into P's lineage
+(``lakeckpt_tables.audit.lineage``). Relaunched with the same call after it saved, the run goes
+on from its own newest checkpoint; a run that has checkpoints and another (or no) parent is
+refused.
 """
 
 from __future__ import annotations
@@ -37,11 +51,18 @@ from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, Ledger, LedgerEvent
 from lakeckpt_tables.ledger.base import EVENT_RETIRED, RunScan
 
-__all__ = ["DCP_METADATA", "EVENT_LEDGER_REPAIRED", "Choice", "RestorePolicy", "Takeover"]
+__all__ = ["DCP_METADATA", "EVENT_BRANCH", "EVENT_LEDGER_REPAIRED", "Choice", "RestorePolicy",
+           "Takeover"]
 
 log = logging.getLogger(__name__)
 
 Takeover = Literal["fence", "refuse"]
+
+EVENT_BRANCH = "branch"
+"""Event of a run started from another run's checkpoint (NOTE [ branched runs ]):
+``{"parent_run", "parent_checkpoint_id", "parent_step", "reader", "owner", "host"}``;
+``reader``: ``"continued"`` when the run's reader went on from the parent's reader state,
+``"fresh"`` when it started its own."""
 
 EVENT_LEDGER_REPAIRED = "ledger_repaired"
 """Event of a restore that dropped lost ledger data files: ``{"files", "missing", "owner",
@@ -63,11 +84,14 @@ class Choice:
         record: the checkpoint to load; None to start fresh.
         events: committed with the claim (retirements, ``restore``/``restart``).
         check_head: the claim lands only while ``record`` is the run's newest checkpoint.
+        branch: ``record`` is another run's checkpoint this run starts from (NOTE [ branched
+            runs ]): the claim lands only while this run has no checkpoint.
     """
 
     record: CheckpointRecord | None
     events: tuple[LedgerEvent, ...] = ()
     check_head: bool = True
+    branch: bool = False
 
 
 @dataclass
@@ -99,16 +123,28 @@ class RestorePolicy:
 
     # ---------------------------------------------------------------------------- choose
 
-    def choose(self, step: int | None, tag: str | None, *, require: bool = False) -> Choice:
+    def choose(self, step: int | None, tag: str | None, *, require: bool = False,
+               read_only: bool = False, from_run: str | None = None,
+               continued: bool = False) -> Choice:
         """The checkpoint to restore and the events its claim commits; reads only.
+
+        ``read_only``: for a restore that never claims: a run's owner does not matter, a lost
+        ledger file is not dropped from the ledger (a restore that takes the run does that),
+        and when no checkpoint verifies the restore fails instead of starting over.
 
         Raises:
             CheckpointRestoreError: the step/tag asked for is not restorable, the run has no
                 checkpoint and ``require`` is set, or the run's directory is gone.
             RunInUseError: ``takeover="refuse"`` and another live job owns the run.
         """
-        scan = self._scan()
-        self._refuse_if_owned(scan)
+        scan = self.ledger.scan(self.run_id) if read_only else self._scan()
+        if not read_only:
+            self._refuse_if_owned(scan)
+        if from_run is not None:
+            branched = self._branch(scan, from_run, step, tag, continued=continued)
+            if branched is not None:
+                return branched
+            step = tag = None  # a relaunch of the branched run: it goes on from its own
         explicit = step is not None or tag is not None
         records = [r for r in scan.committed
                    if (step is None or r.step == step) and (tag is None or tag in r.tags)]
@@ -127,6 +163,8 @@ class RestorePolicy:
                 f"exist, yet the ledger {self.ledger.describe()} holds {len(records)} "
                 "checkpoint(s) of it: is the checkpoint root right (mounted, same bucket)? "
                 "Nothing was changed")
+        if explicit and not read_only and records[-1] is not scan.committed[-1]:
+            self._refuse_rewind(records[-1], scan.committed[-1])
         skipped: list[dict[str, Any]] = []
         for record in reversed(records):
             missing, problems = self._inspect(record)
@@ -140,9 +178,10 @@ class RestorePolicy:
                         "; ".join(problems))
             skipped.append({"checkpoint_id": record.checkpoint_id, "step": record.step,
                             "missing": missing, "problems": problems})
-        if require:
-            raise CheckpointRestoreError(self._none_restorable(skipped, scan)
-                                         + "; restore(require=True) does not start over")
+        if require or read_only:
+            raise CheckpointRestoreError(self._none_restorable(skipped, scan) + (
+                "; a read-only restore does not start over" if read_only else
+                "; restore(require=True) does not start over"))
         return self._start_over(skipped, scan)
 
     def _scan(self) -> RunScan:
@@ -202,8 +241,51 @@ class RestorePolicy:
         events.append(LedgerEvent("restore", {
             "checkpoint_id": record.checkpoint_id, "step": record.step, "newest_step": newest,
             "reached_step": reached, "steps_lost": reached - record.step,
-            "owner": self.owner, **_host()}))
-        return Choice(record, tuple(events), check_head=not explicit)
+            "fallback": bool(skipped), "explicit": explicit, "owner": self.owner, **_host()}))
+        return Choice(record, tuple(events))
+
+    def _refuse_rewind(self, record: CheckpointRecord, newest: CheckpointRecord) -> None:
+        """A restore of an older checkpoint to train on would fork the run's history: its
+        next save is not after the run's newest step. Said now, with the ways out."""
+        raise CheckpointRestoreError(
+            f"run {self.run_id}: step {record.step} (checkpoint {record.checkpoint_id}) is not "
+            f"the run's newest checkpoint (step {newest.step}): training on from it would "
+            "rewind the run, whose next save would not come after step "
+            f"{newest.step}. To evaluate or inspect it, restore(..., read_only=True); to train "
+            "on from it, branch a new run from it: CheckpointManager(root, '<new run id>')"
+            f".restore(..., from_run={self.run_id!r}, step={record.step}) (its lineage is "
+            "kept). Nothing was changed")
+
+    def _branch(self, scan: RunScan, from_run: str, step: int | None, tag: str | None, *,
+                continued: bool) -> Choice | None:
+        """NOTE [ branched runs ]: the parent's checkpoint and the ``branch`` event, or None
+        when this run is that branch relaunched (it has checkpoints of its own)."""
+        if from_run == self.run_id:
+            raise CheckpointRestoreError(
+                f"run {self.run_id} cannot branch from itself: pass restore(step=...) to "
+                "resume it, or branch into a new run id")
+        recorded = self.ledger.events(self.run_id, EVENT_BRANCH)
+        parents = {(e.detail.get("parent_run"), e.detail.get("parent_step")) for e in recorded}
+        if scan.committed or scan.damaged:
+            if any(run == from_run for run, _ in parents):
+                log.info("run %s was branched from run %s already: it goes on from its own "
+                         "newest checkpoint", self.run_id, from_run)
+                return None
+            raise CheckpointRestoreError(
+                f"run {self.run_id} already has checkpoints "
+                f"({[r.step for r in scan.committed]}), and was not branched from run "
+                f"{from_run!r} (its branch: {sorted(parents) or 'none'}): a run branches once, "
+                "before its first save. Branch into a new run id. Nothing was changed")
+        parent = RestorePolicy(self.ledger, self.storage, from_run, self.owner,
+                               keep_last=self.keep_last)
+        record = parent.choose(step, tag, require=True, read_only=True).record
+        assert record is not None  # require=True
+        detail = {"parent_run": from_run, "parent_checkpoint_id": record.checkpoint_id,
+                  "parent_step": record.step, "reader": "continued" if continued and
+                  record.reader_state else "fresh", "owner": self.owner, **_host()}
+        log.info("run %s branches from run %s step %d (checkpoint %s)", self.run_id, from_run,
+                 record.step, record.checkpoint_id)
+        return Choice(record, (LedgerEvent(EVENT_BRANCH, detail),), branch=True)
 
     def _attempted_steps(self) -> list[int]:
         """Steps of the run's save attempts on storage: a directory ``step-N-...`` proves the
@@ -285,7 +367,8 @@ class RestorePolicy:
         Raises:
             CommitConflictError: another job committed to the run meanwhile: choose again.
         """
-        head = choice.record.checkpoint_id if choice.record is not None else None
+        head = choice.record.checkpoint_id if choice.record is not None and not choice.branch \
+            else None
         self.ledger.claim(self.run_id, self.owner, list(choice.events), head=head,
                           check_head=choice.check_head)
 

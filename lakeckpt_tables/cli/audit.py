@@ -99,11 +99,11 @@ def _where(args: argparse.Namespace) -> int:
     if args.output == "json":
         emit([r.to_json() for r in runs], "json")
         return 0
-    rows = [{**r.to_json(), "checkpoints": len(r.checkpoints), "exposed": len(r.exposed)}
-            for r in runs]
+    rows = [{**r.to_json(), "checkpoints": len(r.checkpoints), "exposed": len(r.exposed),
+             "inherited_from": ", ".join(r.inherited_from)} for r in runs]
     emit(rows, args.output, columns=("run_id", "first_step", "last_step", "first_checkpoint",
                                      "last_checkpoint", "rows", "checkpoints", "exposed",
-                                     "deleted", "stopped_after_step"),
+                                     "inherited_from", "deleted", "stopped_after_step"),
          title=f"runs that trained on rows where {args.where}",
          empty="no checkpoint trained on a matching row")
     return 0

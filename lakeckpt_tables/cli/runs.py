@@ -19,8 +19,8 @@ from lakeckpt_tables.errors import LakeckptError
 __all__ = ["register", "run"]
 
 STATES = ("running", "stale", "finished", "failed")
-TABLE_COLUMNS = ("run_id", "experiment", "status", "latest_step", "best_step", "last_commit_at",
-                 "table_uri", "table_version", "ledger", "updated_at")
+TABLE_COLUMNS = ("run_id", "parent", "experiment", "status", "latest_step", "best_step",
+                 "last_commit_at", "table_uri", "table_version", "ledger", "updated_at")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -51,10 +51,40 @@ def run(args: argparse.Namespace) -> int:
         if r["status"] == "running" and found is not None:
             r["status"] = found["state"]
     runs = [r for r in runs if args.status is None or r["status"] == args.status]
+    runs = _as_tree(runs, indent=args.output == "table")
     columns = (*PROPERTIES, "registered_status", "last_commit_at") \
         if args.output != "table" else TABLE_COLUMNS
     emit(runs, args.output, columns=columns, title="runs", empty="no registered runs")
     return 0
+
+
+def _as_tree(runs: list[dict[str, Any]], *, indent: bool) -> list[dict[str, Any]]:
+    """Runs in tree order: each branched run (``parent`` ``<run>@<step>``) right after the run
+    it came from in the same ledger, its id indented by depth for a table."""
+    by_key = {(r["ledger"], r["run_id"]): r for r in runs}
+    children: dict[Any, list[dict[str, Any]]] = {}
+    roots = []
+    for r in runs:
+        parent = (r["ledger"], (r.get("parent") or "").rsplit("@", 1)[0])
+        if parent in by_key and parent != (r["ledger"], r["run_id"]):
+            children.setdefault(parent, []).append(r)
+        else:
+            roots.append(r)
+    out: list[dict[str, Any]] = []
+    shown: set[int] = set()
+
+    def visit(r: dict[str, Any], depth: int) -> None:
+        if id(r) in shown:
+            return
+        shown.add(id(r))
+        out.append({**r, "run_id": "  " * (depth - 1) + "└ " + r["run_id"]}
+                   if indent and depth else r)
+        for child in children.get((r["ledger"], r["run_id"]), []):
+            visit(child, depth + 1)
+
+    for r in roots + runs:  # then any run a cycle of parents kept from the roots
+        visit(r, 0)
+    return out
 
 
 def _ledger_states(runs: list[dict[str, Any]], catalog: Any,

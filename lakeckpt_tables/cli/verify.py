@@ -2,7 +2,9 @@
 
 ``finished_passes`` names the passes the proof covers in full (no gap as well as no overlap):
 ``segment 0 epochs 0-1`` is both epochs of the pinned snapshot, ``segments 1-3 epoch 0`` the
-follow segments 1 to 3. Passes not finished yet are checked for overlaps only.
+follow segments 1 to 3; a Mixture's by source (``code: segment 0 epoch 0; web: none``, a
+source whose pass its Mixture ended before: ``none``). Passes not finished yet are checked for
+overlaps only.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for v in verdicts:
         row = v.to_json()
-        row["finished_passes"] = describe_passes(v.finished_passes)
+        row["finished_passes"] = "; ".join(
+            f"{key}: {describe_passes(passes)}" for key, passes in v.source_passes.items()
+        ) if v.source_passes else describe_passes(v.finished_passes)
         row["first_violation"] = v.violations[0] if v.violations else None
         row["violations"] = len(v.violations)
         rows.append(row)

@@ -104,7 +104,9 @@ class CheckpointStorage:
     def _guarded(self, dcp: T) -> T:
         if not self.store.is_local:
             files = _ObjectStoreFiles(self.store)
-            files.fs = dcp.fs.fs  # type: ignore[attr-defined]
+            # this process's client of the store (gcsfs's core class, NOTE [ backing ]) or,
+            # on S3, the s3fs DCP built from the same options
+            files.fs = self.store.fsspec_client() or dcp.fs.fs  # type: ignore[attr-defined]
             dcp.fs = files  # type: ignore[attr-defined]
         return dcp
 

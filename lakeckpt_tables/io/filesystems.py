@@ -4,8 +4,11 @@ NOTE [ backing ]
 S3 goes through pyarrow's native ``S3FileSystem``: Parquet row groups are fetched with
 pre-buffering, which coalesces a row group's column chunks into one or two ranged GETs
 (measured: 1-2 requests per row group read, where fsspec's s3fs reads through a readahead
-cache that issues more, smaller requests). Other URIs (gs://, abfs://, ...) go through fsspec,
-wrapped for pyarrow, with the options passed to fsspec as they are.
+cache that issues more, smaller requests). Azure goes through adlfs and GCS through gcsfs,
+wrapped for pyarrow with their files opened uncached (:class:`_ExactReads`), so pre-buffering
+coalesces their reads the same way (pyarrow's native ``AzureFileSystem`` was tried: its C++
+client aborts the process on a response it cannot parse, ``terminate called ... Failed to
+parse xml``, seen against Azurite). Other URIs go through fsspec with the options as given.
 
 NOTE [ S3 at exit ]
 pyarrow shuts the AWS SDK down in an ``atexit`` hook (``ensure_s3_finalized``). An S3 client
@@ -33,7 +36,8 @@ import pyarrow.fs as pafs
 from lakeckpt_tables.io import options as opts
 from lakeckpt_tables.io.options import s3_settings
 
-__all__ = ["arrow_s3", "build_filesystem", "release_at_exit", "release_s3_clients"]
+__all__ = ["arrow_s3", "build_filesystem", "fsspec_filesystem",
+           "release_at_exit", "release_s3_clients"]
 
 
 class _HoldsFilesystem(Protocol):
@@ -50,15 +54,42 @@ def build_filesystem(scheme: str, uri: str, options: Mapping[str, str] | None
     """The pyarrow filesystem of the store at ``uri`` (NOTE [ backing ])."""
     if scheme == "":
         return pafs.LocalFileSystem()
-    if scheme in ("s3", "s3a") and options is not None:
+    if scheme in opts.S3_SCHEMES and options is not None:
         return arrow_s3(s3_settings(options))
     if options is None and scheme in ("s3", "s3a", "gs", "gcs"):
         fs, _ = pafs.FileSystem.from_uri(uri.replace("s3a://", "s3://", 1))
         return fs
+    return pafs.PyFileSystem(_ExactReads(fsspec_filesystem(scheme, uri, options)))
+
+
+class _ExactReads(pafs.FSSpecHandler):  # type: ignore[misc]
+    """fsspec's handler for pyarrow, its files opened without a read-ahead cache: pyarrow
+    asks for exactly the ranges it needs (a row group's columns, coalesced), which gcsfs's
+    and adlfs's default caches turned into reads of whole 4-5 MB blocks; and one metadata
+    request per open, not two (``isfile`` then ``open``)."""
+
+    def open_input_file(self, path: str) -> Any:
+        from pyarrow import PythonFile
+
+        return PythonFile(self.fs.open(path, mode="rb", cache_type="none"), mode="r")
+
+
+def fsspec_filesystem(scheme: str, uri: str, options: Mapping[str, str] | None) -> Any:
+    """The fsspec filesystem of the store at ``uri`` with the options (NOTE [ backing ]).
+
+    GCS with options goes through gcsfs's core ``GCSFileSystem``: the class fsspec registers
+    for ``gs`` by default (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT``) first asks Google's storage
+    control API whether a bucket is hierarchical, which an emulator or a private endpoint
+    lacks: each bucket waited 60 s for the answer.
+    """
     import fsspec
 
-    fs_spec = fsspec.filesystem(scheme, **opts.fsspec_kwargs(scheme, options))
-    return pafs.PyFileSystem(pafs.FSSpecHandler(fs_spec))
+    kwargs = opts.fsspec_kwargs(scheme, options, uri)
+    if scheme in opts.GCS_SCHEMES and options is not None:
+        from gcsfs.core import GCSFileSystem
+
+        return GCSFileSystem(**kwargs)
+    return fsspec.filesystem(scheme, **kwargs)
 
 
 def release_at_exit(holder: _HoldsFilesystem) -> None:

@@ -116,6 +116,9 @@ class StoreAddress:
         scheme, sep, rest = url.partition("://")
         if not sep or scheme.lower() != self.scheme:
             raise StorageError(f"{url} is not in the store of {self.uri}")
+        head, slash, tail = rest.partition("/")
+        if "@" in head and self.scheme in opts.AZURE_SCHEMES:
+            rest = head.split("@", 1)[0] + slash + tail  # container@account.dfs...: container
         return rest
 
     # ------------------------------------------------------------------------ filesystem
@@ -134,18 +137,24 @@ class StoreAddress:
             release_at_exit(self)
         return fs
 
+    def fsspec_client(self) -> Any:
+        """This process's fsspec filesystem under :attr:`filesystem`; None when that is
+        pyarrow's own (local disks, S3)."""
+        fs = self.filesystem
+        return fs.handler.fs if isinstance(fs, pafs.PyFileSystem) else None
+
     def fsspec_options(self) -> dict[str, Any]:
         """The options as fsspec keyword arguments (s3fs for S3, as given for other stores)."""
-        return opts.fsspec_kwargs(self.scheme, self._options)
+        return opts.fsspec_kwargs(self.scheme, self._options, self.uri)
 
     def delta_options(self) -> dict[str, str] | None:
         """The options for delta-rs, every setting explicit (no environment fallback)."""
-        return opts.delta_kwargs(self.scheme, self._options, self.retry_seconds)
+        return opts.delta_kwargs(self.scheme, self._options, self.retry_seconds, self.uri)
 
     def iceberg_properties(self) -> dict[str, str]:
         """The options as pyiceberg FileIO properties; {} without options."""
-        return {} if self._options is None else opts.iceberg_properties(self.scheme,
-                                                                         self._options)
+        return {} if self._options is None else opts.iceberg_properties(
+            self.scheme, self._options, self.uri)
 
     # ------------------------------------------------------------------------ operations
 
@@ -187,7 +196,8 @@ class Storage(StoreAddress):
 
     def _bucket_missing(self) -> bool:
         """Whether the root's bucket is missing (asked once a file was not found)."""
-        if self.is_local or self.scheme not in ("s3", "s3a", "gs", "gcs"):
+        if self.is_local or self.scheme not in (*opts.S3_SCHEMES, *opts.GCS_SCHEMES,
+                                                *opts.AZURE_SCHEMES):
             return False
         bucket = self._inner("").split("/", 1)[0]
         try:
@@ -254,9 +264,12 @@ class Storage(StoreAddress):
     def list(self, key: str = "") -> list[str]:
         """Names directly under ``key`` (files and directories), sorted; [] when absent."""
         def list_() -> list[str]:
-            selector = pafs.FileSelector(self._inner(key), allow_not_found=True)
-            infos = self.filesystem.get_file_info(selector)
-            return sorted(info.base_name for info in infos)
+            base = self._inner(key).rstrip("/")
+            infos = self.filesystem.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+            # direct children only: some fsspec stores (adlfs) list deeper than asked
+            return sorted({info.path[len(base):].lstrip("/").split("/", 1)[0]
+                           if info.path.startswith(base) else info.base_name
+                           for info in infos})
         return self.call("list", key, list_)
 
     def exists(self, key: str) -> bool:

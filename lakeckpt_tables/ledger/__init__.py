@@ -21,6 +21,7 @@ from lakeckpt_tables.ledger.records import (
     ConsumptionRecord,
     FileDigest,
     LedgerEvent,
+    SourceVersion,
 )
 from lakeckpt_tables.ledger.schema import LEDGER_FORMAT_VERSION, LEDGER_SCHEMA
 from lakeckpt_tables.ledger.spec import LedgerSpec
@@ -40,6 +41,7 @@ __all__ = [
     "Ledger",
     "LedgerEvent",
     "LedgerSpec",
+    "SourceVersion",
     "open_ledger",
 ]
 

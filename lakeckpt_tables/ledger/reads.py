@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import json
 import operator
 import threading
 from collections.abc import Mapping
@@ -19,7 +20,12 @@ import pyarrow.compute as pc
 from lakeckpt_tables.errors import LedgerCorruptError
 from lakeckpt_tables.ledger import schema as s
 from lakeckpt_tables.ledger.contract import RunScan
-from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow, intact_rows
+from lakeckpt_tables.ledger.records import (
+    CheckpointRecord,
+    LedgerEvent,
+    checkpoints_from_arrow,
+    intact_rows,
+)
 from lakeckpt_tables.ledger.settling import given_tags, log_damaged, retired_ids, tagged
 
 __all__ = ["LedgerReads"]
@@ -79,6 +85,15 @@ class LedgerReads(abc.ABC):
             self._refresh()
             events, _ = intact_rows(self._read(record=s.RECORD_EVENT, run_id=run_id))
         return {c: tuple(sorted(t)) for c, t in given_tags(events).items()}
+
+    def events(self, run_id: str, event: str) -> list[LedgerEvent]:
+        """The run's intact events of kind ``event``, oldest first, from the newest snapshot
+        (e.g. its ``branch`` event: where the run came from)."""
+        with self._lock:
+            self._refresh()
+            rows, _ = intact_rows(self._read(record=s.RECORD_EVENT, run_id=run_id))
+        found = rows.filter(pc.field(s.EVENT) == event).sort_by(s.COMMITTED_AT)
+        return [LedgerEvent(event, json.loads(d)) for d in found[s.DETAIL].to_pylist()]
 
     def owner(self, run_id: str) -> str | None:
         """The job that owns the run (NOTE [ one writer per run ]), None if none claimed it."""

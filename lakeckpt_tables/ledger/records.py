@@ -51,6 +51,7 @@ __all__ = [
     "FileDigest",
     "LedgerEvent",
     "SealedConsumption",
+    "SourceVersion",
     "checkpoints_from_arrow",
     "commit_rows",
     "event_rows",
@@ -66,6 +67,14 @@ class FileDigest(TypedDict):
 
     sha256: str
     bytes: int
+
+
+@dataclass(frozen=True)
+class SourceVersion:
+    """A table a Mixture's source reads and the version its reader state pins."""
+
+    table: TableIdentity
+    version: int
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,8 @@ class CheckpointRecord:
         committed_at: when the commit was made, set by the ledger (or by the coordinator just
             before, for sealed consumption: NOTE [ consumption sealed where made ]); ignored on
             input.
+        sources: a Mixture's checkpoint: each source key's table and pinned version (None for
+            a source not drawn yet); None for a run of one table (``source``).
     """
 
     run_id: str
@@ -106,6 +117,7 @@ class CheckpointRecord:
     config_hash: str
     wall_time_s: float
     committed_at: datetime | None = None
+    sources: Mapping[str, SourceVersion | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.run_id or not self.checkpoint_id:
@@ -415,7 +427,23 @@ def _checkpoint_fields(c: CheckpointRecord) -> dict[str, object]:
         s.TAGS: list(c.tags),
         s.CONFIG_HASH: c.config_hash,
         s.WALL_TIME_S: c.wall_time_s,
+        s.SOURCES: _sources_json(c.sources),
     }
+
+
+def _sources_json(sources: Mapping[str, SourceVersion | None] | None) -> str | None:
+    if sources is None:
+        return None
+    return json.dumps({k: None if v is None else {**v.table.to_json(), "version": v.version}
+                       for k, v in sources.items()}, sort_keys=True)
+
+
+def _sources_from_json(text: str | None) -> dict[str, SourceVersion | None] | None:
+    if text is None:
+        return None
+    return {k: None if v is None else SourceVersion(
+        TableIdentity(format=v["format"], location=v["location"], table_id=v["table_id"]),
+        v["version"]) for k, v in json.loads(text).items()}
 
 
 def _consumption_fields(c: ConsumptionRecord) -> dict[str, object]:
@@ -455,6 +483,7 @@ def _checkpoint_from_row(row: Mapping[str, Any]) -> CheckpointRecord:
         config_hash=row[s.CONFIG_HASH],
         wall_time_s=row[s.WALL_TIME_S],
         committed_at=row[s.COMMITTED_AT],
+        sources=_sources_from_json(row.get(s.SOURCES)),
     )
 
 

@@ -39,9 +39,12 @@ P_LATEST = "latest"
 P_LATEST_STEP = "latest_step"
 P_BEST = "best"
 P_BEST_STEP = "best_step"
+P_PARENT = "parent"
+"""``<run>@<step>``: the run and step a branched run started from (empty otherwise)."""
 P_UPDATED = "updated_at"
 PROPERTIES = (P_RUN, P_EXPERIMENT, P_CONFIG, P_LEDGER, P_ROOT, P_TABLE_FORMAT, P_TABLE,
-              P_VERSION, P_STATUS, P_LATEST, P_LATEST_STEP, P_BEST, P_BEST_STEP, P_UPDATED)
+              P_VERSION, P_STATUS, P_LATEST, P_LATEST_STEP, P_BEST, P_BEST_STEP, P_PARENT,
+              P_UPDATED)
 """The properties of a registered run, in display order."""
 
 

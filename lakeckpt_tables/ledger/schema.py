@@ -43,6 +43,7 @@ __all__ = [
     "ROW_START",
     "RUN_ID",
     "SEGMENT",
+    "SOURCES",
     "SOURCE_FORMAT",
     "SOURCE_KEY",
     "SOURCE_LOCATION",
@@ -146,6 +147,11 @@ the tokens it trained on. A packed record counts as ``rows`` the rows whose eos 
 of ``rows`` 0 (``row_start == row_end``, the row whose tokens they are) carries tokens of a
 document whose eos a later record delivers. Null for a reader of rows. Added after format
 version 2 like :data:`SOURCE_KEY` (:data:`ADDED_COLUMNS`)."""
+SOURCES: Final = "sources"
+"""A Mixture's checkpoint: JSON object of each source key's table and pinned version,
+``{key: {"format", "location", "table_id", "version"}}`` (a source not drawn yet: null), as its
+reader states hold them; null for a run of one table, which ``source_*`` name. Added after
+format version 2 like :data:`SOURCE_KEY` (:data:`ADDED_COLUMNS`)."""
 
 # -- event rows -----------------------------------------------------------------------------
 EVENT: Final = "event"
@@ -186,6 +192,7 @@ _TYPES: dict[str, pa.DataType] = {
     ROWS: pa.int64(),
     SOURCE_KEY: pa.string(),
     TOKENS: pa.int64(),
+    SOURCES: pa.string(),
     EVENT: pa.string(),
     DETAIL: pa.string(),
 }
@@ -214,6 +221,6 @@ CONSUMPTION_COLUMNS: Final = (
 )
 """Columns of :meth:`Ledger.consumption`'s result, in order."""
 
-ADDED_COLUMNS: Final = (SOURCE_KEY, TOKENS)
+ADDED_COLUMNS: Final = (SOURCE_KEY, TOKENS, SOURCES)
 """Nullable columns added to the format-2 schema later: a ledger created before lacks them and
 gains them when opened; hashed into a row's checksum only when not null (old rows verify)."""

@@ -117,7 +117,7 @@ class LakeDataset(IterableDataset[Batch]):
         poll_interval: float = 1.0,
         max_idle: float | None = None,
         until_version: int | None = None,
-        on_change: Literal["fail", "skip"] = "fail",
+        on_change: Literal["fail", "skip", "stop"] = "fail",
         min_segment_rows: int | None = None,
         refresh: Literal["epoch"] | None = None,
         output: Literal["torch", "arrow"] = "torch",

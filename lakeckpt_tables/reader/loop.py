@@ -135,9 +135,9 @@ class SliceReader:
         index, plan = cursor.epoch, None
         while (rnd := rounds.get(index, cursor.rounds, wait=True, tails=tails)) is not None:
             plan = planner.plan(policy, rnd, cursor.layouts.get(index))
-            if not planner.follows:
-                _warn_tail(planner, plan, g)
             start = cursor.position if index == cursor.epoch else 0
+            if not planner.follows and start == 0:  # once per pass: not again at a resume
+                _warn_tail(planner, plan, g)
             own = planner.own_round({index: rnd}, index)
             if index != cursor.epoch and plan.batch_count(g) == 0:
                 # a round this slice has nothing of (all of it a tail, carried or not) is

@@ -26,7 +26,7 @@ __all__ = ["Packing", "ReaderOptions"]
 OUTPUTS = ("torch", "arrow")
 NULL_POLICIES = ("refuse", "fill", "mask")
 DECIMAL_POLICIES = ("refuse", "float64")
-ON_CHANGE = ("fail", "skip")
+ON_CHANGE = ("fail", "skip", "stop")
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,11 @@ class ReaderOptions:
     only); None waits until ``until_version`` or for ever."""
     until_version: int | None = None
     """Follow mode: the last version (Delta) or snapshot id (Iceberg) to read."""
-    on_change: Literal["fail", "skip"] = "fail"
+    on_change: Literal["fail", "skip", "stop"] = "fail"
     """Follow mode: commits that delete or rewrite rows raise
-    :class:`~lakeckpt_tables.errors.SourceChangedError` (``"fail"``) or are skipped."""
+    :class:`~lakeckpt_tables.errors.SourceChangedError` (``"fail"``), are skipped (``"skip"``),
+    or end the pass cleanly at the last row before them (``"stop"``: the loop ends, a final
+    save records everything read; resume with ``"skip"`` to go on past them)."""
     min_segment_rows: int | None = None
     """Follow mode: appended rows a segment waits for; default ``world_size * batch_size``.
     At least ranks x workers."""

@@ -22,7 +22,10 @@ collectives), so a boundary must not depend on when a process looks. Segment ``k
 spans the commits after segment ``k - 1`` up to the FIRST commit at which at least
 ``min_segment_rows`` appended rows have accumulated, or up to ``until_version``: a function of
 the immutable commit log alone. Waiting never cuts a segment short; ``max_idle`` only ends the
-pass, and the same segment is formed, identically, when reading resumes.
+pass, and the same segment is formed, identically, when reading resumes. With
+``on_change="stop"`` a commit that deletes or rewrites rows is an end like ``until_version``,
+also a function of the log: the segment holding appends before it ends at the version before
+it, and no segment is formed after it, so the pass ends there on every rank and worker alike.
 """
 
 from __future__ import annotations
@@ -55,7 +58,9 @@ __all__ = ["DEFAULT_UNIT_ROWS", "Carry", "FollowPolicy", "Round", "RoundSequence
 
 log = logging.getLogger(__name__)
 
-OnChange = Literal["fail", "skip"]
+_STOPPED: set[str] = set()  # commits a pass ended before, said once per process
+
+OnChange = Literal["fail", "skip", "stop"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +80,8 @@ NOTE [ segment boundaries ]).
         max_idle: end the pass after this many seconds without a new commit (world size 1
             only: ranks would stop at different steps); None waits for ever.
         until_version: last version (Delta) or snapshot id (Iceberg) to read; None: no end.
-        on_change: commits that delete or rewrite rows: ``"fail"`` or ``"skip"``.
+        on_change: commits that delete or rewrite rows: ``"fail"``, ``"skip"`` or ``"stop"``
+            (the pass ends before the first of them: NOTE [ segment boundaries ]).
     """
 
     min_segment_rows: int
@@ -89,8 +95,9 @@ NOTE [ segment boundaries ]).
             raise ValueError(f"min_segment_rows must be >= 1, got {self.min_segment_rows}")
         if self.poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0, got {self.poll_interval}")
-        if self.on_change not in ("fail", "skip"):
-            raise ValueError(f"on_change must be 'fail' or 'skip', got {self.on_change!r}")
+        if self.on_change not in ("fail", "skip", "stop"):
+            raise ValueError(f"on_change must be 'fail', 'skip' or 'stop', got "
+                             f"{self.on_change!r}")
 
 
 class RoundSequence:
@@ -261,6 +268,9 @@ NOTE [ segment boundaries ]; None if not formed yet."""
                         self.snapshot.identity.describe(), rows, prev.to, version,
                         self.follow.min_segment_rows)
                 return None  # idle: the segment is formed, identically, when reading resumes
+            if commit.kind == "change" and self.follow.on_change == "stop":
+                self._stop_before(commit, version)
+                break  # the pass ends at ``version``, the last before the commit
             version = commit.version
             if commit.kind == "append":
                 new, _ = units_from_files(self.snapshot.identity, version, commit.files,
@@ -275,6 +285,17 @@ NOTE [ segment boundaries ]; None if not formed yet."""
             return None  # at the end version already
         self._listed[(prev.to, version)] = sorted(units)
         return Round(prev.index + 1, prev.segment + 1, 0, prev.to, version, tuple(skipped))
+
+    def _stop_before(self, commit: Commit, version: int) -> None:
+        """``on_change="stop"``: say once why the pass ends before ``commit``."""
+        where = f"{self.snapshot.identity.describe()} version {commit.version}"
+        if where in _STOPPED:
+            return
+        _STOPPED.add(where)
+        log.warning("%s (%s) deletes or rewrites rows: %s. The pass ends at version %d, the "
+                    "last before it (on_change='stop'): save after the loop to record every "
+                    "row read; resume with on_change='skip' to go on without that commit's "
+                    "rows", where, commit.operation, commit.detail, version)
 
     def _skip_reason(self, commit: Commit) -> str:
         assert self.follow is not None

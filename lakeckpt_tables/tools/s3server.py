@@ -28,12 +28,18 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["Front", "main", "spawn"]
+__all__ = ["RAW_HEADERS", "Front", "main", "serve", "spawn"]
 
 _CONTROL = "/_lakeckpt/"
+RAW_HEADERS = "lakeckpt.raw_headers"
+"""The environ key of the request's headers as sent (WSGI's ``HTTP_*`` names lose ``_``)."""
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+_S3_DOWN = ("application/xml", b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
+            b"ServiceUnavailable</Code><Message>injected outage</Message></Error>")
 
 
 class _Dropped(ConnectionResetError):
@@ -54,8 +60,11 @@ class Front:
         dropped.
     """
 
-    def __init__(self, app: WsgiApp) -> None:
+    def __init__(self, app: WsgiApp, *, ranged: Callable[..., Iterable[bytes] | None] | None
+                 = None, down_body: tuple[str, bytes] | None = None) -> None:
         self.app = app
+        self._ranged = ranged  # serves a single-range GET itself (NOTE [ ranged reads ])
+        self._down_body = down_body or _S3_DOWN
         self.requests: list[tuple[str, str, str]] = []
         self.spans: list[list[float]] = []
         self._since = time.monotonic()
@@ -89,9 +98,8 @@ class Front:
         if faults["latency_ms"]:
             time.sleep(faults["latency_ms"] / 1000)
         if faults["down"]:
-            body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable"
-                    b"</Code><Message>injected outage</Message></Error>")
-            start("503 Service Unavailable", [("Content-Type", "application/xml"),
+            kind, body = self._down_body
+            start("503 Service Unavailable", [("Content-Type", kind),
                                               ("Content-Length", str(len(body)))])
             return [body]
         if lose:
@@ -99,8 +107,9 @@ class Front:
             for _ in result:  # the request lands: let moto finish it
                 pass
             raise _Dropped(f"{method} {path}")
-        if method == "GET" and environ.get("HTTP_RANGE") and not environ.get("QUERY_STRING"):
-            ranged = _ranged_get(path, environ["HTTP_RANGE"], start)
+        if self._ranged is not None and method == "GET" and environ.get("HTTP_RANGE") \
+                and not environ.get("QUERY_STRING"):
+            ranged = self._ranged(path, environ["HTTP_RANGE"], start)
             if ranged is not None:
                 return ranged
         return self.app(environ, start)
@@ -192,22 +201,36 @@ def main(argv: list[str] | None = None) -> None:
         MotoRequestHandler,
         create_backend_app,
     )
-    from werkzeug.serving import make_server
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
-    front = Front(DomainDispatcherApplication(create_backend_app))
+    front = Front(DomainDispatcherApplication(create_backend_app), ranged=_ranged_get)
+    serve(front, args.host, args.port, MotoRequestHandler)
 
-    class Handler(MotoRequestHandler):
+
+def serve(front: Front, host: str, port: int, handler: type | None = None) -> None:
+    """Serve ``front`` on ``host:port`` (threaded) until killed; prints ``ready <port>``."""
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class Handler(handler or WSGIRequestHandler):  # type: ignore[misc]
         def log_request(self, *args: Any, **kwargs: Any) -> None:
             pass
 
         def connection_dropped(self, error: BaseException, environ: Any = None) -> None:
             self.close_connection = True
 
-    server = make_server(args.host, args.port, front, threaded=True, request_handler=Handler)
+        def run_wsgi(self) -> None:
+            # no interim "100 Continue": Azure's C++ client (pyarrow's) takes it for the answer
+            del self.headers["Expect"]
+            super().run_wsgi()
+
+        def make_environ(self) -> dict[str, Any]:
+            environ: dict[str, Any] = super().make_environ()
+            environ[RAW_HEADERS] = list(self.headers.items())  # names as sent ('_' kept)
+            return environ
+
+    server = make_server(host, port, front, threaded=True, request_handler=Handler)
     print(f"ready {server.server_address[1]}", flush=True)
     server.serve_forever()
 

@@ -50,11 +50,9 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
     g, index = cursor.slice_index, cursor.epoch
     while planner.epochs is None or index < planner.epochs:
         plan = planner.token_plan(cursor.shape, index, cursor.layouts.get(index))
-        if plan.tail and g == 0:
-            log.warning("%s epoch %d: %d token(s) (with eos) cannot be split in lockstep into "
-                        "sequences of %d over %d slices; they are not delivered",
-                        planner.where, index, plan.tail, packing.seq_len, plan.slices)
         start = cursor.position if index == cursor.epoch else 0
+        if plan.tail and g == 0 and start == 0:  # once per pass: not again at a resume in it
+            _warn_tail(planner.where, index, plan)
         if index != cursor.epoch and plan.per_slice == 0:
             cursor.epoch, cursor.position = index, 0
         for ids, positions, position, inside in packed_batches(
@@ -67,6 +65,18 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
                           position_ids=torch.from_numpy(positions))
             yield transform(batch) if transform is not None else batch
         index += 1
+
+
+def _warn_tail(where: str, epoch: int, plan: TokenPlan) -> None:
+    """The pass's tokens that no sequence delivers (the ledger records them too)."""
+    if plan.slices == 1:
+        why = f"do not fill a sequence of {plan.seq_len}"
+    else:
+        why = (f"cannot be split in lockstep into sequences of {plan.seq_len} over "
+               f"{plan.slices} slices")
+    log.warning("%s epoch %d: its last %d token(s) (with eos) %s; they are not delivered "
+                "(CheckpointManager records them in the ledger as an 'undelivered' event)",
+                where, epoch, plan.tail, why)
 
 
 class TokenPlanner:

@@ -225,7 +225,8 @@ def _run(table: Any, root: Path, actions: list[tuple[str, frozenset[int]]]) -> N
     assert manager.ledger is not None
     excluded = [json.loads(r["detail"]) for r in manager.ledger.to_arrow().to_pylist()
                 if r["event"] == "excluded"]
-    assert _ids_of([r for e in excluded for r in e["deleted"]]) == pinned - final
+    assert _ids_of([r for e in excluded for r in e["deleted"]]) == pinned - final, [
+        (e["version"], sorted(_ids_of(e["deleted"]))) for e in excluded]
     (verdict,) = verify(root / "ck", source=table.source())
     assert verdict.ok and verdict.finished_passes == [(0, 0)], verdict.violations
 

@@ -51,7 +51,7 @@ def honor_deletions(world: World, dataloader: Any) -> tuple[dict[str, Any],
         return None
     new, events = outcome
     if new is not None:
-        continue_from(dataset, ReaderState.from_dict(new))
+        continue_from(dataset, ReaderState.from_dict(new))  # marks only: no re-read
     return reader_state_of(dataloader).to_dict(), events
 
 

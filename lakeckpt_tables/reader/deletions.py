@@ -245,7 +245,16 @@ def _excluded_at_start(dataset: Any, cursor: Cursor) -> Cursor:
 
 def continue_from(dataset: Any, state: ReaderState) -> None:
     """``dataset`` goes on from ``state`` (its shape, every slice): at the next batch of the
-    pass being iterated, else when its next pass begins."""
+    pass being iterated, else when its next pass begins. A state that only moved the commits
+    observed (nothing taken out) is noted in place: the pass reads on, its read-ahead kept."""
+    cursor = dataset._cursor
+    if cursor is not None and state.slices[cursor.slice_index] == (cursor.epoch,
+                                                                   cursor.position) \
+            and dict(state.layouts) == cursor.layouts:
+        cursor.deletes_seen, cursor.exclusions_seen = state.deletes_seen, state.exclusions_seen
+        if dataset._resume is not None:
+            dataset._resume = state
+        return
     shape = (dataset.world_size, 1, dataset.batch_size)  # read in the main process only
     cursor = start_cursor(dataset.planner, state, shape, 0, own=False)
     dataset._cursor, dataset._resume = cursor, state

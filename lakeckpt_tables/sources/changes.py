@@ -206,7 +206,9 @@ class DeletionWatch:
 
     def _at(self, version: int, operation: str) -> list[Deletion]:
         kw = {} if self.pinned.schema_id is None else {"schema_id": self.pinned.schema_id}
-        now = self.source.snapshot(version, **kw)
+        # whole files: their deletes and row counts from the metadata, no footer read
+        listing = getattr(self.source, "with_units", None)
+        now = (listing("files") if listing is not None else self.source).snapshot(version, **kw)
         listed: dict[str, DataFile] = {}
         for unit in now.units:
             assert isinstance(unit.file, DataFile)

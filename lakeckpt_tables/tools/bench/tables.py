@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -202,7 +203,11 @@ def write_deletion_vectors(uri: str, deleted: Mapping[str, Any], *,
                  "tightBounds": False}
         common = {"path": name, "partitionValues": {}, "size": int(add["size_bytes"]),
                   "dataChange": True}
-        actions.append({"remove": {**common, "deletionTimestamp": now}})
+        # a remove names the add it removes, its deletion vector included: without it a
+        # reader may keep the old (path, vector) beside the new one
+        previous = _current_vectors(path).get(name)
+        actions.append({"remove": {**common, "deletionTimestamp": now,
+                                   **({"deletionVector": previous} if previous else {})}})
         actions.append({"add": {**common, "modificationTime": now, "stats": json.dumps(stats),
                                 "deletionVector": {"storageType": "u",
                                                    "pathOrInlineDv": _z85(vector_id.bytes),
@@ -212,6 +217,20 @@ def write_deletion_vectors(uri: str, deleted: Mapping[str, Any], *,
     log = path / "_delta_log" / f"{version:020d}.json"
     log.write_text("".join(json.dumps(a) + "\n" for a in actions))
     return version
+
+
+def _current_vectors(table: Path) -> dict[str, dict[str, Any]]:
+    """The deletion vector descriptor of each live file of a local table, by log replay
+    (deltalake's ``get_add_actions`` does not show them)."""
+    live: dict[str, dict[str, Any]] = {}
+    for entry in sorted((table / "_delta_log").glob("*.json")):
+        for line in entry.read_text().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "add" in action:
+                live[unquote(action["add"]["path"])] = action["add"].get("deletionVector")
+            elif "remove" in action:
+                live.pop(unquote(action["remove"]["path"]), None)
+    return {path: dv for path, dv in live.items() if dv}
 
 
 def _with_day(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:

@@ -85,30 +85,32 @@ def _window_without(piece: Piece, drop: np.ndarray[Any, Any]) -> tuple[list[Piec
     return cuts, emitted[hit]
 
 
-def base_rows(plan: EpochPlan, units: Any, rows: dict[int, np.ndarray[Any, Any]]) -> np.ndarray[
-        Any, Any]:
-    """The base rows of ``plan`` (an epoch's whole base space: no layout) holding live rows
-    ``rows[i]`` (live row numbers within row group ``i`` of ``units``, a
+def base_rows(plan: EpochPlan, units: Any,
+              rows: dict[int, np.ndarray[Any, Any]]) -> dict[int, np.ndarray[Any, Any]]:
+    """Per row group ``i``, the base rows of ``plan`` (an epoch's whole base space: no layout)
+    holding its live rows ``rows[i]``, in their order (``units``: a
     :class:`~lakeckpt_tables.plan.rounds.RoundUnits` without carried rows).
 
     A row group may be cut into several plan units (NOTE [ bounded units ]): each row lands
     in the unit whose first row is the last at or before it.
     """
     if not rows:
-        return np.empty(0, np.int64)
+        return {}
     n = len(units.rows)
     source = np.asarray(units.source[np.arange(n, dtype=np.int64)], dtype=np.int64)
     first = np.asarray(units.first[np.arange(n, dtype=np.int64)], dtype=np.int64)
     position = np.empty(n, dtype=np.int64)
     position[np.asarray(plan.order, dtype=np.int64)] = np.arange(n, dtype=np.int64)
     offsets = plan.offsets
-    out = []
+    order = np.argsort(source, kind="stable")  # plan units by row group, in order
+    starts = np.searchsorted(source[order], np.arange(int(source.max()) + 2 if n else 1))
+    out = {}
     for group, live in rows.items():
-        members = np.flatnonzero(source == group)  # plan units of the row group, in order
+        members = order[starts[group]:starts[group + 1]]
         if not len(members):
             continue
         live = np.asarray(live, dtype=np.int64)
         k = np.searchsorted(first[members], live, "right") - 1
         u = members[k]
-        out.append(offsets[position[u]] + live - first[u])
-    return np.sort(np.concatenate(out)) if out else np.empty(0, np.int64)
+        out[group] = offsets[position[u]] + live - first[u]
+    return out

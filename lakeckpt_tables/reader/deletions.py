@@ -122,14 +122,13 @@ def exclude(planner: RoundPlanner, state: ReaderState, seen: int,
             "deleted": _ranges(units, rows), "excluded": {}, "excluded_rows": 0}
         for epoch in range(first, planner.epochs):
             base_plan = plan_for(epoch, None)
-            gone_rows = base_rows(base_plan, units, rows)
+            at = base_rows(base_plan, units, rows)
             layout = layouts.get(epoch, (Piece.plain([(0, base_plan.rows)]),))
-            kept, gone = without(layout, gone_rows)
+            kept, gone = without(layout, np.concatenate([*at.values(), np.empty(0, np.int64)]))
             if len(gone):
                 layouts[epoch] = kept
-                found = units.ranges(base_plan, [Piece.plain(_runs(gone))])
-                detail["excluded"][str(epoch)] = [
-                    [units.units[i].path, units.units[i].row_group, a, b] for i, a, b in found]
+                taken = {i: rows[i][np.isin(base, gone)] for i, base in at.items()}
+                detail["excluded"][str(epoch)] = _ranges(units, taken)
                 detail["excluded_rows"] += len(gone)
         events.append(detail)
     if not any(e["excluded_rows"] for e in events):  # every deleted row delivered already

@@ -119,7 +119,9 @@ def run_deletes_bench(*, rows: int = DEFAULT_ROWS, root: str | Path | None = Non
         for shape in SHAPES:
             table = ensure_shape_table(base, shape, rows)
             say(f"{shape}: {rows:,} rows, passes with deletes='honor' and 'pin'")
-            loops = _Rounds(table, base / f"ck-{shape}")
+            checkpoints = base / f"ck-{shape}"
+            shutil.rmtree(checkpoints, ignore_errors=True)  # runs of an earlier bench
+            loops = _Rounds(table, checkpoints)
             times = interleaved_rounds(loops, "id", {"honor": rows, "pin": rows},
                                        rounds=rounds, min_seconds=min_seconds)
             report.ratios[shape] = [t["pin"].wall_s / t["honor"].wall_s for t in times]

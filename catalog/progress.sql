@@ -1,7 +1,8 @@
 -- progress: per run, Mixture source (source_key; null for a one-table run) and pass (segment, epoch), rows consumed by committed checkpoints against
 -- the rows the pass delivers. Pass sizes come from 'round' events, else from 'segment' events
 -- (follow segments) or the pinned snapshot's metadata (the _pass_sizes table connect() builds);
--- null when none is known. state: 'done' (the pass is consumed); 'stopped' (a Mixture source's
+-- null when none is known. state: 'retired' (a Mixture source retired at a resume);
+-- 'done' (the pass is consumed); 'stopped' (a Mixture source's
 -- pass its Mixture ended before, on_exhausted='stop'); else its run's state from
 -- _run_activity ('running', 'stale' or 'finished'); only a 'running' pass has an ETA. Packed
 -- readers count tokens too (null otherwise); a Mixture source's share is its part of the run's
@@ -75,7 +76,10 @@ shares AS (
 ),
 stated AS (  -- a pass not done is as alive as its run: no ETA once the run is stale
     SELECT r.*,
-           CASE WHEN rows_in_pass IS NOT NULL AND rows_consumed >= rows_in_pass THEN 'done'
+           CASE WHEN r.source_key IN (SELECT e.detail->>'source_key' FROM events e
+                                      WHERE e.run_id = r.run_id AND e.event = 'source_retired')
+                THEN 'retired'  -- NOTE [ sources that change ] (checkpoint/recipe.py)
+                WHEN rows_in_pass IS NOT NULL AND rows_consumed >= rows_in_pass THEN 'done'
                 WHEN a.mixture_ended THEN 'stopped'
                 ELSE coalesce(a.state, 'running') END                       AS state
     FROM rated r

@@ -224,7 +224,7 @@ class RunInUseError(CheckpointError):
 
 
 STORE_KINDS = ("bucket missing", "access denied", "unreachable", "unavailable", "not found",
-               "failed")
+               "store full", "failed")
 """The kinds of :class:`StorageError`: what a platform engineer acts on."""
 
 

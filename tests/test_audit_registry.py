@@ -70,23 +70,32 @@ def test_a_run_registers_with_latest_best_table_and_status(
     assert [r["run_id"] for r in shown] == ["run-one", "run-two"]
 
 
+# Two runs, each a real process of its own that ends its way: one fresh interpreter imports
+# torch and the library once (most of what a run costs here) and forks; the child's run raises
+# (uncaught: the child ends on it), then the parent's run returns and the parent ends normally.
 SCRIPT = """
-import sys, torch
+import os, sys, torch
 from lakeckpt_tables.checkpoint import CheckpointManager
-manager = CheckpointManager(sys.argv[1], sys.argv[2])
-manager.save(1, model=torch.nn.Linear(1, 1))
-if sys.argv[3] == "raise":
-    raise RuntimeError("diverged")
+def run(run_id, how):
+    manager = CheckpointManager(sys.argv[1], run_id)
+    manager.save(1, model=torch.nn.Linear(1, 1))
+    if how == "raise":
+        raise RuntimeError("diverged")
+child = os.fork()
+if child == 0:
+    run("bad", "raise")
+print("bad exited", os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
+run("ok", "return")
 """
 
 
 def test_a_run_ending_normally_is_finished_and_one_raising_is_failed(tmp_path: Path) -> None:
     env = {**os.environ, "LAKECKPT_HOME": str(tmp_path / "home"), "PYTHONWARNINGS": "ignore"}
     env.pop("LAKECKPT_REGISTRY", None)
-    for run_id, how in (("ok", "return"), ("bad", "raise")):
-        done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "root"), run_id, how],
-                              env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == (0 if how == "return" else 1), done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "root")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "bad exited 1\n"), done.stderr[-2000:]
+    assert "RuntimeError: diverged" in done.stderr
     catalog = registry.load_catalog(f"sqlite:///{tmp_path}/home/catalog.db")
     assert [(r["run_id"], r["status"], r["latest_step"])
             for r in registry.registered_runs(catalog)] == [("bad", "failed", "1"),

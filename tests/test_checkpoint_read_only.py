@@ -17,7 +17,7 @@ from lakeckpt_tables.checkpoint import CheckpointManager
 from lakeckpt_tables.errors import CheckpointError, CheckpointRestoreError
 from lakeckpt_tables.ledger import DeltaLedger
 
-SAVES = 12
+SAVES = 8
 
 TRAIN = """
 import json, sys, time, torch
@@ -31,7 +31,7 @@ for step in range(1, saves + 1):
     model(torch.ones(1, 4)).sum().backward()
     optimizer.step()
     manager.save(step, model=model, optimizer=optimizer, tags=["best"] if step == 1 else [])
-    time.sleep(0.15)  # the evaluator restores between saves
+    time.sleep(0.3)  # the evaluator restores between saves
 print(json.dumps({"owner": manager.owner, "saved": [r.step for r in manager.checkpoints()]}))
 """
 
@@ -48,6 +48,7 @@ while not done.exists() and time.monotonic() < deadline:
     newest = evaluator.restore(model=model, optimizer=optimizer, read_only=True)
     if newest is not None:  # the newest, model and optimizer; the tagged one, model only
         steps += [newest, evaluator.restore(model=model, tag="best", read_only=True)]
+    time.sleep(0.1)
 print(json.dumps(steps))
 """
 
@@ -97,3 +98,36 @@ def test_a_read_only_restore_retires_nothing_and_its_manager_cannot_save(
     with pytest.raises(CheckpointError, match=r"restored it read-only .* cannot save"):
         evaluator.save(3, model=model)
     assert DeltaLedger(str(tmp_path / "_ledger")).owner("r") == job.owner
+
+
+def test_a_read_only_restore_with_a_loader_resumes_it_at_that_step_and_commits_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lakeckpt_tables import DeltaSource, LakeDataset
+
+    monkeypatch.setenv("LAKECKPT_REGISTRY", "off")
+    write_deltalake(str(tmp_path / "t"), pa.table({"id": np.arange(40)}))
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(LakeDataset(DeltaSource(str(tmp_path / "t")), batch_size=4,
+                                              seed=3), batch_size=None)
+
+    whole = [i for b in loader() for i in b["id"].tolist()]
+    job, training = CheckpointManager(tmp_path / "ckpt", "r"), loader()
+    for step, _ in enumerate(training, 1):
+        if step in (2, 4):
+            job.save(step, dataloader=training)
+        if step == 4:
+            break
+    ledger = DeltaLedger(str(tmp_path / "ckpt" / "_ledger"))
+    rows = ledger.to_arrow().num_rows
+    evaluated = loader()
+    assert CheckpointManager(tmp_path / "ckpt", "r").restore(
+        dataloader=evaluated, step=2, read_only=True) == 2
+    assert [i for b in evaluated for i in b["id"].tolist()] == whole[2 * 4:]
+    assert (ledger.to_arrow().num_rows, ledger.owner("r")) == (rows, job.owner)
+    job.save(5, dataloader=training)  # the owner saves on

@@ -75,6 +75,30 @@ def test_a_final_save_at_the_step_the_loop_saved_returns_the_committed_checkpoin
         DeltaLedger(str(tmp_path / "_ledger")).consumption(checkpoint_id=first.checkpoint_id))
 
 
+def test_a_finished_run_relaunched_finds_its_final_checkpoint_at_the_same_step(
+        table: Path, tmp_path: Path) -> None:
+    """The README's "a run that finished stays finished": restore, a loop that yields nothing
+    (its DataLoader drew a seed from torch's RNG), the final save: that checkpoint, no
+    conflict (NOTE [ a save at the restored step ]); a changed model still conflicts."""
+    model = torch.nn.Linear(2, 1)
+    loader = _loader(table)
+    manager = CheckpointManager(tmp_path, "r")
+    step = sum(1 for _ in loader)  # trained to the end
+    final = manager.save(step, model=model, dataloader=loader)
+    for changed in (False, True):
+        again, loader = CheckpointManager(tmp_path, "r"), _loader(table)
+        assert again.restore(model=model, dataloader=loader) == step
+        assert list(loader) == []
+        if not changed:
+            assert again.save(step, model=model, dataloader=loader) == final
+            continue
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        with pytest.raises(CommitConflictError, match="with other content"):
+            again.save(step, model=model, dataloader=loader)
+    assert [r.checkpoint_id for r in manager.checkpoints()] == [final.checkpoint_id]
+
+
 def test_a_second_save_at_a_step_with_other_content_is_a_named_conflict(
         table: Path, tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 1)

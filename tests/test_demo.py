@@ -37,7 +37,7 @@ def test_demo_survives_a_kill_between_checkpoints_and_one_inside_a_save(
         tmp_path: Path, point: str) -> None:
     root = tmp_path / "demo"
     done = subprocess.run(
-        [sys.executable, "-c", _CLI, "demo", "--rows", "20000", "--json", "--dir", str(root),
+        [sys.executable, "-c", _CLI, "demo", "--rows", "5000", "--json", "--dir", str(root),
          "--save-crash", point],
         capture_output=True, timeout=240)
     stderr = done.stderr.decode()
@@ -61,7 +61,7 @@ def test_demo_survives_a_kill_between_checkpoints_and_one_inside_a_save(
     assert proof["ok"]
     ids = proof["ids"]
     assert ids["ok"] and ids["exactly_once"]
-    assert ids["rows_trained"] == ids["rows_total"] * ids["epochs"] == 20000 * 2
+    assert ids["rows_trained"] == ids["rows_total"] * ids["epochs"] == 5000 * 2
     assert ids["duplicated"] == ids["missing"] == 0
     assert [c["sigkilled"] for c in ids["crashes"]] == [True, True]
     assert [c["inside_save"] for c in ids["crashes"]] == [False, True]

@@ -138,6 +138,7 @@ EXPECTED = {
                                   "quickstart-rewind,quickstart-delta,50"],
     "audit-and-progress.md": ["6400", "violations=[]", "(25, 'removed')", "exit 2"],
     "pretraining.md": ["torch.Size([4, 16])", "'code'", "resumed exactly: True"],
+    "training.md": ["['id', 'target', 'x'] (256, 4) 0.0"],
 }
 
 

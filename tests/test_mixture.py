@@ -230,8 +230,8 @@ def test_states_of_other_sources_or_tables_are_refused_by_name(delta_table, iceb
     three = Mixture({**{n: s for n, s in mixture(delta_table, iceberg_table).sources.items()},
                      "books": delta_table.dataset(batch_size=16, seed=3)},
                     weights={"web": 1, "code": 1, "books": 1})
-    with pytest.raises(MixtureStateError, match=r"lacks source\(s\) \['books'\]"):
-        three.load_state_dict(state)
+    three.load_state_dict(state)  # a source may join at a resume (tests/test_mixture_recipe.py)
+    assert three.added == ["books"]
     swapped = mixture(delta_table, iceberg_table, swap=True)
     with pytest.raises(MixtureStateError, match="source 'code' is another table"):
         swapped.load_state_dict(state)

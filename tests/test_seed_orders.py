@@ -53,7 +53,8 @@ def _differ(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:
 def test_different_seeds_give_different_unit_orders_at_every_epoch(shuffler: str,
                                                                    shape: str) -> None:
     count, groups = SHAPES[shape]
-    for epoch in EPOCHS:
+    # past the balance limit orders are not chained from epoch to epoch: two epochs say it
+    for epoch in EPOCHS if count <= BALANCE_LIMIT else range(2):
         orders = {seed: np.asarray(unit_order(count, PlanPolicy(batch_size=1, seed=seed,
                                                                  shuffler=shuffler),
                                               0, epoch, groups))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pickle
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -281,3 +284,58 @@ def test_store_failures_are_named_by_kind_in_plain_words() -> None:
                        ("curlCode: 28, Timeout was reached", "unavailable"),
                        ("retry_timeout 180s - Connection refused", "unreachable")):
         assert classify(OSError(text)) == kind, text
+
+
+# ------------------------------------------------------------------------- a full disk
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until its file system is full."""
+    handle = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(handle, b"\0" * 1024)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(handle)
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 64 KiB file system (tmpfs), filled: every write fails with ENOSPC."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    _fill(mount / "filler")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_is_named_on_every_write_path(tmp_path: Path, full_disk: Path) -> None:
+    """The shared-root probe of a new manager and a restore's claim on the ledger: a
+    StorageError of kind "store full" saying what to do, not a bare OSError nor "failed"."""
+    import torch
+
+    from lakeckpt_tables.checkpoint import CheckpointManager
+
+    with pytest.raises(StorageError) as probe:
+        CheckpointManager(full_disk / "ckpt", "run", ledger=f"delta:{tmp_path / 'ledger'}")
+    assert probe.value.kind == "store full" and str(full_disk) in str(probe.value)
+    assert "free space or raise the quota" in str(probe.value)
+    root = tmp_path / "ckpt"
+    (full_disk / "filler").unlink()
+    saved = CheckpointManager(root, "run", ledger=f"delta:{full_disk / 'ledger'}")
+    saved.save(1, model=torch.nn.Linear(2, 1))
+    _fill(full_disk / "filler")
+    with pytest.raises(StorageError) as claim:
+        CheckpointManager(root, "run", ledger=f"delta:{full_disk / 'ledger'}").restore(
+            model=torch.nn.Linear(2, 1))
+    assert claim.value.kind == "store full", claim.value
+    assert "free space or raise the quota" in str(claim.value)
+    (full_disk / "filler").unlink()  # space again: the restore claims the run once
+    assert CheckpointManager(root, "run", ledger=f"delta:{full_disk / 'ledger'}").restore(
+        model=torch.nn.Linear(2, 1)) == 1

@@ -122,3 +122,27 @@ def test_a_missing_bucket_is_named_as_such_at_once(s3: S3Server) -> None:
     assert "s3://no-such-bucket-lakeckpt/ckpt" in str(caught.value)
     assert "create it, or fix the bucket name" in str(caught.value)
     assert "\x1b[" not in str(caught.value) and "<Error>" not in str(caught.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_full_store_is_named_commits_nothing_and_the_next_save_commits_once(
+        s3: S3Server) -> None:
+    """MinIO answers 507 XMinioStorageFull when its drives are full: its own kind, not
+    retried (waiting frees nothing), nothing committed."""
+    root = f"s3://{s3.bucket('full')}/ckpt"
+    options = s3.options(lakeckpt_retry_seconds="30", max_attempts="1")
+    manager = CheckpointManager(root, "run", storage_options=options)
+    model = torch.nn.Linear(2, 1)
+    manager.save(1, model=model)
+    s3.faults(full=True)
+    try:
+        with pytest.raises(CheckpointWriteError, match="store full"):
+            manager.save(2, model=model)
+        with pytest.raises(StorageError) as put:
+            Storage(root, options).put("f", b"x")
+    finally:
+        s3.faults()
+    assert put.value.kind == "store full" and "free space or raise the quota" in str(put.value)
+    assert _steps(root, options) == [1]
+    assert manager.save(2, model=model).step == 2
+    assert _steps(root, options) == [1, 2]

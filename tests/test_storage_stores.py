@@ -225,3 +225,21 @@ def _hostile() -> dict[str, str]:
                "http://127.0.0.1:9", AZURE_STORAGE_CONNECTION_STRING=
                "AccountName=x;AccountKey=eA==;BlobEndpoint=http://127.0.0.1:9/x;")
     return env
+
+
+def test_the_object_store_bench_counts_requests_on_the_emulators(
+        store: S3Server, capsys: pytest.CaptureFixture[str]) -> None:
+    """``lakeckpt bench read --uri`` reports GETs per row group and metadata requests per
+    data file on each store, with S3's ceilings: <= 2 GETs per row group, 0 per file."""
+    from lakeckpt_tables.cli import main
+
+    uri = store.uri(f"bench-{store.kind}", "table")  # the bench makes its own bucket here
+    code = main(["bench", "read", "--uri", uri, "--rows", "20000", "--rounds", "1", "--json",
+                 "--storage-options", json.dumps(store.options())])
+    out = json.loads(capsys.readouterr().out)
+    assert out["uri"] == uri and out["rows"] == 20_000 and out["row_groups"] == 4
+    assert out["requests_per_row_group"] == 1.0  # id and x: one coalesced range
+    assert out["heads_per_file"] == 0.0  # the files opened for their footers are reused
+    assert (out["footer_reads_first"], out["footer_reads_again"]) == (4, 0)
+    assert code == (0 if out["passed"] else 1)
+    assert store.secret not in json.dumps(out)

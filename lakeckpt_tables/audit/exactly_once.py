@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 
 from lakeckpt_tables.audit.lineage import Branch, branches_of, lineage
 from lakeckpt_tables.audit.replay import dataset_for
+from lakeckpt_tables.audit.skipped import skip_events, skipped_records
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
@@ -67,6 +68,11 @@ class Verdict:
         excluded: rows the lineage took out of its passes because the table deleted them
             (``deletes="honor"``: ``excluded`` events), not expected of a finished pass.
         violations: what breaks exactly-once, the first one first; empty when proved.
+        skipped: rows consumed without training (batches skipped after a restore: NOTE
+            [ skipped batches ] in ``checkpoint/skip.py``), checked with the trained ones but
+            not counted in ``rows``.
+        retired: Mixture sources retired in the lineage (NOTE [ sources that change ] in
+            ``checkpoint/recipe.py``): their unread rows are recorded, not missing.
     """
 
     run_id: str
@@ -78,6 +84,8 @@ class Verdict:
     tokens: int | None = None
     finished_passes: list[tuple[int, int]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    skipped: int = 0
+    retired: list[str] = field(default_factory=list)
     source_passes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     excluded: int = 0
 
@@ -88,7 +96,8 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "checkpoint_id": self.checkpoint_id, "step": self.step,
                 "ok": self.ok, "checkpoints": self.checkpoints, "records": self.records,
-                "rows": self.rows, "tokens": self.tokens,
+                "rows": self.rows, "tokens": self.tokens, "skipped": self.skipped,
+                "retired": self.retired,
                 "finished_passes": [{"segment": seg, "epoch": ep}
                                     for seg, ep in self.finished_passes],
                 "source_passes": {k: [{"segment": seg, "epoch": ep} for seg, ep in v]
@@ -98,7 +107,8 @@ class Verdict:
 
 def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None,
            catalog: Any = None, storage_options: Mapping[str, str] | None = None,
-           source: Any = None, source_catalog: Any = None) -> list[Verdict]:
+           source: Any = None, source_catalog: Any = None,
+           tokenizer: Any = None) -> list[Verdict]:
     """Verify exactly-once for each run (or ``run``) up to its newest committed checkpoint.
 
     Args:
@@ -112,6 +122,8 @@ def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None
         source_catalog: the catalog of an Iceberg source, when it is neither the one the
             ledger records for it nor the ledger's (see
             :func:`~lakeckpt_tables.audit.sources.open_source`).
+        tokenizer: the ``tokenizers.Tokenizer`` of a run packing a text column (its passes
+            are sized by its token counts: NOTE [ text tokenized on the fly ]).
 
     Returns:
         One verdict per run verified.
@@ -123,13 +135,14 @@ def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None
     snapshot = read_ledger(target, catalog=catalog,
                            storage_options=ledger_options(target, storage_options))
     return verify_snapshot(snapshot, run=run, checkpoint=checkpoint, source=source,
-                           storage_options=storage_options, source_catalog=source_catalog)
+                           storage_options=storage_options, source_catalog=source_catalog,
+                           tokenizer=tokenizer)
 
 
 def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
                     checkpoint: str | None = None, source: Any = None,
                     storage_options: Mapping[str, str] | None = None,
-                    source_catalog: Any = None) -> list[Verdict]:
+                    source_catalog: Any = None, tokenizer: Any = None) -> list[Verdict]:
     """:func:`verify` over a ledger version already read."""
     is_checkpoint = pc.field(s.RECORD) == s.RECORD_CHECKPOINT
     retired = _retired(snapshot)
@@ -162,7 +175,7 @@ def verify_snapshot(snapshot: LedgerSnapshot, *, run: str | None = None,
                                   f"{run_id!r}")
             head = mine[-1]
         verdicts.append(_verify_run(snapshot, records, head, source, storage_options,
-                                    source_catalog, branches))
+                                    source_catalog, branches, tokenizer))
     return verdicts
 
 
@@ -196,7 +209,7 @@ class _Consumed:
 def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
                 head: CheckpointRecord, source: Any,
                 storage_options: Mapping[str, str] | None, source_catalog: Any,
-                branches: dict[str, Branch]) -> Verdict:
+                branches: dict[str, Branch], tokenizer: Any = None) -> Verdict:
     chain = lineage(records, head, branches, reader_only=True)
     runs = sorted({r.run_id for r in chain})
     steps = {r.checkpoint_id: r.step for r in chain}
@@ -219,10 +232,28 @@ def _verify_run(snapshot: LedgerSnapshot, records: list[CheckpointRecord],
         if n is not None:
             tokens[(key, segment, epoch)] += n
             verdict.tokens = (verdict.tokens or 0) + n
+    skips = {k: v for run in runs for k, v in skip_events(snapshot, run).items()}
+    for checkpoint_id, details in skips.items():
+        step = steps.get(checkpoint_id)
+        if step is None:
+            continue  # committed by a checkpoint a restore left behind
+        for r in skipped_records(details):  # consumed, not trained: checked all the same
+            at = (r[s.SOURCE_KEY], r[s.SEGMENT], r[s.EPOCH])
+            by_group[(*at, r[s.FILE], r[s.ROW_GROUP])].append(
+                (r[s.ROW_START], r[s.ROW_END], r[s.ROWS], step))
+            verdict.skipped += r[s.ROWS]
+            if r[s.TOKENS] is not None:
+                tokens[at] += r[s.TOKENS]
+    retired = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                            & (pc.field(s.EVENT) == "source_retired")
+                            & pc.field(s.RUN_ID).isin(runs), [s.CHECKPOINT_ID, s.DETAIL])
+    verdict.retired = sorted({json.loads(d)["source_key"] for c, d in zip(
+        retired[s.CHECKPOINT_ID].to_pylist(), retired[s.DETAIL].to_pylist(), strict=True)
+        if c in steps})
     for key in sorted(by_group, key=lambda k: (k[0] or "", *k[1:])):
         verdict.violations.extend(_overlaps(head.run_id, key, by_group[key]))
     verdict.violations.extend(_gaps(snapshot, head, chain, _Consumed(by_group, tokens), verdict,
-                                    source, storage_options, source_catalog))
+                                    source, storage_options, source_catalog, tokenizer))
     return verdict
 
 
@@ -263,7 +294,8 @@ def _overlaps(run_id: str, key: Key, ranges: list[tuple[int, int, int, int]]) ->
 
 def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[CheckpointRecord],
           consumed: _Consumed, verdict: Verdict, source: Any,
-          storage_options: Mapping[str, str] | None, source_catalog: Any) -> list[str]:
+          storage_options: Mapping[str, str] | None, source_catalog: Any,
+          tokenizer: Any = None) -> list[str]:
     """Row groups of finished passes that did not give exactly their live rows (and packed
     passes that did not give exactly their tokens)."""
     if not head.reader_state:
@@ -284,7 +316,7 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
         if state.plan is None:
             continue  # nothing read yet
         dataset = dataset_for(state, snapshot, source=given, storage_options=storage_options,
-                              source_catalog=source_catalog)
+                              source_catalog=source_catalog, tokenizer=tokenizer)
         out.extend(_source_gaps(head.run_id, consumed, undelivered, verdict, key, state,
                                 dataset))
     return out

@@ -34,8 +34,8 @@ from lakeckpt_tables.plan.accounting import slice_spans
 from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
 from lakeckpt_tables.plan.shuffle import LEGACY
 
-__all__ = ["ROWS_SCHEMA", "CheckpointRows", "Part", "checkpoint_rows", "dataset_for",
-           "rows"]
+__all__ = ["ROWS_SCHEMA", "CheckpointRows", "Part", "checkpoint_rows", "dataset_for", "rows",
+           "rows_between", "skipped_rows"]
 
 ROWS_SCHEMA = pa.schema([
     ("rank", pa.int32()), ("worker", pa.int32()), ("segment", pa.int64()),
@@ -110,6 +110,36 @@ def rows(target: Any, *, checkpoint: str | None = None, cumulative: bool = False
     return pa.concat_tables(parts) if parts else ROWS_SCHEMA.empty_table()
 
 
+def skipped_rows(target: Any, *, checkpoint: str, catalog: Any = None,
+                 storage_options: Mapping[str, str] | None = None, source: Any = None,
+                 source_catalog: Any = None) -> pa.Table:
+    """The (file, row group, row) consumed WITHOUT training before checkpoint ``checkpoint``:
+    the batches skipped since its parent (NOTE [ skipped batches ] in ``checkpoint/skip.py``),
+    in :data:`ROWS_SCHEMA`; empty when none were. Arguments as :func:`rows`.
+
+    Raises:
+        LedgerError: no such checkpoint, or no ledger there.
+    """
+    from lakeckpt_tables.audit.skipped import skip_events
+    from lakeckpt_tables.reader.state import decode_state
+
+    snapshot = read_ledger(target, catalog=catalog,
+                           storage_options=ledger_options(target, storage_options))
+    records = checkpoints_from_arrow(snapshot.rows)
+    record = _find(records, checkpoint, snapshot.where)
+    parent = reader_parent(records, record, branches_of(snapshot))
+    prior = decode_state(parent.reader_state) if parent is not None and parent.reader_state \
+        else None
+    parts = []
+    for detail in skip_events(snapshot, record.run_id).get(record.checkpoint_id, []):
+        after = decode_state(detail["state"])
+        parts.append(rows_between(after, prior, snapshot, source=source,
+                                  storage_options=storage_options,
+                                  source_catalog=source_catalog).table())
+        prior = after
+    return pa.concat_tables(parts) if parts else ROWS_SCHEMA.empty_table()
+
+
 @dataclass
 class Part:
     """The rows one slice delivered in one pass of one reader, in delivery order."""
@@ -164,7 +194,9 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
                     storage_options: Mapping[str, str] | None = None,
                     datasets: dict[Any, Any] | None = None,
                     source_catalog: Any = None) -> CheckpointRows:
-    """Replay the plan from ``parent``'s positions to ``record``'s (see the module docstring).
+    """Replay the plan from ``parent``'s positions to ``record``'s (see the module docstring),
+    or from the state after the batches skipped before ``record`` (NOTE [ skipped batches ] in
+    ``checkpoint/skip.py``: they were not trained on).
 
     Args:
         source: the source of a one-table run (None: opened from the ledger).
@@ -172,14 +204,29 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
         only: replay only the readers of this table id.
         datasets: caches the readers built per (source, state configuration) across calls.
     """
-    from lakeckpt_tables.mixture.state import is_mixture_state, paired_reader_states
+    from lakeckpt_tables.audit.skipped import state_after_skips
     from lakeckpt_tables.reader.state import decode_state
 
     if not record.reader_state:
         return CheckpointRows([])
     after = replanned_from(snapshot, record) or decode_state(record.reader_state)
-    prior = decode_state(parent.reader_state) if parent is not None and parent.reader_state \
-        else None
+    prior = state_after_skips(snapshot, record)
+    if prior is None and parent is not None and parent.reader_state:
+        prior = decode_state(parent.reader_state)
+    return rows_between(after, prior, snapshot, source=source, sources=sources, only=only,
+                        storage_options=storage_options, datasets=datasets,
+                        source_catalog=source_catalog)
+
+
+def rows_between(after: Mapping[str, Any], prior: Mapping[str, Any] | None,
+                 snapshot: LedgerSnapshot, *, source: Any = None,
+                 sources: Mapping[str, Any] | None = None, only: str | None = None,
+                 storage_options: Mapping[str, str] | None = None,
+                 datasets: dict[Any, Any] | None = None,
+                 source_catalog: Any = None) -> CheckpointRows:
+    """The rows delivered between two merged reader states (``prior`` None: the start)."""
+    from lakeckpt_tables.mixture.state import is_mixture_state, paired_reader_states
+
     if is_mixture_state(after):
         source = None  # the one source given is a one-table run's
     parts: list[Part] = []
@@ -283,8 +330,10 @@ def _slice_rows(plan: Any, g: int, lo: int, hi: int) -> np.ndarray[Any, Any]:
 
 def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
                 storage_options: Mapping[str, str] | None = None,
-                cache: dict[Any, Any] | None = None, source_catalog: Any = None) -> Any:
-    """A reader configured as the one that captured ``state`` (never iterated: it plans)."""
+                cache: dict[Any, Any] | None = None, source_catalog: Any = None,
+                tokenizer: Any = None) -> Any:
+    """A reader configured as the one that captured ``state`` (never iterated: it plans);
+    ``tokenizer``: a text-packing reader's (NOTE [ text tokenized on the fly ])."""
     from lakeckpt_tables.audit.sources import open_source, recorded_catalogs
     from lakeckpt_tables.reader.dataset import LakeDataset, cycling
 
@@ -317,6 +366,8 @@ def dataset_for(state: Any, snapshot: LedgerSnapshot, *, source: Any = None,
     if pack is not None:
         kwargs.update(pack_tokens=pack["column"], seq_len=int(pack["seq_len"]),
                       eos_id=int(pack["eos_id"]))
+        if pack.get("tokenizer") is not None and tokenizer is not None:
+            kwargs["tokenizer"] = tokenizer  # its identity checked by the reader's state
     world, _, batch = state.plan
     dataset = LakeDataset(source, columns=config.get("columns"), batch_size=batch,
                           shuffle=bool(config.get("shuffle", True)),

@@ -17,6 +17,7 @@ from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint._failures import describe_failure, is_write_failure
 from lakeckpt_tables.checkpoint.eos_count import eos_events
 from lakeckpt_tables.checkpoint.readers import merged, sources_of
+from lakeckpt_tables.checkpoint.recipe import recipe_events
 from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
 from lakeckpt_tables.checkpoint.retention import Retention, removed_events
 from lakeckpt_tables.errors import CheckpointError, CheckpointWriteError
@@ -104,6 +105,11 @@ class Committer:
     _started: float = field(init=False, default_factory=time.monotonic)
     _pushed_out: list[CheckpointRecord] = field(init=False, default_factory=list)
     """Checkpoints pushed out of retention by the commit in flight."""
+    pending: list[LedgerEvent] = field(init=False, default_factory=list)
+    """Events of this job to commit with its next checkpoint (NOTE [ skipped batches ])."""
+    resumed: CheckpointRecord | None = field(init=False, default=None)
+    """The checkpoint this job restored (a branch's parent too): recipe changes are measured
+    from it until this job commits (NOTE [ recipe changes ])."""
 
     def decide(self, attempt: Attempt, reports: list[Prepared], head: CheckpointRecord | None,
                world_size: int) -> CheckpointRecord | errors.LakeckptError:
@@ -124,10 +130,11 @@ class Committer:
             crash_point("commit:before", 0)
             # rank 0's reader sees the same follow segments as every rank (they are derived
             # from the commit log alone), so its events speak for all
-            events = reports[0].events + eos_events(head, reader) \
-                + removed_events(pushed_out, "retention")
+            was = head if head is not None else self.resumed
+            events = self.pending + recipe_events(was, reader) + reports[0].events \
+                + eos_events(head, reader) + removed_events(pushed_out, "retention")
             committed = self._ledger_commit(record, consumption, events)
-            self._pushed_out = pushed_out
+            self._pushed_out, self.pending = pushed_out, []
             crash_point("commit:after", 0)
             return committed
         except errors.CommitStateUnknownError as exc:

@@ -160,12 +160,16 @@ class RowLengths:
 
     @classmethod
     def of(cls, planner: TokenPlanner) -> RowLengths:
-        """The lengths of a packed reader's documents, read from its token column."""
+        """The lengths of a packed reader's documents, read from its token column (a text
+        column's tokenized: NOTE [ text tokenized on the fly ] in
+        ``reader/packing/tokenize.py``)."""
         reader, units = planner.snapshot.row_reader(), planner.snapshot.units
-        column = planner.packing.column
+        column, text = planner.packing.column, planner.packing.text
 
         def lengths(u: int) -> np.ndarray[Any, Any]:
             array = reader.read(units[u], [column]).column(column)
+            if text is not None:  # its documents' tokens, not their characters
+                array = pa.chunked_array([text.encode(array, planner.where)])
             array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
             if pa.types.is_fixed_size_list(array.type):
                 return np.full(len(array), array.type.list_size, dtype=np.int64)

@@ -13,6 +13,14 @@ not name is not a checkpoint: a crash at any instant leaves the previous or the 
 as the latest, and ``gc`` removes the orphans. With ``async_save=True`` the files are written in
 the background and the commit happens at the next ``save`` (or ``wait``), so training overlaps
 the write.
+
+NOTE [ a save at the restored step ]
+A job that restores step N and saves step N again without training (a finished run relaunched:
+its loop yields nothing, then "the final save after the loop") must find that checkpoint, not
+a conflict. But iterating a DataLoader draws its base seed from torch's RNG, so the RNG saved
+would differ from the checkpoint's and the files with it. Such a save therefore puts back the
+RNG states the restore left (the checkpoint's): the files are then byte for byte those of the
+checkpoint if, and only if, the model, optimizer and reader state are unchanged.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from lakeckpt_tables.checkpoint.restore_policy import (
     Takeover,
 )
 from lakeckpt_tables.checkpoint.retention import Retention
-from lakeckpt_tables.checkpoint.state import Parts
+from lakeckpt_tables.checkpoint.state import Parts, rng_state, set_rng_state
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
 from lakeckpt_tables.ledger import CheckpointRecord, open_ledger
@@ -130,8 +138,10 @@ class CheckpointManager:
                               config_hash=self.config_hash)
         self._baseline: dict[str, Any] | None = None  # the last checkpoint's reader state
         self._head: CheckpointRecord | None = None  # what this job committed or restored last
+        self._resumed: CheckpointRecord | None = None  # what this job restored (a branch's too)
         self._pending: Attempt | None = None
         self._claimed = False  # a restore made this job the run's writer
+        self._restored_rng: dict[str, Any] | None = None  # each RNG as the restore left it
         self._read_only = False  # only read-only restores so far: not the run's writer
         # NOTE [ one root for all ranks ]: refused now, before any training step
         self.storage.prove_shared(self.world, self.run_id)
@@ -178,6 +188,10 @@ class CheckpointManager:
                 files stay, and the next restore or save finds out.
         """
         self.wait()
+        if self._restored_rng is not None and self._head is not None \
+                and step == self._head.step:
+            set_rng_state(self._restored_rng)
+        self._restored_rng = None
         if self._read_only:
             raise CheckpointError(
                 f"run {self.run_id}: this manager restored it read-only (to evaluate or "
@@ -304,14 +318,56 @@ class CheckpointManager:
             registered.branched(detail["parent_run"], detail["parent_step"])
         if self._committer is not None:
             self._committer.retention.forget()
+            self._committer.pending = []  # skips not committed before are not this lineage's
         if record is None:
             return None
         if dataloader is not None and reader is not None:
             self._baseline = reader
+        self._resumed = record  # a branch's too: what a recipe change is measured from
+        if self._committer is not None:
+            self._committer.resumed = record
         # a branch's first save has no parent in its own run; its rows are counted from the
         # parent's reader state when the reader went on from it
         self._head = None if choice.branch else record
+        # NOTE [ a save at the restored step ]: the RNG as the checkpoint holds it
+        self._restored_rng = None if choice.branch else rng_state()
         return record.step
+
+    def skip(self, dataloader: Any, *, batches: int | None = None, steps: int | None = None,
+             batches_per_step: int = 1, reason: str, by: str | None = None) -> int:
+        """Consume the next batches of ``dataloader`` without training (collective: every rank
+        skips the same ones), and record them in the ledger as skipped, with the next
+        checkpoint (NOTE [ skipped batches ] in ``checkpoint/skip.py``). Call after
+        :meth:`restore`, before iterating; the loader then goes on after them.
+
+        Args:
+            batches: how many batches to skip; or ``steps`` x ``batches_per_step``.
+            reason: why (kept in the ledger), e.g. ``"loss spike at step 1400"``.
+            by: who decided (default: the user name of the process).
+
+        Returns:
+            The batches skipped (fewer when the loader ran out).
+
+        Raises:
+            CheckpointError: neither or both of ``batches`` and ``steps``, a count that is not
+                positive, no reason.
+        """
+        from lakeckpt_tables.checkpoint.skip import skip_batches
+
+        if (batches is None) == (steps is None):
+            raise CheckpointError("skip(): pass batches=N or steps=N (with batches_per_step)")
+        count = batches if batches is not None else (steps or 0) * batches_per_step
+        self.wait()
+        head = self._head or self._resumed
+        pending = self._committer.pending if self._committer is not None else []
+        done, state, events = skip_batches(
+            self.world, dataloader, self._baseline, batches=count, reason=reason, by=by,
+            after_step=head.step if head is not None else None,
+            resumed_from=head.checkpoint_id if head is not None else None,
+            index=sum(e.event == "skipped" for e in pending))
+        pending.extend(events)
+        self._baseline = state
+        return done
 
     def _registered(self) -> registration.RunRegistration | None:
         """This run's registry entry (rank 0, unless registration is off), made at first use."""

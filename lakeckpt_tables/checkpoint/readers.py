@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from lakeckpt_tables.checkpoint.consumption import consumed_between, segment_events
+from lakeckpt_tables.checkpoint.recipe import source_events
 from lakeckpt_tables.errors import CheckpointError
 from lakeckpt_tables.ledger import ConsumptionRecord, LedgerEvent, SourceVersion
 from lakeckpt_tables.mixture import Mixture, is_mixture_state, merge_mixture_states
@@ -69,6 +70,8 @@ def capture(dataloader: Any, baseline: Mapping[str, Any] | None) -> Captured:
         c, e = _accounting(datasets[key], before, ReaderState.from_dict(after), key)
         consumed += c
         events += e
+    if isinstance(mixture, Mixture):  # NOTE [ sources that change ] (checkpoint/recipe.py)
+        events = source_events(mixture, baseline, state) + events
     if isinstance(mixture, Mixture) and _ended(state) and not _ended(baseline):
         events.append(LedgerEvent(EVENT_MIXTURE_ENDED, {"on_exhausted": mixture.on_exhausted}))
     return state, consumed, events

@@ -37,6 +37,8 @@ __all__ = [
     "build_state",
     "check_fits",
     "rank_key",
+    "rng_state",
+    "set_rng_state",
 ]
 
 MODEL = "model"
@@ -67,7 +69,7 @@ def build_state(parts: Parts, rank: int, *, reader: str | None, run_id: str) -> 
     ``""`` on load, None for a rank the checkpoint has no values of (a grown world)."""
     state: dict[str, Any] = {}
     if reader is not None:
-        state[rank_key(rank)] = {"rng": _rng_state(), "reader": reader}
+        state[rank_key(rank)] = {"rng": rng_state(), "reader": reader}
     if parts.model is not None:
         state[MODEL] = get_model_state_dict(parts.model)
     if parts.optimizer is not None:
@@ -91,7 +93,7 @@ def apply_state(parts: Parts, state: Mapping[str, Any], rank: int) -> None:
     if parts.extra is not None:
         parts.extra.update(state[EXTRA])  # type: ignore[attr-defined]
     if rank_key(rank) in state:
-        _set_rng_state(state[rank_key(rank)]["rng"])
+        set_rng_state(state[rank_key(rank)]["rng"])
 
 
 def check_fits(state: Mapping[str, Any], metadata: Metadata, *, run_id: str, step: int) -> None:
@@ -155,12 +157,14 @@ def _check_optimizer(model: torch.nn.Module | None, optimizer: torch.optim.Optim
             "updates (e.g. an nn.ModuleDict of all trained modules), or one optimizer per model")
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """This process's Python, NumPy and torch RNG states, as a checkpoint keeps them."""
     return {"python": random.getstate(), "numpy": np.random.get_state(),
             "torch": torch.get_rng_state()}
 
 
-def _set_rng_state(state: Mapping[str, Any]) -> None:
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Set this process's RNGs to a state :func:`rng_state` took."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])

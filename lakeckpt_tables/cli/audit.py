@@ -28,7 +28,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "that trained on it, the table version that deleted it, and the "
                         "checkpoint after which none trained on it")
     parser.add_argument("--cumulative", action="store_true",
-                        help="with --checkpoint: also the rows of its ancestors")
+                        help="with --checkpoint: also the rows of its ancestors (through the "
+                        "runs it was branched from)")
+    parser.add_argument("--skipped", action="store_true",
+                        help="with --checkpoint: the rows skipped (consumed, not trained on) "
+                        "before it instead of those it trained on")
     add_output(parser)
 
 
@@ -41,12 +45,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
-    from lakeckpt_tables.audit.replay import rows
+    from lakeckpt_tables.audit.replay import rows, skipped_rows
     from lakeckpt_tables.cli._options import source_catalog, storage_options
 
-    table = rows(args.target, checkpoint=args.checkpoint, cumulative=args.cumulative,
-                 catalog=args.catalog, storage_options=storage_options(args),
-                 source_catalog=source_catalog(args))
+    options = {"catalog": args.catalog, "storage_options": storage_options(args),
+               "source_catalog": source_catalog(args)}
+    if args.skipped:
+        table = skipped_rows(args.target, checkpoint=args.checkpoint, **options)
+    else:
+        table = rows(args.target, checkpoint=args.checkpoint, cumulative=args.cumulative,
+                     **options)
     if args.output != "table":
         emit(table, args.output)
         return 0
@@ -60,9 +68,27 @@ def _checkpoint(args: argparse.Namespace) -> int:
     summary = con.sql(
         f"SELECT {keyed}rank, worker, segment, epoch, file, row_group, count(*) AS rows, "
         f"min(row) AS first_row, max(row) AS last_row{tokens} FROM r GROUP BY ALL ORDER BY ALL")
-    emit(summary.to_arrow_table(), "table", title=f"rows of checkpoint {args.checkpoint} "
+    what = "rows skipped before" if args.skipped else "rows of"
+    emit(summary.to_arrow_table(), "table", title=f"{what} checkpoint {args.checkpoint} "
          "(per row group; --output csv for every row)", empty="no rows")
+    _skips(args, options)
     return 0
+
+
+def _skips(args: argparse.Namespace, options: dict[str, object]) -> None:
+    """Batches skipped before the checkpoint: consumed, not trained on (NOTE [ skipped
+    batches ] in ``checkpoint/skip.py``)."""
+    from lakeckpt_tables.audit.skipped import skip_events, skipped_table
+    from lakeckpt_tables.audit.sources import ledger_options
+    from lakeckpt_tables.audit.target import read_ledger
+
+    snapshot = read_ledger(args.target, catalog=options["catalog"], storage_options=ledger_options(
+        args.target, options["storage_options"]))  # type: ignore[arg-type]
+    found = [d for key, details in skip_events(snapshot).items()
+             if key.startswith(args.checkpoint) for d in details]
+    if found:
+        emit(skipped_table(found), "table", title="skipped before it: consumed, NOT trained on "
+             "(--skipped for their rows)")
 
 
 def _file(args: argparse.Namespace) -> int:

@@ -23,6 +23,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", default=None, help="only this run (default: every run)")
     parser.add_argument("--checkpoint", default=None, metavar="ID",
                         help="verify up to this checkpoint (default: each run's newest)")
+    parser.add_argument("--tokenizer", default=None, metavar="JSON",
+                        help="the tokenizer.json of a run that packed a text column "
+                        "(LakeDataset(..., tokenizer=...)): its passes are sized by its tokens")
     add_output(parser)
 
 
@@ -33,7 +36,12 @@ def run(args: argparse.Namespace) -> int:
 
     # verify takes a catalog object: a name or URI given here is loaded (an Iceberg ledger)
     catalog = load_catalog(args.catalog) if args.target.startswith("iceberg:") else None
-    verdicts = verify(args.target, run=args.run, checkpoint=args.checkpoint,
+    tokenizer = None
+    if args.tokenizer is not None:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+    verdicts = verify(args.target, run=args.run, checkpoint=args.checkpoint, tokenizer=tokenizer,
                       catalog=catalog, storage_options=storage_options(args),
                       source_catalog=source_catalog(args))
     rows = []
@@ -45,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         row["first_violation"] = v.violations[0] if v.violations else None
         row["violations"] = len(v.violations)
         rows.append(row)
-    columns = ("run_id", "step", "ok", "checkpoints", "records", "rows", "tokens", "excluded",
+    columns = ("run_id", "step", "ok", "checkpoints", "records", "rows", "tokens", "skipped",
+               "excluded",
                "finished_passes", "violations", "first_violation")
     if args.output == "json":
         emit([v.to_json() for v in verdicts], "json")

@@ -37,7 +37,7 @@ from typing import Any, Protocol, TypeVar
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _DcpFileSystem
 
 from lakeckpt_tables.errors import StorageError, StorageRootNotSharedError
-from lakeckpt_tables.io.failures import retrying, store_error
+from lakeckpt_tables.io.failures import client_failure, retrying, store_error
 from lakeckpt_tables.io.storage import Storage
 
 __all__ = ["CheckpointStorage"]
@@ -253,8 +253,8 @@ class _ObjectStoreFiles(_DcpFileSystem):
         try:
             return retrying(call, budget=self._store.retry_seconds, uri=url, action=action,
                             redact=self._store.redact)
-        except (OSError, ValueError) as exc:
-            if isinstance(exc, FileNotFoundError):
+        except Exception as exc:
+            if isinstance(exc, FileNotFoundError) or not client_failure(exc):
                 raise
             raise store_error(url, action, exc, redact=self._store.redact) from exc
 

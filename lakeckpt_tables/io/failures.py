@@ -1,13 +1,14 @@
 """What a store failure is, said plainly, and how long it is retried.
 
 NOTE [ store failures ]
-Every client the library drives (pyarrow's S3, delta-rs's object_store, s3fs, pyiceberg's
-FileIO) reports a failing store in its own words: chains of ``↳`` lines with ANSI colour
-codes, raw XML error bodies, curl codes. :func:`store_error` turns any of them into one
-:class:`~lakeckpt_tables.errors.StorageError` that carries the URI and the *kind*, a word
-a platform engineer acts on (:data:`~lakeckpt_tables.errors.STORE_KINDS`), and says what to
-do. The client's own words follow, cleaned (no colour codes, the XML reduced to its code and
-message, credentials redacted), so nothing is lost.
+Every client the library drives (pyarrow's S3, delta-rs's object_store, s3fs, adlfs, gcsfs,
+pyiceberg's FileIO) reports a failing store in its own words (and exception types): chains of
+``↳`` lines with ANSI colour codes, raw XML error bodies, curl codes, HTTP statuses.
+:func:`store_error` turns any of them into one :class:`~lakeckpt_tables.errors.StorageError`
+that carries the URI and the *kind*, a word a platform engineer acts on
+(:data:`~lakeckpt_tables.errors.STORE_KINDS`), and says what to do. The client's own words
+follow, cleaned (no colour codes, the XML reduced to its code and message, credentials
+redacted), so nothing is lost.
 
 NOTE [ retry budget ]
 A store that is throttled, answers 5xx, stalls or drops connections is retried with
@@ -31,6 +32,7 @@ from typing import TypeVar
 from lakeckpt_tables.errors import StorageError, StoreUnavailableError
 
 __all__ = ["DEFAULT_RETRY_SECONDS", "RETRY_OPTION", "TRANSIENT", "classify", "clean",
+           "client_failure",
            "gave_up", "retry_seconds", "retrying", "store_error", "unavailable"]
 
 T = TypeVar("T")
@@ -48,14 +50,23 @@ _XML_FIELD = re.compile(r"<(Code|Message)>(.*?)</\1>", re.S)
 
 # (kind, patterns in the client's text), first match wins
 _KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("store full", ("No space left on device", "ENOSPC", "Disk quota exceeded",
+                    "XMinioStorageFull", "InsufficientStorage", "Insufficient Storage",
+                    "insufficientStorage", "quotaExceeded", "QuotaExceeded",
+                    "AccountLimitExceeded", "storage quota", "HTTP status 507", "(507)",
+                    "status 507", "507 Insufficient")),
     ("bucket missing", ("NoSuchBucket", "NO_SUCH_BUCKET", "bucket does not exist",
-                        "specified bucket does not exist")),
+                        "specified bucket does not exist", "ContainerNotFound",
+                        "container does not exist", "no bucket named")),
     ("access denied", ("AccessDenied", "ACCESS_DENIED", "InvalidAccessKeyId",
                        "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "UNRECOGNIZED_CLIENT",
                        "SignatureDoesNotMatch", "403 Forbidden", "HTTP status 403",
                        "ExpiredToken", "InvalidToken", "Access Denied", "AuthorizationHeader",
                        "PermissionError", "Unauthorized", "401 Unauthorized",
-                       "IMDS", "NoCredentialsError", "Unable to locate credentials")),
+                       "IMDS", "NoCredentialsError", "Unable to locate credentials",
+                       "AuthenticationFailed", "AuthorizationFailure",
+                       "Server failed to authenticate", "Invalid Access Key",
+                       "Invalid Credentials", "invalid_grant", "401 Invalid")),
     ("unavailable", ("ServiceUnavailable", "Service Unavailable", "SlowDown",
                      "SERVICE_UNAVAILABLE", "SLOW_DOWN", "THROTTLING", "INTERNAL_FAILURE",
                      "REQUEST_TIMEOUT", "REQUEST_TIME_TOO_SKEWED",
@@ -66,7 +77,9 @@ _KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "ConnectTimeout", "Connection reset", "connection closed",
                      "Connection aborted", "IncompleteRead", "EOF occurred", "roken pipe",
                      "connection was closed", "UNKNOWN (HTTP status 5", "RemoteDisconnected",
-                     "ResponseStreamingError", "error decoding response body",
+                     "ResponseStreamingError", "error decoding response body", "ServerBusy",
+                     "OperationTimedOut", "backendError", "ServerDisconnected",
+                     "ClientPayloadError", "Server disconnected",
                      "curlCode: 28", "curlCode: 52", "curlCode: 56", "curlCode: 18")),
     ("unreachable", ("Connection refused", "Could not connect", "NETWORK_CONNECTION",
                      "Failed to connect", "tcp connect error", "dns error",
@@ -78,15 +91,20 @@ _KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 _WHAT_TO_DO = {
-    "bucket missing": "the bucket does not exist: create it, or fix the bucket name in the "
-                      "URI (nothing creates buckets)",
-    "access denied": "the store refused the credentials: check the access key, secret and "
-                     "session token in the storage options, and the bucket's policy",
+    "bucket missing": "the bucket (Azure: container) does not exist: create it, or fix the "
+                      "bucket name in the URI (nothing creates buckets)",
+    "access denied": "the store refused the credentials: check the credentials in the storage "
+                     "options (access key and secret, session token; Azure account key or SAS "
+                     "token; GCS service account key) and the bucket's policy",
     "unreachable": "no connection to the store: check the endpoint (storage option "
-                   "AWS_ENDPOINT_URL or s3.endpoint), the network and TLS settings",
+                   "AWS_ENDPOINT_URL or s3.endpoint, azure_storage_endpoint, the GCS key's "
+                   "gcs_base_url), the network and TLS settings",
     "unavailable": "the store is throttling, failing or not answering: retry when it is back, "
                    f"or give a longer retry budget (storage option {RETRY_OPTION})",
     "not found": "no such file or directory under the root: check the URI",
+    "store full": "the store is full (no space left on the disk, or a quota reached): free "
+                  "space or raise the quota, then retry; nothing was committed by the write "
+                  "that failed",
     "failed": "check that the store is reachable and the storage options (endpoint, "
               "credentials) are right, then retry",
 }
@@ -95,7 +113,13 @@ _ERRNO_KINDS = {errno.EBUSY: "unavailable", errno.EAGAIN: "unavailable",
                 errno.ETIMEDOUT: "unavailable", errno.ECONNRESET: "unavailable",
                 errno.ECONNABORTED: "unavailable", errno.EPIPE: "unavailable",
                 errno.ECONNREFUSED: "unreachable", errno.EHOSTUNREACH: "unreachable",
-                errno.ENETUNREACH: "unreachable", errno.EACCES: "access denied"}
+                errno.ENETUNREACH: "unreachable", errno.EACCES: "access denied",
+                errno.ENOSPC: "store full", errno.EDQUOT: "store full"}
+
+# HTTP statuses a store client carries (azure-core's status_code, gcsfs's code)
+_STATUS_KINDS = {401: "access denied", 403: "access denied", 404: "not found",
+                 429: "unavailable", 500: "unavailable", 502: "unavailable",
+                 503: "unavailable", 504: "unavailable", 507: "store full"}
 
 TRANSIENT = frozenset({"unavailable", "unreachable"})
 """Kinds that waiting may cure: retried within the budget."""
@@ -128,10 +152,30 @@ def classify(exc: BaseException | str) -> str:
     text = _ANSI.sub("", str(exc)) + " " + type(exc).__name__ if not isinstance(exc, str) else exc
     for kind, patterns in _KINDS:
         if any(p in text for p in patterns):
+            if kind == "not found" and "restype=container" in text:
+                return "bucket missing"  # a 404 for the container itself (delta-rs on Azure)
             return kind
+    status = getattr(exc, "status_code", None) or getattr(exc, "code", None)
+    if isinstance(status, int) and status in _STATUS_KINDS:
+        return _STATUS_KINDS[status]
     if isinstance(exc, ConnectionError | TimeoutError):
         return "unavailable"
     return "failed"
+
+
+_CLIENT_MODULES = ("azure.", "adlfs", "gcsfs", "google.", "aiohttp", "requests")
+
+
+def client_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store client's report of a failing request (an ``OSError`` or
+    ``ValueError``, or an exception of adlfs / azure-core / gcsfs / google-auth / aiohttp,
+    which raise their own types), as opposed to a bug."""
+    if isinstance(exc, OSError | ValueError):
+        return True
+    if type(exc).__module__.startswith(_CLIENT_MODULES):
+        return True
+    # adlfs reports a failed block upload as a bare RuntimeError
+    return isinstance(exc, RuntimeError) and str(exc).startswith("Failed to upload")
 
 
 def store_error(uri: str, action: str, exc: BaseException, *,

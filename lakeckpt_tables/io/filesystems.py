@@ -10,6 +10,13 @@ coalesces their reads the same way (pyarrow's native ``AzureFileSystem`` was tri
 client aborts the process on a response it cannot parse, ``terminate called ... Failed to
 parse xml``, seen against Azurite). Other URIs go through fsspec with the options as given.
 
+NOTE [ one retry budget ]
+gcsfs retries a failing request 6 times over up to 63 s, and Azure's SDK (under adlfs) 3 times
+with backoff: a store that was down for a whole save kept it retrying for 1-3 minutes whatever
+``lakeckpt_retry_seconds`` said, and a read then failed with the client's own exception. Their
+clients here try each request once; the library retries within its budget (NOTE [ retry
+budget ] in :mod:`lakeckpt_tables.io.failures`) and names the failure.
+
 NOTE [ S3 at exit ]
 pyarrow shuts the AWS SDK down in an ``atexit`` hook (``ensure_s3_finalized``). An S3 client
 still referenced then (a store's cached filesystem, a dataset or an open file over it) is
@@ -73,6 +80,11 @@ class _ExactReads(pafs.FSSpecHandler):  # type: ignore[misc]
 
         return PythonFile(self.fs.open(path, mode="rb", cache_type="none"), mode="r")
 
+    def open_input_stream(self, path: str) -> Any:
+        # not fsspec's isfile() first: it answers False for a store that fails, which
+        # pyarrow's handler turned into FileNotFoundError (a down store read as a lost file)
+        return self.open_input_file(path)
+
 
 def fsspec_filesystem(scheme: str, uri: str, options: Mapping[str, str] | None) -> Any:
     """The fsspec filesystem of the store at ``uri`` with the options (NOTE [ backing ]).
@@ -86,15 +98,49 @@ def fsspec_filesystem(scheme: str, uri: str, options: Mapping[str, str] | None) 
 
     kwargs = opts.fsspec_kwargs(scheme, options, uri)
     if scheme in opts.GCS_SCHEMES and options is not None:
-        from gcsfs.core import GCSFileSystem
+        return _gcs_class()(**kwargs)
+    fs = fsspec.filesystem(scheme, **kwargs)
+    if scheme in opts.AZURE_SCHEMES and options is not None and "connection_string" in kwargs:
+        _azure_tries_once(fs, kwargs["connection_string"])
+    return fs
 
-        return GCSFileSystem(**kwargs)
-    return fsspec.filesystem(scheme, **kwargs)
+
+def _gcs_class() -> type:
+    """gcsfs's core ``GCSFileSystem`` whose requests are tried once (NOTE [ one retry
+    budget ])."""
+    from gcsfs.core import GCSFileSystem
+
+    class OnceGCSFileSystem(GCSFileSystem):  # type: ignore[misc]
+        _request = GCSFileSystem._request.__wrapped__
+        _get_file_request = GCSFileSystem._get_file_request.__wrapped__
+
+    return OnceGCSFileSystem
+
+
+def _azure_tries_once(fs: Any, connection_string: str) -> None:
+    """adlfs's Azure client rebuilt to try each request once (NOTE [ one retry budget ])."""
+    from azure.storage.blob.aio import BlobServiceClient
+    from fsspec.asyn import sync
+
+    if getattr(fs, "_lakeckpt_once", False):  # fsspec's cached instance, already rebuilt
+        return
+    built = fs.service_client
+    fs.service_client = BlobServiceClient.from_connection_string(
+        connection_string, retry_total=0, connection_timeout=10, read_timeout=60)
+    fs._lakeckpt_once = True
+    sync(fs.loop, built.close)  # its HTTP session, else reported unclosed at exit
 
 
 def release_at_exit(holder: _HoldsFilesystem) -> None:
     """Drop ``holder._fs`` (an S3 client) before pyarrow finalizes S3 at exit
-    (NOTE [ S3 at exit ])."""
+    (NOTE [ one retry budget ]
+gcsfs retries a failing request 6 times over up to 63 s, and Azure's SDK (under adlfs) 3 times
+with backoff: a store that was down for a whole save kept it retrying for 1-3 minutes whatever
+``lakeckpt_retry_seconds`` said, and a read then failed with the client's own exception. Their
+clients here try each request once; the library retries within its budget (NOTE [ retry
+budget ] in :mod:`lakeckpt_tables.io.failures`) and names the failure.
+
+NOTE [ S3 at exit ])."""
     global _hooked
     with _hook_lock:
         _holders.add(holder)
@@ -104,7 +150,14 @@ def release_at_exit(holder: _HoldsFilesystem) -> None:
 
 
 def release_s3_clients() -> None:
-    """Drop every tracked S3 client and collect what referenced them (NOTE [ S3 at exit ])."""
+    """Drop every tracked S3 client and collect what referenced them (NOTE [ one retry budget ]
+gcsfs retries a failing request 6 times over up to 63 s, and Azure's SDK (under adlfs) 3 times
+with backoff: a store that was down for a whole save kept it retrying for 1-3 minutes whatever
+``lakeckpt_retry_seconds`` said, and a read then failed with the client's own exception. Their
+clients here try each request once; the library retries within its budget (NOTE [ retry
+budget ] in :mod:`lakeckpt_tables.io.failures`) and names the failure.
+
+NOTE [ S3 at exit ])."""
     for holder in list(_holders):
         holder._fs = None
     _holders.clear()

@@ -9,6 +9,7 @@ the errors it raises.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -24,7 +25,14 @@ import pyarrow.parquet as pq
 
 from lakeckpt_tables.errors import StorageError
 from lakeckpt_tables.io import options as opts
-from lakeckpt_tables.io.failures import TRANSIENT, retry_seconds, retrying, store_error
+from lakeckpt_tables.io.failures import (
+    TRANSIENT,
+    classify,
+    client_failure,
+    retry_seconds,
+    retrying,
+    store_error,
+)
 from lakeckpt_tables.io.filesystems import build_filesystem, release_at_exit
 from lakeckpt_tables.io.options import s3_settings
 
@@ -183,9 +191,15 @@ class Storage(StoreAddress):
             yield
         except (StorageError, pa.ArrowInvalid):
             raise  # a named error already, or bad content (not Parquet): the caller names the file
-        except (OSError, ValueError) as exc:
-            not_found = isinstance(exc, FileNotFoundError) or _not_found(exc)
+        except Exception as exc:
+            if not client_failure(exc):
+                raise
+            not_found = isinstance(exc, FileNotFoundError) or _not_found(exc) or (
+                classify(exc) == "not found")
             if self.is_local and isinstance(exc, OSError):
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # named on every write path
+                    raise store_error(self.url(key), action, exc, redact=self.redact,
+                                      kind="store full") from exc
                 raise  # a local file's own error (permissions, a directory): callers name it
             if not_found and not self._bucket_missing():
                 if isinstance(exc, FileNotFoundError):
@@ -202,7 +216,9 @@ class Storage(StoreAddress):
         bucket = self._inner("").split("/", 1)[0]
         try:
             return bool(self.filesystem.get_file_info(bucket).type == pafs.FileType.NotFound)
-        except OSError:
+        except Exception as exc:
+            if not client_failure(exc):
+                raise
             return False
 
     def call(self, action: str, key: str, fn: Callable[[], T], *,

@@ -37,6 +37,10 @@ goes on from the same draw. At another number of DataLoader workers per rank, wo
 LakeDatasets: another dataset cannot re-plan its rows). Rows stay exactly once per pass, and
 the schedule goes on from ``d``, as after an elastic change.
 
+Weights may follow a schedule (NOTE [ weight schedules ] in ``mixture/weights.py``) and may
+change at a resume (NOTE [ recipe changes ] in ``checkpoint/recipe.py``): a worker's draws not
+delivered yet take the new weights, the sources' cursors do not move.
+
 State (JSON-clean, ``format`` = :data:`MIXTURE_FORMAT`): the schedule's configuration, per
 worker its next draw, restarts (``passes``) and end, each source's table and own state: every
 row of a source is delivered once per pass, by that source's own accounting.
@@ -44,8 +48,7 @@ row of a source is delivered once per pass, by that source's own accounting.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -68,7 +71,13 @@ from lakeckpt_tables.mixture.state import (
     merged_source_state,
     same_json,
 )
-from lakeckpt_tables.plan.schedule import scheduled, thresholds
+from lakeckpt_tables.mixture.weights import WeightSchedule, as_schedule, weights_config
+from lakeckpt_tables.plan.schedule import (
+    scheduled,
+    scheduled_per_draw,
+    thresholds,
+    thresholds_per_draw,
+)
 from lakeckpt_tables.reader.dataset import LakeDataset, cycling
 from lakeckpt_tables.reader.loaders import is_loader_state, states_from_loader
 
@@ -90,30 +99,37 @@ class Mixture(IterableDataset[dict[str, Any]]):
     Args:
         sources: name -> dataset (a :class:`~lakeckpt_tables.LakeDataset`, or any
             ``IterableDataset`` with ``state_dict()``/``load_state_dict()``).
-        weights: name -> positive weight (normalized; the names must be those of ``sources``).
+        weights: name -> positive weight (normalized; the names must be those of
+            ``sources``), or a :class:`~lakeckpt_tables.mixture.WeightSchedule` (or its JSON)
+            of weights that change with the draw or step (NOTE [ weight schedules ]).
         seed: the schedule's seed.
         on_exhausted: ``"stop"`` ends the mixture when a source runs out; ``"cycle"`` starts
             that source's next pass (a LakeDataset's next epochs: NOTE [ cycling sources ]).
+        retire: sources of ``sources`` that this run no longer draws from (NOTE [ sources
+            that change ]): not named by ``weights``; the rows they had not delivered at the
+            resumed state are recorded by the next checkpoint. A source of ``sources`` that
+            the resumed state lacks is added: it starts its first pass.
 
     Raises:
         MixtureError: weights not positive, or not naming exactly the sources; an unknown
             ``on_exhausted``; ``"cycle"`` over a follower or a ``refresh="epoch"`` reader.
     """
 
-    def __init__(self, sources: Mapping[str, Any], *, weights: Mapping[str, float],
-                 seed: int = 0, on_exhausted: OnExhausted = "stop") -> None:
+    def __init__(self, sources: Mapping[str, Any], *,
+                 weights: Mapping[str, float] | WeightSchedule | Mapping[str, Any],
+                 seed: int = 0, on_exhausted: OnExhausted = "stop",
+                 retire: Sequence[str] = ()) -> None:
         super().__init__()
+        unknown = sorted(set(retire) - set(sources))
+        if unknown:
+            raise MixtureError(f"retire={unknown} names no source of {sorted(sources)}: give "
+                               "the retired source's dataset in sources too (its undelivered "
+                               "rows are counted from it)")
+        self.retired = {n: sources[n] for n in sorted(retire)}
+        sources = {n: s for n, s in sources.items() if n not in self.retired}
         if not sources:
             raise MixtureError("a Mixture needs at least one source")
-        if set(weights) != set(sources):
-            raise MixtureError(
-                f"weights name {sorted(weights)} but the sources are {sorted(sources)}; give "
-                "one weight per source")
-        bad = {k: w for k, w in weights.items()
-               if isinstance(w, bool) or not isinstance(w, int | float)
-               or not math.isfinite(w) or w <= 0}
-        if bad:
-            raise MixtureError(f"weights must be positive finite numbers; got {bad}")
+        self.schedule = as_schedule(weights, list(sources))
         if on_exhausted not in _POLICIES:
             raise MixtureError(f"on_exhausted={on_exhausted!r}: pass 'stop' (end the mixture "
                                "when a source runs out) or 'cycle' (start its next pass)")
@@ -122,25 +138,31 @@ class Mixture(IterableDataset[dict[str, Any]]):
         self.names = sorted(sources)
         self.sources = {n: _cycling(n, sources[n]) if on_exhausted == "cycle" else sources[n]
                         for n in self.names}
-        self.weights = {n: float(weights[n]) for n in self.names}
         self.seed, self.on_exhausted = seed, on_exhausted
-        self._thresholds = thresholds([self.weights[n] for n in self.names])
+        constant = self.schedule.constant
+        self._thresholds = None if constant is None else thresholds(
+            [constant[n] for n in self.names])
         self._resume: Resume | None = None
         self._live: tuple[int, int, Position] | None = None  # workers, worker, position
+        self.retiring: dict[str, Any] = {}  # retired source -> its state at the resume
+        self.added: list[str] = []  # sources the resumed state lacked
 
     @property
     def config(self) -> dict[str, Any]:
-        """What defines the schedule: a state loads only into a mixture with the same."""
-        total = sum(self.weights.values())
+        """What defines the schedule: a state loads into a mixture with the same seed and
+        policy; its weights may change at a resume (NOTE [ recipe changes ])."""
         return {"seed": self.seed, "on_exhausted": self.on_exhausted,
-                "weights": {n: w / total for n, w in self.weights.items()}}
+                "weights": weights_config(self.schedule)}
 
     def source_of(self, draws: np.ndarray[Any, Any]) -> list[str]:
         """The source names of ``draws`` (NOTE [ mixture schedule ])."""
         return [self.names[i] for i in self._schedule(np.asarray(draws))]
 
     def _schedule(self, draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        return scheduled(self.seed, self._thresholds, draws)
+        if self._thresholds is not None:
+            return scheduled(self.seed, self._thresholds, draws)
+        bounds = thresholds_per_draw(self.schedule.weights(draws))
+        return scheduled_per_draw(self.seed, bounds, draws)
 
     # -------------------------------------------------------------------------- reading
 
@@ -209,7 +231,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
                 f"the mixture state holds positions of DataLoader workers {held} of "
                 f"{workers}; load the whole loader state (all workers)")
         for name, source in self.sources.items():
-            _resume_source(name, source, resume.sources[name], workers, old)
+            if name in resume.sources:  # (an added source starts its first pass)
+                _resume_source(name, source, resume.sources[name], workers, old)
         position = resume.positions[old]
         assert position is not None
         return Position(position.draw, dict(position.passes), position.ended)
@@ -233,7 +256,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
                 "LakeDatasets and cannot re-plan their rows for other workers; resume with "
                 f"{resume.workers} worker(s)")
         for name, source in self.sources.items():  # another shape: the merged state re-plans
-            _resume_source(name, source, resume.sources[name], workers, worker)
+            if name in resume.sources:
+                _resume_source(name, source, resume.sources[name], workers, worker)
         first = min(p.draw for p in resume.positions if p is not None)
         return Position(first + worker)
 
@@ -273,13 +297,23 @@ class Mixture(IterableDataset[dict[str, Any]]):
             states = [state_dict]
         for state in states:
             _check_state(self, state)
-        workers, positions = merge_positions(self.names, states)
-        sources = {n: [s[KEY_SOURCES][n] for s in states] for n in self.names}
+        saved = set(states[0][KEY_SOURCES])
+        workers, positions = merge_positions(sorted(saved | set(self.names)), states)
+        for p in positions:  # a retired source's restarts are its own no more
+            if p is not None:
+                p.passes = {n: k for n, k in p.passes.items() if n in self.sources}
+        sources = {n: [s[KEY_SOURCES][n] for s in states] for n in self.names if n in saved}
+        self.added = [n for n in self.names if n not in saved]
+        self.retiring = {n: merged_source_state(n, [s[KEY_SOURCES][n] for s in states])
+                         for n in self.retired if n in saved}
         if get_worker_info() is None:
             # checked (and a version adopted) here; each worker resumes its own part as it
             # starts (NOTE [ mixture resume ])
             for name, source in self.sources.items():
-                source.load_state_dict(merged_source_state(name, sources[name]))
+                if name in sources:
+                    source.load_state_dict(merged_source_state(name, sources[name]))
+            for name, state in self.retiring.items():  # checked: its rows are counted
+                self.retired[name].load_state_dict(state)
         self._resume = Resume(workers, positions, sources)
         self._live = None
 
@@ -302,7 +336,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
                 states.append(one)
         for state in states:
             _check_state(self, state)
-        return {n: merged_source_state(n, [s[KEY_SOURCES][n] for s in states]) for n in self.names}
+        return {n: merged_source_state(n, [s[KEY_SOURCES][n] for s in states])
+                for n in self.names if n in states[0][KEY_SOURCES]}
 
 
 def _check_state(mixture: Mixture, state: Any) -> None:
@@ -314,7 +349,7 @@ def _check_state(mixture: Mixture, state: Any) -> None:
     if set(state) != set(KEYS):
         raise StateMismatchError(f"mixture state is corrupt: keys {sorted(state)}, "
                                  f"expected {sorted(KEYS)}")
-    names = set(mixture.names)
+    names = set(mixture.names) | set(mixture.retired)
     for key in (KEY_SOURCES, KEY_TABLES):
         if not isinstance(state[key], Mapping):
             raise StateMismatchError(f"mixture state is corrupt: {key} is not a dict")
@@ -322,24 +357,28 @@ def _check_state(mixture: Mixture, state: Any) -> None:
         if unknown:
             raise MixtureStateError(
                 f"the mixture state names source(s) {unknown} that this Mixture lacks (its "
-                f"sources: {mixture.names}); build the Mixture with the sources of the run")
-        missing = sorted(names - set(state[key]))
-        if missing:
-            raise MixtureStateError(
-                f"the mixture state lacks source(s) {missing} (it has "
-                f"{sorted(state[key])}); a source cannot join a run mid-way: start a new "
-                "run, or build the Mixture with the run's sources")
-    for name in mixture.names:
-        saved, ours = state[KEY_TABLES][name], _identity(mixture.sources[name])
+                f"sources: {mixture.names}); build the Mixture with the sources of the run, "
+                f"or retire them: Mixture(..., retire={unknown}) with their datasets in "
+                "sources (their undelivered rows are recorded)")
+    if set(state[KEY_SOURCES]) != set(state[KEY_TABLES]):
+        raise StateMismatchError("mixture state is corrupt: its sources and tables differ")
+    everyone = {**mixture.sources, **mixture.retired}
+    for name in sorted(set(state[KEY_TABLES])):
+        saved, ours = state[KEY_TABLES][name], _identity(everyone[name])
         if saved is not None and ours is not None and not same_json(saved, ours):
             raise MixtureStateError(
                 f"source {name!r} is another table than the state's: the state read "
                 f"{saved}, this Mixture's {name!r} reads {ours}; build it over the run's "
                 "table")
-    if not same_json(state[KEY_CONFIG], mixture.config):
-        raise StateMismatchError(f"mixture state has schedule {state[KEY_CONFIG]}, this "
-                                 f"Mixture {mixture.config}; build it with the run's seed, "
-                                 "weights and on_exhausted")
+    saved, ours = state[KEY_CONFIG], mixture.config
+    if not isinstance(saved, Mapping) or set(saved) != set(ours):
+        raise StateMismatchError(f"mixture state is corrupt: its config is {saved!r}")
+    for key, meaning in (("seed", "the schedule's seed"), ("on_exhausted", "the policy")):
+        if not same_json(saved[key], ours[key]):  # weights may change (NOTE [ recipe changes ])
+            raise StateMismatchError(
+                f"mixture state has {key}={saved[key]!r}, this Mixture {key}={ours[key]!r}: "
+                f"{meaning} cannot change within a run; build the Mixture with {key}="
+                f"{saved[key]!r}, or start a new run")
 
 
 def _resume_source(name: str, source: Any, states: list[Any], workers: int, old: int) -> None:

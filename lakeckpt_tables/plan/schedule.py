@@ -20,6 +20,12 @@ off by ~sqrt(window) and could go far off in some window). It is integer arithme
 the same on every machine, and O(1) per draw: no index is precomputed (Megatron's blend index
 for 93M rows takes ~90 minutes to build). Sources are ordered by name, so the order of the dict
 does not matter.
+
+Weights that change with the draw (a schedule: ``mixture/weights.py``) move the intervals, not
+the sequence: draw ``i`` goes to the source whose interval *at draw i* holds ``u_i``. The
+sequence stays equidistributed, so over any window each source's count stays within a few
+draws of the sum of its weights over the window's draws; a constant stretch of a schedule
+draws exactly what constant weights draw.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["schedule", "scheduled", "thresholds"]
+__all__ = ["schedule", "scheduled", "scheduled_per_draw", "thresholds", "thresholds_per_draw"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio, odd
 
@@ -48,6 +54,15 @@ def thresholds(weights: list[float]) -> np.ndarray[Any, Any]:
     return np.array([min(int(c * 2.0**64), 2**64 - 1) for c in cum[:-1]], dtype=np.uint64)
 
 
+def thresholds_per_draw(weights: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """:func:`thresholds` of each row of ``weights`` (draws x sources, rows positive sums),
+    vectorized: row ``w`` gives what ``thresholds(list(w))`` gives."""
+    cum = np.cumsum(np.asarray(weights, dtype=np.float64), axis=1)
+    cum /= cum[:, -1:]
+    top = np.nextafter(1.0, 0.0)  # below 1: c * 2^64 fits an uint64 (the last end is the rest)
+    return (np.minimum(cum[:, :-1], top) * 2.0**64).astype(np.uint64)
+
+
 def schedule(seed: int, weights: list[float], draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """The source (index into ``weights``) of each draw (NOTE [ mixture schedule ]).
 
@@ -62,7 +77,19 @@ def schedule(seed: int, weights: list[float], draws: np.ndarray[Any, Any]) -> np
 def scheduled(seed: int, bounds: np.ndarray[Any, Any],
               draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """:func:`schedule` with the weights' :func:`thresholds` computed once by the caller."""
+    return np.searchsorted(bounds, _points(seed, draws), side="right")
+
+
+def scheduled_per_draw(seed: int, bounds: np.ndarray[Any, Any],
+                       draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """:func:`scheduled` with each draw's own thresholds (``bounds``: draws x (sources - 1),
+    from :func:`thresholds_per_draw`)."""
+    u = _points(seed, draws)
+    return (u[:, None] >= bounds).sum(axis=1) if bounds.shape[1] else np.zeros(len(u), np.int64)
+
+
+def _points(seed: int, draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``u_i`` of each draw: the Kronecker sequence started by the seed."""
     i = np.asarray(draws, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        u = _mix(seed) + i * _GOLDEN  # wraps modulo 2^64
-    return np.searchsorted(bounds, u, side="right")
+        return _mix(seed) + i * _GOLDEN  # wraps modulo 2^64

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +103,7 @@ class ReaderConfig:
     def _checked(self) -> ReaderConfig:
         """Output, decimal and null policies decided up front (sources.nulls, reader.convert)."""
         o = self.options
-        check_convertible(self.snapshot.describe(), self.snapshot.schema, list(self.columns),
+        check_convertible(self.snapshot.describe(), self.snapshot.schema, _converted(self),
                           output=o.output, nulls=o.nulls, decimals=o.decimals)
         check_nulls(self.snapshot, list(self.columns), o.nulls if o.output == "torch" else "fill")
         check_honorable(self.snapshot, o.deletes, o.deletes_key)
@@ -113,7 +114,7 @@ class ReaderConfig:
                     f"{self.snapshot.describe()}: a packing reader counts tokens per row group; "
                     "pin the source with units='row_groups' (its default) to pack it")
             check_token_column(self.snapshot.describe(), self.snapshot.schema,
-                               self.packing.column)
+                               self.packing.column, text=self.packing.text is not None)
         return self
 
     @property
@@ -291,12 +292,29 @@ class ReaderConfig:
                    f"main process, which pins it, or pass version={state.version}")
             diffs.append(f"version: state pinned {state.version}, this reader pinned "
                          f"{self.snapshot.version} ({how})")
-        ours = self.identity
+        diffs.extend(_tokenizer_diff(state.config, ours := self.identity))
         for key in sorted(set(state.config) | set(ours)):
             if not _same_json(state.config.get(key), ours.get(key)):
                 diffs.append(f"{key}: state has {state.config.get(key)!r}, this reader "
                              f"{ours.get(key)!r}")
         return diffs
+
+
+def _converted(config: ReaderConfig) -> list[str]:
+    """The columns converted to tensors: none when a text column is tokenized as it is read."""
+    packing = config.packing
+    return [] if packing is not None and packing.text is not None else list(config.columns)
+
+
+def _tokenizer_diff(saved: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """The tokenizer of a text-packing state, when this reader's is another (NOTE [ text
+    tokenized on the fly ] in ``reader/packing/tokenize.py``)."""
+    was, now = ((c.get("pack") or {}).get("tokenizer") for c in (saved, ours))
+    if was == now:
+        return []
+    return [f"tokenizer: the state's documents were tokenized by tokenizer {was}, this "
+            f"reader's is {now}; resume with the run's tokenizer (another one cuts other "
+            "sequences)"]
 
 
 def _same_table(config: ReaderConfig, state: ReaderState) -> bool:

@@ -86,9 +86,9 @@ class LakeDataset(IterableDataset[Batch]):
         columns, batch_size, shuffle, seed, version, epochs, rank, world_size, drop_last,
             shuffle_window, transform, follow, poll_interval, max_idle, until_version,
             on_change, min_segment_rows, refresh, output, nulls, decimals, filter, unit_rows,
-            read_ahead, pack_tokens, seq_len, eos_id, deletes, deletes_key, exclusions: the
-            fields of :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented
-            there (``pack_tokens``: ``reader/packing/planner.py``).
+            read_ahead, pack_tokens, seq_len, eos_id, tokenizer, token_cache, deletes,
+            deletes_key, exclusions: the fields of
+            :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented there.
 
     Raises:
         TypeError, ValueError: an option or a source of the wrong kind, named.
@@ -127,8 +127,8 @@ class LakeDataset(IterableDataset[Batch]):
         unit_rows: int = DEFAULT_UNIT_ROWS,
         read_ahead: int = DEFAULT_DEPTH,
         pack_tokens: str | None = None,
-        seq_len: int | None = None,
-        eos_id: int | None = None,
+        seq_len: int | None = None, eos_id: int | None = None,
+        tokenizer: Any = None, token_cache: str | None = None,  # a text column's (packing)
         deletes: Literal["pin", "honor"] = "pin", deletes_key: str | None = None,
         exclusions: Any = None,
     ) -> None:
@@ -138,11 +138,12 @@ class LakeDataset(IterableDataset[Batch]):
         options = ReaderOptions(
             min_segment_rows=min_segment_rows, shuffle_window=shuffle_window, batch_size=batch_size,
             poll_interval=poll_interval, until_version=until_version, pack_tokens=pack_tokens,
-            deletes_key=deletes_key, world_size=world_size, read_ahead=read_ahead, columns=columns,
-            exclusions=exclusions, drop_last=drop_last, transform=transform, on_change=on_change,
-            unit_rows=unit_rows, max_idle=max_idle, decimals=decimals, shuffle=shuffle, nulls=nulls,
-            version=version, refresh=refresh, seq_len=seq_len, deletes=deletes, epochs=epochs,
-            filter=filter, follow=follow, output=output, eos_id=eos_id, seed=seed, rank=rank)
+            token_cache=token_cache, deletes_key=deletes_key, world_size=world_size, epochs=epochs,
+            read_ahead=read_ahead, exclusions=exclusions, drop_last=drop_last, transform=transform,
+            on_change=on_change, unit_rows=unit_rows, tokenizer=tokenizer, max_idle=max_idle,
+            decimals=decimals, columns=columns, shuffle=shuffle, version=version, refresh=refresh,
+            seq_len=seq_len, deletes=deletes, follow=follow, output=output, filter=filter,
+            eos_id=eos_id, nulls=nulls, seed=seed, rank=rank)
         self._use(ReaderConfig.resolve(source, options))
         self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None
@@ -154,8 +155,7 @@ class LakeDataset(IterableDataset[Batch]):
     shuffle_window, unit_rows, read_ahead = (_Fixed[int]() for _ in range(3))
     shuffle, drop_last = (_Fixed[bool]() for _ in range(2))
     output, nulls, decimals = (_Fixed[str]() for _ in range(3))
-    refresh = _Fixed[str | None]()
-    transform, filter = (_Fixed[Any]() for _ in range(2))
+    transform, filter, refresh = (_Fixed[Any]() for _ in range(3))
     source, snapshot = _Fixed[Source](resolved=True), _Fixed[Snapshot](resolved=True)
     options = _Fixed[ReaderOptions](resolved=True)
     follow = _Fixed[FollowPolicy | None](resolved=True)

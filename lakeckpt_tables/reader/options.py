@@ -10,7 +10,7 @@ form small frozen values of their own: :meth:`ReaderOptions.follow_policy` (foll
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, Literal
 
@@ -36,9 +36,18 @@ class Packing:
     column: str
     seq_len: int
     eos_id: int
+    text: Any = field(default=None, compare=False)
+    """A text column's tokenizer (``packing/tokenize.py``: ``TextTokens``); None: a token
+    column."""
+    cache: str | None = field(default=None, compare=False)
+    """Where a text column's token counts are kept (NOTE [ text tokenized on the fly ])."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"column": self.column, "seq_len": self.seq_len, "eos_id": self.eos_id}
+        out: dict[str, Any] = {"column": self.column, "seq_len": self.seq_len,
+                               "eos_id": self.eos_id}
+        if self.text is not None:  # a state resumes only with the same tokenizer
+            out["tokenizer"] = self.text.identity
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +129,12 @@ class ReaderOptions:
     """Packing: tokens per sequence (>= 2)."""
     eos_id: int | None = None
     """Packing: the token appended after every document."""
+    tokenizer: Any = None
+    """Packing a string column: the ``tokenizers.Tokenizer`` that tokenizes its documents as
+    they are read (NOTE [ text tokenized on the fly ] in ``reader/packing/tokenize.py``)."""
+    token_cache: str | None = None
+    """Packing a string column: the directory keeping its token counts per snapshot and
+    tokenizer (default ``$LAKECKPT_HOME/token-counts``)."""
     deletes: Literal["pin", "honor"] = "pin"
     """Rows the table deletes after the pin: ``"pin"`` reads the pinned version as it was;
     ``"honor"`` takes rows deleted since out of what is not delivered yet, at each
@@ -213,10 +228,16 @@ class ReaderOptions:
         from lakeckpt_tables.reader.packing.stream import check_packing
 
         if self.pack_tokens is None:
-            if self.seq_len is not None or self.eos_id is not None:
-                raise PackingError("seq_len and eos_id are packing options: pass "
-                                   "pack_tokens=COLUMN (the token column) with them")
+            if self.seq_len is not None or self.eos_id is not None \
+                    or self.tokenizer is not None or self.token_cache is not None:
+                raise PackingError("seq_len, eos_id, tokenizer and token_cache are packing "
+                                   "options: pass pack_tokens=COLUMN (the token or text "
+                                   "column) with them")
             return
+        if self.tokenizer is not None:
+            from lakeckpt_tables.reader.packing.tokenize import TextTokens
+
+            object.__setattr__(self, "_text", TextTokens(self.tokenizer))  # hashed once
         if not isinstance(self.pack_tokens, str):
             raise PackingError(f"pack_tokens={self.pack_tokens!r}: name the token column")
         if self.seq_len is None or self.eos_id is None:
@@ -238,7 +259,13 @@ class ReaderOptions:
         if self.pack_tokens is None:
             return None
         assert self.seq_len is not None and self.eos_id is not None
-        return Packing(self.pack_tokens, self.seq_len, self.eos_id)
+        text = getattr(self, "_text", None)
+        if text is None:
+            return Packing(self.pack_tokens, self.seq_len, self.eos_id)
+        from lakeckpt_tables.reader.packing.tokenize import default_cache
+
+        return Packing(self.pack_tokens, self.seq_len, self.eos_id, text,
+                       self.token_cache or default_cache())
 
     def deletes_policy(self) -> dict[str, Any]:
         """What the reader state's ``policy`` records of ``deletes`` (nothing for ``"pin"``)."""

@@ -20,7 +20,8 @@ front (test tooling, never the library) closes them:
   ``startFrom`` (delta-rs lists the log from the version it knows; Azurite's full listing made
   a third commit fail with "Invalid table version: 1"). The front drops the names before it.
 - fake-gcs-server serves the path-style XML API only to its public host: it is told the
-  front's address.
+  front's address. Its XML listing of a missing bucket is a 500: the front answers GCS's 404
+  NoSuchBucket.
 """
 
 from __future__ import annotations
@@ -57,10 +58,38 @@ AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "expect",
         "proxy-authorization", "proxy-authenticate"}
-_DOWN = {"azure": ("application/xml", b"<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>"
-                   b"ServerBusy</Code><Message>injected outage</Message></Error>"),
-         "gcs": ("application/json", b'{"error": {"code": 503, "message": "injected outage",'
-                 b' "errors": [{"reason": "backendError", "message": "injected outage"}]}}')}
+def _azure_error(code: str, message: str) -> bytes:
+    return (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>'
+            f"{message}</Message></Error>").encode()
+
+
+def _gcs_error(code: int, reason: str, message: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message, "errors": [
+        {"domain": "global", "reason": reason, "message": message}]}}).encode()
+
+
+_ANSWERS = {  # the front's answer under each fault, as each store gives it
+    "azure": {
+        "down": ("503 Service Unavailable", "application/xml",
+                 _azure_error("ServerBusy", "injected outage")),
+        "deny": ("403 Server failed to authenticate the request.", "application/xml",
+                 _azure_error("AuthenticationFailed", "Server failed to authenticate the "
+                              "request. Make sure the value of Authorization header is formed "
+                              "correctly including the signature.")),
+        "full": ("507 Insufficient Storage", "application/xml",
+                 _azure_error("InsufficientStorage", "The account has reached its storage "
+                              "capacity limit.")),
+    },
+    "gcs": {
+        "down": ("503 Service Unavailable", "application/json",
+                 _gcs_error(503, "backendError", "injected outage")),
+        "deny": ("401 Unauthorized", "application/json",
+                 _gcs_error(401, "authError", "Invalid Credentials")),
+        "full": ("403 Forbidden", "application/json",
+                 _gcs_error(403, "quotaExceeded", "The project's storage quota has been "
+                            "exceeded.")),
+    },
+}
 
 
 def azurite_command() -> list[str]:
@@ -187,6 +216,10 @@ class Proxy:
                                                               body)
         if start_after and status == 200:
             data = _drop_listed_up_to(data, start_after, self.kind == "azure")
+        if self.kind == "gcs" and status == 500 and b"no bucket named" in data:
+            status, reason = 404, "Not Found"  # as GCS answers (NOTE [ emulators' gaps ])
+            data = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>NoSuchBucket</Code>"
+                    b"<Message>The specified bucket does not exist.</Message></Error>")
         if upload:
             method = "PUT"
             if status == 200:  # the XML API's answer: the object's etag and generation
@@ -294,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix=f"lakeckpt-{args.kind}-") as data:
         emulator = _start_emulator(args.kind, inner, f"http://127.0.0.1:{port}", data)
         try:
-            serve(Front(Proxy(args.kind, inner), down_body=_DOWN[args.kind]), "127.0.0.1",
+            serve(Front(Proxy(args.kind, inner), answers=_ANSWERS[args.kind]), "127.0.0.1",
                   port)
         finally:
             emulator.kill()

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["RAW_HEADERS", "Front", "main", "serve", "spawn"]
+__all__ = ["RAW_HEADERS", "S3_ANSWERS", "Front", "main", "serve", "spawn"]
 
 _CONTROL = "/_lakeckpt/"
 RAW_HEADERS = "lakeckpt.raw_headers"
@@ -38,8 +38,23 @@ StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
-_S3_DOWN = ("application/xml", b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
-            b"ServiceUnavailable</Code><Message>injected outage</Message></Error>")
+def _s3_error(code: str, message: str) -> bytes:
+    return (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>"
+            f"{message}</Message></Error>").encode()
+
+
+S3_ANSWERS = {
+    "down": ("503 Service Unavailable", "application/xml",
+             _s3_error("ServiceUnavailable", "injected outage")),
+    "deny": ("403 Forbidden", "application/xml",
+             _s3_error("InvalidAccessKeyId", "The AWS Access Key Id you provided does not "
+                       "exist in our records.")),
+    "full": ("507 Insufficient Storage", "application/xml",  # MinIO's answer
+             _s3_error("XMinioStorageFull", "Storage backend has reached its minimum free "
+                       "drive threshold. Please delete a few objects to proceed.")),
+}
+"""The front's answer to a request under each fault (``down``, ``deny``, ``full``): status,
+content type and body, as S3 (MinIO for a full store) gives them."""
 
 
 class _Dropped(ConnectionResetError):
@@ -55,16 +70,18 @@ class Front:
         ``peak``, the most requests served at once, and ``spans``, each request's
         ``[start, end]`` in seconds since the log was last cleared (end: its response ready).
         ``DELETE /_lakeckpt/requests``: forget them (and the peak).
-        ``PUT /_lakeckpt/faults``: ``{"down": bool, "latency_ms": int, "lose": [{"method":
-        "PUT", "path": regex, "times": n}]}``; a lost request reaches moto, its response is
-        dropped.
+        ``PUT /_lakeckpt/faults``: ``{"down": bool, "deny": bool, "full": bool, "latency_ms":
+        int, "lose": [{"method": "PUT", "path": regex, "times": n}]}``: ``down`` answers 503 to
+        every request, ``deny`` refuses the credentials of every request, ``full`` answers
+        every write (PUT, POST) as a full store does; a lost request reaches moto, its
+        response is dropped.
     """
 
     def __init__(self, app: WsgiApp, *, ranged: Callable[..., Iterable[bytes] | None] | None
-                 = None, down_body: tuple[str, bytes] | None = None) -> None:
+                 = None, answers: dict[str, tuple[str, str, bytes]] | None = None) -> None:
         self.app = app
         self._ranged = ranged  # serves a single-range GET itself (NOTE [ ranged reads ])
-        self._down_body = down_body or _S3_DOWN
+        self._answers = answers or S3_ANSWERS
         self.requests: list[tuple[str, str, str]] = []
         self.spans: list[list[float]] = []
         self._since = time.monotonic()
@@ -97,10 +114,11 @@ class Front:
                faults: dict[str, Any], lose: bool) -> Iterable[bytes]:
         if faults["latency_ms"]:
             time.sleep(faults["latency_ms"] / 1000)
-        if faults["down"]:
-            kind, body = self._down_body
-            start("503 Service Unavailable", [("Content-Type", kind),
-                                              ("Content-Length", str(len(body)))])
+        fault = ("down" if faults["down"] else "deny" if faults.get("deny")
+                 else "full" if faults.get("full") and method in ("PUT", "POST") else None)
+        if fault:
+            status, kind, body = self._answers[fault]
+            start(status, [("Content-Type", kind), ("Content-Length", str(len(body)))])
             return [body]
         if lose:
             result = self.app(environ, lambda *a, **k: None)

@@ -47,6 +47,8 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
     each one's end (sequences delivered) when it is yielded. ``read`` reads a unit's row group
     (the reader's cache), ``transform`` is the dataset's."""
     packing, units = planner.packing, planner.snapshot.units
+    if packing.text is not None:  # NOTE [ text tokenized on the fly ] (tokenize.py)
+        read = _tokenizing(read, packing.column, packing.text, planner.where)
     g, index = cursor.slice_index, cursor.epoch
     while planner.epochs is None or index < planner.epochs:
         plan = planner.token_plan(cursor.shape, index, cursor.layouts.get(index))
@@ -65,6 +67,16 @@ def sequences(planner: TokenPlanner, read: Any, transform: Any,
                           position_ids=torch.from_numpy(positions))
             yield transform(batch) if transform is not None else batch
         index += 1
+
+
+def _tokenizing(read: Any, column: str, text: Any, where: str) -> Any:
+    """``read`` with the text column's documents as token ids."""
+    def tokenized(unit: Any) -> Any:
+        table = read(unit)
+        at = table.schema.get_field_index(column)
+        return table.set_column(at, column, text.encode(table.column(column), where))
+
+    return tokenized
 
 
 def _warn_tail(where: str, epoch: int, plan: TokenPlan) -> None:
@@ -102,9 +114,19 @@ class TokenPlanner:
         snapshot = self.snapshot
         sizes = self.sizes.get(snapshot.version)
         if sizes is None:
-            sizes = self.sizes[snapshot.version] = stream_sizes(
-                snapshot.row_reader(), snapshot.units, self.packing.column,
-                self.packing.eos_id)
+            packing = self.packing
+            if packing.text is not None:  # counted once per snapshot and tokenizer, kept
+                from lakeckpt_tables.reader.packing.tokenize import text_stream_sizes
+
+                key = {**snapshot.identity.to_json(), "version": snapshot.version,
+                       "rows": self.where}
+                sizes = StreamSizes(*text_stream_sizes(
+                    snapshot.row_reader(), snapshot.units, packing.column, packing.text,
+                    packing.eos_id, cache=str(packing.cache), key=key, where=self.where))
+            else:
+                sizes = stream_sizes(snapshot.row_reader(), snapshot.units, packing.column,
+                                     packing.eos_id)
+            self.sizes[snapshot.version] = sizes
         return sizes
 
     def stream_sizes(self) -> list[int]:

@@ -134,8 +134,10 @@ def check_packing(seq_len: int, eos_id: int, last: str = "drop",
         raise PackingError(f"pad_id={pad_id!r}: pass a token id (an int)")
 
 
-def check_token_column(where: str, schema: pa.Schema, column: str) -> None:
-    """Refuse a packing column that is not a list of integers.
+def check_token_column(where: str, schema: pa.Schema, column: str, *,
+                       text: bool = False) -> None:
+    """Refuse a packing column that is not a list of integers (with ``text``: a tokenizer is
+    given, not a string column).
 
     Raises:
         PackingError: names the table, the column and its type.
@@ -144,6 +146,15 @@ def check_token_column(where: str, schema: pa.Schema, column: str) -> None:
         raise PackingError(f"{where}: pack_tokens={column!r} is not a column; its columns are "
                            f"{schema.names}")
     kind = schema.field(column).type
+    if text:
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise PackingError(f"{where}: pack_tokens={column!r} has type {kind}; a tokenizer "
+                               "tokenizes a string column (drop tokenizer= for a token column)")
+        return
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        raise PackingError(f"{where}: pack_tokens={column!r} has type {kind}, a text column: "
+                           "pass tokenizer= (a tokenizers.Tokenizer) to tokenize it as it is "
+                           "read, or name a column of token ids")
     if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
             or pa.types.is_fixed_size_list(kind)) or not pa.types.is_integer(kind.value_type):
         raise PackingError(f"{where}: pack_tokens={column!r} has type {kind}; packing reads a "

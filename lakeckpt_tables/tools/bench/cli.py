@@ -33,6 +33,10 @@ hand-off): when workers pay.
 [--quick] [--json]``: a 256-rank job simulated in one process over a metadata-only table: plan
 time and memory per rank, reader state size, commit p50/p99, elastic restore, ledger size.
 
+``lakeckpt bench tokenize [--docs N | --quick] [--rounds R] [--json]``: a packing reader over a
+text column, tokenized as it is read, against the tokenizer's own ``encode_batch`` over the same
+documents; the planning pass (token counts) apart, computed and then from the cache.
+
 ``lakeckpt bench compare NEW.json [--baseline B]``: every ratio of a ``--json`` report that fell
 more than 10% below the committed baseline (``baselines/``); exit status 1 when any fell.
 
@@ -175,9 +179,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     from lakeckpt_tables.tools.bench import planning
 
     planning.register(sub)
-    from lakeckpt_tables.tools.bench import scale
+    from lakeckpt_tables.tools.bench import scale, tokenize
 
     scale.register(sub)
+    tokenize.register(sub)
     from lakeckpt_tables.tools.bench.read import FEATURE_ROWS
 
     tables = sub.add_parser("tables", help="what deletion vectors and partition columns cost",
@@ -359,6 +364,10 @@ def run(args: argparse.Namespace) -> int:
         from lakeckpt_tables.tools.bench import scale
 
         return scale.run(args)
+    if args.bench == "tokenize":
+        from lakeckpt_tables.tools.bench import tokenize
+
+        return tokenize.run(args)
     raise AssertionError(f"unknown bench {args.bench!r}")  # argparse restricts the choices
 
 

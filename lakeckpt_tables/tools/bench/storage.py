@@ -1,11 +1,13 @@
-"""``lakeckpt bench read --uri s3://...``: the reader on an object store, against pyarrow.dataset.
+"""``lakeckpt bench read --uri s3://|az://|gs://...``: the reader on an object store, against
+pyarrow.dataset.
 
 Figures (issue "tables and checkpoints on object storage"):
 
 1. Requests per row group read: GET requests on data files during a pass, divided by the row
    groups read (target <= 2: pyarrow's pre-buffering coalesces a row group's columns), and
-   HEAD requests per data file. Counted by the server when it is the local test server
-   (``python -m lakeckpt_tables.tools.s3server``, which counts every request it serves).
+   metadata requests (HEAD; GCS: a JSON-API object GET) per data file. Counted by the server
+   when it is a local test server (``python -m lakeckpt_tables.tools.s3server``, or
+   ``python -m lakeckpt_tables.tools.emulators azure|gcs``), which counts every request.
 2. Footers: read once per file per process (a second source over the same table reads none).
 3. Throughput: rows/s of a ``LakeDataset`` pass (in process, batches of torch tensors) as a
    ratio to a ``pyarrow.dataset`` scan of the same files and columns through the same
@@ -19,7 +21,8 @@ Every figure is the median of paired rounds: each round runs the reader, pyarrow
 that round only, so load that comes and goes on a shared machine shifts both sides of a ratio
 alike. Passes of a 2 M row table take seconds; ratios of a single pass vary 2x under load.
 
-A missing table at ``--uri`` is created (a synthetic Delta table) first.
+A missing table at ``--uri`` is created (a synthetic Delta table) first, and on a local
+server its bucket or container.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +42,14 @@ import pyarrow.dataset as pads
 import torch
 
 from lakeckpt_tables.io import Storage, s3_settings
+from lakeckpt_tables.io.options import (
+    AZURE_SCHEMES,
+    GCS_SCHEMES,
+    S3_SCHEMES,
+    azure_settings,
+    gcs_settings,
+    without_own,
+)
 from lakeckpt_tables.reader.dataset import LakeDataset
 from lakeckpt_tables.sources import footers
 from lakeckpt_tables.sources.delta import DeltaSource
@@ -83,15 +95,28 @@ class StoreReadReport:
 
 
 def _server(storage: Storage, options: dict[str, str]) -> str | None:
-    """The endpoint, when it is the local server that counts requests."""
-    endpoint = s3_settings(options)["endpoint"] if storage.scheme in ("s3", "s3a") else ""
-    if not endpoint:
+    """The endpoint, when it is the local server that counts requests (the S3 server, or an
+    emulator behind its front: ``python -m lakeckpt_tables.tools.emulators``)."""
+    if storage.scheme in S3_SCHEMES:
+        endpoint = s3_settings(options)["endpoint"]
+    elif storage.scheme in AZURE_SCHEMES:
+        endpoint = azure_settings(without_own(options), storage.uri)["endpoint"]
+    elif storage.scheme in GCS_SCHEMES:
+        endpoint = gcs_settings(without_own(options))["endpoint"]
+    else:
         return None
+    parsed = urlparse(endpoint)
+    endpoint = f"{parsed.scheme}://{parsed.netloc}"  # Azurite's has the account in its path
     try:
         with urllib.request.urlopen(f"{endpoint}/_lakeckpt/requests", timeout=5):
             return endpoint
     except OSError:
         return None
+
+
+def _metadata(request: list[str]) -> bool:
+    """Whether a request asks for a file's metadata: a HEAD, or GCS's JSON-API object GET."""
+    return request[0] == "HEAD" or request[1].startswith("/storage/v1/")
 
 
 def _control(endpoint: str, what: str, method: str, body: Any = None) -> Any:
@@ -101,14 +126,18 @@ def _control(endpoint: str, what: str, method: str, body: Any = None) -> Any:
         return json.loads(response.read())
 
 
-def _ensure_table(uri: str, storage: Storage, rows: int) -> None:
+def _ensure_table(uri: str, storage: Storage, rows: int, local_server: bool) -> None:
     from deltalake import WriterProperties, write_deltalake
 
+    bucket = storage.fs_path("").split("/", 1)[0]
+    if storage.scheme in S3_SCHEMES and storage.has_options:
+        _create_bucket(storage, bucket)
+    elif local_server and storage.fsspec_client() is not None:  # the emulator's: the bench's
+        client = storage.fsspec_client()
+        if not client.exists(bucket):
+            client.mkdir(bucket)
     if storage.exists("_delta_log"):
         return
-    if storage.scheme in ("s3", "s3a") and storage.has_options:
-        bucket = storage.uri.split("://", 1)[1].split("/", 1)[0]
-        _create_bucket(storage, bucket)
     props = WriterProperties(max_row_group_size=ROW_GROUP_ROWS)
     per_file = max(rows // 4, 1)
     for start in range(0, rows, per_file):
@@ -159,8 +188,8 @@ def run_store_read_bench(uri: str, options: dict[str, str] | None, *, rows: int 
                          progress: Callable[[str], None] = lambda _: None) -> StoreReadReport:
     """Measure the figures of the module docstring on the table at ``uri``."""
     storage = Storage(uri, options)
-    _ensure_table(uri, storage, rows)
     endpoint = _server(storage, options or {})
+    _ensure_table(uri, storage, rows, endpoint is not None)
     reads_before = footers.footer_reads()
     snapshot = DeltaSource(uri, storage_options=options).snapshot()
     first = footers.footer_reads() - reads_before
@@ -174,8 +203,9 @@ def run_store_read_bench(uri: str, options: dict[str, str] | None, *, rows: int 
     if endpoint:
         seen = _control(endpoint, "requests", "GET")["requests"]
         data = [r for r in seen if r[1].endswith(".parquet")]
-        per_row_group = sum(r[0] == "GET" for r in data) / len(snapshot.units)
-        heads = sum(r[0] == "HEAD" for r in data) / len(paths)
+        per_row_group = sum(r[0] == "GET" and not _metadata(r) for r in data) / len(
+            snapshot.units)
+        heads = sum(_metadata(r) for r in data) / len(paths)
         progress(f"{per_row_group:.2f} GET per row group read, {heads:.2f} HEAD per file")
     again = footers.footer_reads()
     DeltaSource(uri, storage_options=options).snapshot()

@@ -41,11 +41,9 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(table: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("reference")
-    assert run(table, base / "ckpt", base / "out") == 0
-    assert_exactly_once(logs(base / "out"))
-    return base / "out"
+def reference(runs: tuple[Path, dict[str, Crashed]]) -> Path:
+    """The failure-free run's output directory (its root is the sibling ``ckpt``)."""
+    return runs[0]
 
 
 def reference_root(reference: Path, dest: Path) -> Path:
@@ -71,20 +69,31 @@ class Crashed:
 
 
 @pytest.fixture(scope="module")
-def crashed(table: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Crashed]:
-    """Every crash point, each a job of its own killed there; then every run resumed by one
-    fresh process, one after the other (a process start costs more than a resume)."""
-    runs = {}
+def runs(table: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> tuple[Path, dict[str, Crashed]]:
+    """Every crash point, each a job of its own killed there; then, in ONE fresh process (a
+    process start costs more than a run), the failure-free run first (from a fresh interpreter,
+    as in a process of its own) and every crashed run resumed, one after the other."""
+    crashed = {}
     for point in POINTS:
         base = tmp_path_factory.mktemp("crashed")
         root, out = base / "ckpt", base / "out"
         code = run(table, root, out, crash=f"{point}#2")  # dies in the second save (step 10)
         steps = [r.step for r in DeltaLedger(str(root / "_ledger")).checkpoints("run")]
-        runs[point] = Crashed(root, out, code, steps, resume_code=-1)
-    codes = run_each(table, [(c.root, c.out) for c in runs.values()])
-    for c, resume_code in zip(runs.values(), codes, strict=True):
+        crashed[point] = Crashed(root, out, code, steps, resume_code=-1)
+    ref = tmp_path_factory.mktemp("reference")
+    codes = run_each(table, [(ref / "ckpt", ref / "out"),
+                             *((c.root, c.out) for c in crashed.values())])
+    assert codes[0] == 0
+    assert_exactly_once(logs(ref / "out"))
+    for c, resume_code in zip(crashed.values(), codes[1:], strict=True):
         c.resume_code = resume_code
-    return runs
+    return ref / "out", crashed
+
+
+@pytest.fixture(scope="module")
+def crashed(runs: tuple[Path, dict[str, Crashed]]) -> dict[str, Crashed]:
+    return runs[1]
 
 
 @pytest.mark.parametrize("point", POINTS)

@@ -19,6 +19,10 @@ pytestmark = pytest.mark.slow  # every test runs an example in a process of its 
 
 SMALL_TRAIN = ["--rows", "3000", "--group-rows", "250", "--batch-size", "100",
                "--checkpoint-every", "6", "--epochs", "2"]
+# the Iceberg runs (the catalog's part does not grow with the table): 1,000 rows, 2 epochs of 10
+# steps, preempted at step 12 (the second epoch), checkpoints every 4
+SMALL_ICEBERG = ["--rows", "1000", "--group-rows", "100", "--batch-size", "100",
+                 "--checkpoint-every", "4", "--epochs", "2"]
 SMALL_FOLLOW = ["--initial-rows", "200", "--commits", "8", "--commit-rows", "40",
                 "--interval", "0.15", "--min-segment-rows", "80"]
 
@@ -53,7 +57,7 @@ def test_train_delta_resumes_a_preempted_run_exactly(
 
 
 def test_train_iceberg_resumes_a_preempted_run_exactly() -> None:
-    lines = run_example("train_iceberg.py", *SMALL_TRAIN)
+    lines = run_example("train_iceberg.py", *SMALL_ICEBERG)
     assert any(x.startswith("ledger iceberg:") and x.endswith("OK") for x in lines)
 
 
@@ -62,7 +66,7 @@ def test_train_iceberg_on_a_postgresql_catalog() -> None:
     uri = os.environ.get("LAKECKPT_TEST_PG_URI")
     if not uri:
         pytest.skip("LAKECKPT_TEST_PG_URI is not set")
-    run_example("train_iceberg.py", "--catalog-uri", uri, *SMALL_TRAIN)
+    run_example("train_iceberg.py", "--catalog-uri", uri, *SMALL_ICEBERG)
 
 
 @pytest.mark.parametrize("backend", ["delta", "iceberg"])

@@ -1,0 +1,37 @@
+"""A trainer callback installed on some ranks only is named at its start, within a bounded
+wait, not left to hang the first save until the process group's timeout (NOTE [ a callback on
+every rank ]). Both integrations (``LakeLedger``'s ``setup``, ``LakeTrainerCallback``'s
+``on_train_begin``) call ``require_every_rank`` before their first collective; the job is
+``jobs/callback_missing.py``: two gloo ranks, the callback on rank 0 only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JOB = str(Path(__file__).parent / "jobs" / "callback_missing.py")
+
+
+@pytest.mark.timeout(90)  # two ranks importing torch and two 2 s waits
+def test_a_rank_without_the_callback_is_named_within_the_bounded_wait(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, JOB, str(tmp_path), str(rank), "2"], env=env,
+                              stdout=subprocess.PIPE, text=True) for rank in (0, 1)]
+    try:
+        out, _ = ranks[0].communicate(timeout=80)
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    lines = [line.split(" ", 3) for line in out.splitlines()]
+    assert [line[:2] for line in lines] == [
+        ["both", "none"], ["lonely", "CallbackMissingError"], ["both", "CallbackMissingError"]
+    ], out
+    for run_id, _, seconds, message in lines[1:]:
+        assert 1.8 <= float(seconds) < 15, out  # the bounded wait, not the group's 60 s
+        assert f"run {run_id}: rank(s) [1] of 2" in message, message
+        assert "Add LakeLedger(run_id=...) to the Trainer's callbacks on every rank" in message

@@ -31,7 +31,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from lakeckpt_tables.checkpoint import RunLedger
 from lakeckpt_tables.errors import CheckpointError, CheckpointRestoreError, LoaderStateLostError
-from lakeckpt_tables.integrations.every_rank import DEFAULT_PEER_TIMEOUT, require_every_rank
+from lakeckpt_tables.integrations._every_rank import DEFAULT_PEER_TIMEOUT, require_every_rank
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR, CheckpointRecord, open_ledger
 from lakeckpt_tables.mixture import Mixture

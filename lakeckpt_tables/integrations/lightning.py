@@ -51,7 +51,7 @@ from lakeckpt_tables.errors import (
     LoaderStateLostError,
     UncommittedCheckpointError,
 )
-from lakeckpt_tables.integrations.every_rank import DEFAULT_PEER_TIMEOUT, require_every_rank
+from lakeckpt_tables.integrations._every_rank import DEFAULT_PEER_TIMEOUT, require_every_rank
 from lakeckpt_tables.ledger import CheckpointRecord
 from lakeckpt_tables.mixture import Mixture
 from lakeckpt_tables.reader import LakeDataset, decode_state

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from lakeckpt_tables.integrations.every_rank import require_every_rank
+from lakeckpt_tables.integrations._every_rank import require_every_rank
 
 CALLBACK = "LakeLedger(run_id=...) to the Trainer's callbacks"
 

@@ -13,7 +13,8 @@ NOTE [ the Hugging Face Trainer's checkpoints in the ledger ]
 - The replay: the callback sets ``args.ignore_data_skip = True`` when the Trainer is built
   (``on_init_end``), so the Trainer skips nothing; ``on_train_begin`` (every process, after the
   Trainer loaded ``checkpoint-N`` and before the loader is iterated) asks the ledger for the
-  checkpoint of step N, takes the run over and loads its reader state into the loader.
+  checkpoint of step N, takes the run over and loads its reader state into the loader; first,
+  a process without the callback is named (NOTE [ a callback on every rank ]).
 - The commit: ``on_save`` runs on every process after the Trainer wrote ``checkpoint-N`` (each
   process its own RNG file) and rotated old ones; :meth:`RunLedger.commit` is collective, so
   rank 0 checksums the directory once every process is in. ``save_total_limit=1`` would delete

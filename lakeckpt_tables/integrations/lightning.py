@@ -8,6 +8,8 @@ plugin alone: Lightning calls ``CheckpointIO.save_checkpoint`` on rank 0 only, a
 commit needs every rank's reader state and consumption, which only hooks that run on every rank
 can gather; callbacks are also what Lightning users add for everything else, and the
 ``CheckpointIO`` slot stays free for the user's own plugin (wrapped, not replaced). The parts:
+- ``setup`` (every rank, after Lightning's ``pre_setup`` barrier): a rank without the callback
+  is named before the first collective (NOTE [ a callback on every rank ]).
 - ``on_save_checkpoint`` (every rank, inside ``Trainer.save_checkpoint``, before the file is
   written): one checkpoint id per step, broadcast by rank 0, goes into the checkpoint under
   ``"lakeckpt"`` with rank 0's loader state as of the batches TRAINED (see below).

@@ -37,3 +37,12 @@ def test_a_rank_without_the_callback_is_named_within_the_bounded_wait(tmp_path: 
         assert 1.8 <= float(seconds) < 15, out  # the bounded wait, not the group's 60 s
         assert f"run {run_id}: rank(s) [1] of 2" in message, message
         assert f"Add {callbacks[run_id]} to the Trainer's callbacks on every rank" in message
+
+
+def test_a_wait_without_a_deadline_is_refused() -> None:
+    """A zero wait would make the store wait without a deadline: refused, even alone."""
+    from lakeckpt_tables.integrations._every_rank import require_every_rank
+
+    with pytest.raises(ValueError, match="run r: peer_timeout must be a positive"):
+        require_every_rank("LakeLedger(run_id='r')", "r", 0)
+    require_every_rank("LakeLedger(run_id='r')", "r", 1.0)  # a world of one: nothing to wait for

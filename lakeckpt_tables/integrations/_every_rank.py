@@ -53,7 +53,11 @@ def require_every_rank(callback: str, run_id: str, timeout: float) -> None:
 
     Raises:
         CallbackMissingError: some ranks did not start it within ``timeout``; names them.
+        ValueError: ``timeout`` is not positive (the store would wait without a deadline).
     """
+    if not timeout > 0:
+        raise ValueError(f"run {run_id}: peer_timeout must be a positive number of seconds, "
+                         f"got {timeout!r}")
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     store = _default_store()

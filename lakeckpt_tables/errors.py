@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "STORE_KINDS",
     "AuditError",
+    "CallbackMissingError",
     "CheckpointError",
     "CheckpointIntegrityError",
     "CheckpointWriteError",
@@ -249,6 +250,12 @@ class LoaderStateLostError(CheckpointError):
     """The trainer's loader is not the ``StatefulDataLoader`` over a ``LakeDataset`` the
     integration saves the state of (re-wrapped, re-instantiated, or another rank's state
     given): resuming would replay or restart the data. The message names what to change."""
+
+
+class CallbackMissingError(CheckpointError):
+    """A trainer integration's callback is installed on some ranks but not on others: the
+    ranks with it would wait for the others in every save's collectives. Raised at the start of
+    training, after a bounded wait, naming the ranks without it and the callback to add."""
 
 
 STORE_KINDS = ("bucket missing", "access denied", "unreachable", "unavailable", "not found",

@@ -71,14 +71,14 @@ def test_demo_survives_a_kill_between_checkpoints_and_one_inside_a_save(
     ledger = proof["ledger"]
     assert ledger["ok"] and ledger["ids_agree"] and ledger["parent_chain"]
     coverage = ledger["coverage"]
-    assert coverage["exactly_once"] and coverage["rows"] == coverage["rows_expected"] == 40000
+    assert coverage["exactly_once"] and coverage["rows"] == coverage["rows_expected"] == 5000 * 2
     assert coverage["row_groups_exact"] == coverage["row_groups"] == 2 * result["table"][
         "row_groups"]
     assert coverage["gap_rows"] == coverage["overlap_rows"] == coverage["invalid_records"] == 0
     steps = [c["step"] for c in ledger["checkpoints"]]
     assert steps == sorted(steps) and steps[-1] == result["training"]["steps"]
     assert {c["attempt"] for c in ledger["checkpoints"]} == {1, 2, 3}
-    assert sum(c["rows"] for c in ledger["checkpoints"]) == 40000
+    assert sum(c["rows"] for c in ledger["checkpoints"]) == 5000 * 2
     aborted = ledger["aborted"]
     assert aborted["ok"] and aborted["attempt"] == 2 and aborted["crash_at"] == crash[
         "crash_spec"]

@@ -1,5 +1,6 @@
 -- progress: per run, Mixture source (source_key; null for a one-table run) and pass (segment, epoch), rows consumed by committed checkpoints against
--- the rows the pass delivers. Pass sizes come from 'round' events, else from 'segment' events
+-- the rows the pass delivers (a run branched with its reader going on from another run's: its
+-- ancestors' checkpoints up to the branch count too, NOTE [ branched runs ]). Pass sizes come from 'round' events, else from 'segment' events
 -- (follow segments) or the pinned snapshot's metadata (the _pass_sizes table connect() builds);
 -- null when none is known. state: 'retired' (a Mixture source retired at a resume);
 -- 'done' (the pass is consumed); 'stopped' (a Mixture source's
@@ -8,14 +9,36 @@
 -- readers count tokens too (null otherwise); a Mixture source's share is its part of the run's
 -- tokens (rows when one of its sources is not packed).
 CREATE OR REPLACE VIEW progress AS
-WITH per_checkpoint AS (  -- _consumed: the consumption view's totals per checkpoint, from the
-                         -- summaries `maintain` writes (not every consumption row)
+WITH RECURSIVE branched AS (  -- runs branched with their reader going on from the parent's
+    SELECT run_id,
+           arg_max(detail ->> '$.parent_run', committed_at)                 AS parent_run,
+           arg_max(CAST(detail ->> '$.parent_step' AS BIGINT), committed_at) AS parent_step,
+           arg_max(detail ->> '$.reader', committed_at)                     AS reader
+    FROM ledger WHERE record = 'event' AND event = 'branch'
+    GROUP BY run_id
+),
+ancestry AS (  -- each such run's ancestors, and the last step of each its lineage holds
+    SELECT run_id, parent_run AS ancestor, parent_step AS upto, 1 AS depth
+    FROM branched WHERE reader = 'continued'
+    UNION ALL
+    SELECT a.run_id, b.parent_run, b.parent_step, a.depth + 1
+    FROM ancestry a JOIN branched b ON b.run_id = a.ancestor AND b.reader = 'continued'
+    WHERE a.depth < 64
+),
+own AS (  -- _consumed: the consumption view's totals per checkpoint, from the summaries
+          -- `maintain` writes (not every consumption row)
     SELECT k.run_id, k.source_key, k.segment, k.epoch, k.step, min(k.committed_at) AS committed_at,
            CAST(sum(k.rows) AS BIGINT) AS rows, CAST(sum(k.tokens) AS BIGINT) AS tokens
     FROM _consumed k
     JOIN _checkpoint_status c USING (run_id, checkpoint_id)
     WHERE c.status = 'committed'
     GROUP BY ALL
+),
+per_checkpoint AS (  -- a run's own, and its ancestors' up to its branch (its reader's passes)
+    SELECT * FROM own
+    UNION ALL
+    SELECT a.run_id, o.source_key, o.segment, o.epoch, o.step, o.committed_at, o.rows, o.tokens
+    FROM ancestry a JOIN own o ON o.run_id = a.ancestor AND o.step <= a.upto
 ),
 running AS (
     SELECT *, CAST(sum(rows) OVER (PARTITION BY run_id, source_key, segment, epoch ORDER BY step) AS BIGINT) AS consumed,

@@ -22,6 +22,7 @@ __all__ = [
     "LakeckptError",
     "LedgerCorruptError",
     "LedgerError",
+    "LoaderStateLostError",
     "MixtureError",
     "MixtureStateError",
     "NullValuesError",
@@ -31,6 +32,7 @@ __all__ = [
     "ResumePathError",
     "RowCountMismatchError",
     "RunFencedError",
+    "SharedRendezvousStoreWarning",
     "SourceArgumentError",
     "SourceChangedError",
     "SourceFileChangedError",
@@ -41,6 +43,8 @@ __all__ = [
     "StorageRootNotSharedError",
     "StoreUnavailableError",
     "TableMetadataError",
+    "UncommittedCheckpointError",
+    "UncommittedCheckpointWarning",
     "UnknownColumnError",
     "UnsupportedTableError",
 ]
@@ -215,6 +219,30 @@ class CheckpointRestoreError(CheckpointError):
 class RunInUseError(CheckpointError):
     """Another live job owns the run and the manager was asked to refuse, not fence it
     (``takeover="refuse"``); the message names the owner and how to take over deliberately."""
+
+
+class UncommittedCheckpointError(CheckpointRestoreError):
+    """A resume was asked of a trainer checkpoint the ledger never committed (a crash between
+    the trainer's save and the ledger commit, or a save without the integration's callback);
+    the message names the committed checkpoint to resume from instead. Nothing was changed."""
+
+
+class UncommittedCheckpointWarning(UserWarning):
+    """Trainer checkpoints newer than the run's last ledger commit are present; they are not
+    resumed from (the message names them and the checkpoint resumed)."""
+
+
+class SharedRendezvousStoreWarning(UserWarning):
+    """torchrun's elastic agent restarts workers in place (``--max-restarts`` > 0) with its
+    rendezvous store shared with them: torch 2.13's restarted process group can then race for a
+    dead worker's address (pytorch/pytorch#135712). Set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    for torchrun."""
+
+
+class LoaderStateLostError(CheckpointError):
+    """The trainer's loader is not the ``StatefulDataLoader`` over a ``LakeDataset`` the
+    integration saves the state of (re-wrapped, re-instantiated, or another rank's state
+    given): resuming would replay or restart the data. The message names what to change."""
 
 
 STORE_KINDS = ("bucket missing", "access denied", "unreachable", "unavailable", "not found",

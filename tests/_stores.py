@@ -56,12 +56,11 @@ class AzureServer(_Emulated):
                 f"AccountKey={AZURITE_KEY};BlobEndpoint={self.endpoint}/{AZURITE_ACCOUNT};")
 
     def iceberg_properties(self) -> dict[str, str]:
-        """pyiceberg FileIO properties, for its pyarrow FileIO and its fsspec one."""
-        authority = f"127.0.0.1:{self.port}"
-        return {"adls.connection-string": self.connection_string(),
-                "adls.account-name": AZURITE_ACCOUNT, "adls.account-key": AZURITE_KEY,
-                "adls.blob-storage-authority": authority, "adls.blob-storage-scheme": "http",
-                "adls.dfs-storage-authority": authority, "adls.dfs-storage-scheme": "http"}
+        """pyiceberg FileIO properties: adlfs through the library's FileIO (pyiceberg's
+        default for abfs, pyarrow's C++ client, can abort the process: NOTE [ backing ])."""
+        return {"py-io-impl": "lakeckpt_tables.io.iceberg_fileio.FileIO",
+                "adls.connection-string": self.connection_string(),
+                "adls.account-name": AZURITE_ACCOUNT}
 
     def warehouse(self, bucket: str, path: str) -> str:
         """An Iceberg location (pyiceberg knows abfs[s]://, not az://)."""

@@ -140,6 +140,12 @@ def test_the_runs_view_the_report_and_the_audit_command_show_the_tree(
     con = connect(str(lineage.root))
     assert con.sql("SELECT run_id, parent_run, parent_step FROM runs ORDER BY run_id"
                    ).fetchall() == [("c", "p", 3), ("p", None, None), ("w", "p", 9)]
+    # c's reader went on from p's step 3 to the end: with p's rows up to there, its pass is
+    # done and it is finished; w's fresh reader has its own pass half read
+    assert con.sql("SELECT run_id, state, rows_consumed FROM progress ORDER BY run_id"
+                   ).fetchall() == [("c", "done", ROWS), ("p", "running", 9 * BATCH),
+                                    ("w", "running", 6 * BATCH)]
+    assert con.sql("SELECT state FROM runs WHERE run_id = 'c'").fetchall() == [("finished",)]
     page = render_report(con, title="t")
     runs = page[page.index('id="runs-table"'):page.index('id="progress"')]
     assert runs.index("<td>p</td>") < runs.index("<td>└ c</td>") < runs.index("<td>└ w</td>")

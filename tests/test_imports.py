@@ -83,14 +83,18 @@ def test_reading_a_ledger_and_its_reader_states_imports_without_torch(
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lakeckpt_tables"
 TOOLS = "lakeckpt_tables.tools"
+INTEGRATIONS = "lakeckpt_tables.integrations"
+TRAINERS = ("lightning", "pytorch_lightning", "transformers", "accelerate", "ray")
+"""What the integrations import: optional extras the core never imports."""
 
 
 def _core_modules() -> list[str]:
-    """Every module of the library apart from its tools (benchmarks, chaos, demo, S3 server)."""
+    """Every module of the library apart from its tools (benchmarks, chaos, demo, S3 server)
+    and its trainer integrations."""
     names = []
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        if parts[1] == "tools" or parts[-1] == "__main__":
+        if parts[1] in ("tools", "integrations") or parts[-1] == "__main__":
             continue
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names
@@ -108,10 +112,12 @@ def test_the_core_imports_nothing_of_the_tools(loaded_after: dict[str, set[str] 
     assert "lakeckpt_tables.ledger.base" in core and "lakeckpt_tables.cli" in core
     loaded = _after(loaded_after, "core")
     assert set(core) <= loaded
-    assert not {m for m in loaded if m.startswith(TOOLS)}
-    # nor lazily, inside a function: no import statement of the core names the tools
+    assert not {m for m in loaded if m.startswith((TOOLS, INTEGRATIONS))}
+    assert not {m for m in loaded if m.split(".")[0] in TRAINERS}
+    # nor lazily, inside a function: no import statement of the core names the tools, the
+    # integrations or a trainer they integrate
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.relative_to(PACKAGE).parts[0] == "tools":
+        if path.relative_to(PACKAGE).parts[0] in ("tools", "integrations"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -120,4 +126,5 @@ def test_the_core_imports_nothing_of_the_tools(loaded_after: dict[str, set[str] 
                 named = [f"{node.module}.{a.name}" for a in node.names]
             else:
                 continue
-            assert not [n for n in named if n.startswith(TOOLS)], (path, node.lineno)
+            assert not [n for n in named if n.startswith((TOOLS, INTEGRATIONS))
+                        or n.split(".")[0] in TRAINERS], (path, node.lineno)

@@ -50,3 +50,24 @@ def test_ranges_of_two_segments_are_never_coalesced_even_when_adjacent() -> None
     got = coalesce_ranges([_rec(0, 3), _rec(3, 4, segment=1)])
     assert [(r.segment, r.row_start, r.row_end, r.rows) for r in got] == [
         (0, 0, 3, 3), (1, 3, 4, 1)]
+
+
+def test_a_lockstep_remainder_is_said_once_per_pass_not_again_at_a_resume_inside_it(
+        delta_table: Table, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 32 item 7, for a reader of rows: a fresh pass says its remainder once; a reader
+    resumed inside that pass does not say it again; the next pass does."""
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
+
+    rows = len(delta_table.ids)
+    assert rows % 4  # batch size 1 over 4 ranks leaves a remainder
+    with caplog.at_level("WARNING", logger="lakeckpt_tables"):
+        ds = delta_table.dataset(batch_size=1, seed=1, rank=0, world_size=4, epochs=2)
+        it = iter(ds)
+        next(it), next(it)
+        state = ds.state_dict()
+        assert len(said()) == 1 and "epoch 0" in said()[0] and "lockstep" in said()[0]
+        resumed = delta_table.dataset(batch_size=1, seed=1, rank=0, world_size=4, epochs=2)
+        resumed.load_state_dict(state)
+        list(resumed)  # the rest of epoch 0, then epoch 1
+        assert len(said()) == 2 and "epoch 1" in said()[1]

@@ -237,6 +237,9 @@ def test_the_ledger_records_the_weights_change_and_every_row_once(tables, tmp_pa
         if step % 4 == 0:
             again.save(step, dataloader=resumed)
     again.save(step + 1, dataloader=resumed)
+    ((first, start),) = events(tmp_path, "r", "mixture")  # the recipe the run started with
+    assert first == 4 and start == {"seed": 2, "on_exhausted": "stop", "sources": ["code", "web"],
+                                     "weights": {"code": 0.3, "web": 0.7}}
     ((at, change),) = events(tmp_path, "r", "mixture_weights")
     assert at == 12  # committed with the first checkpoint trained under the new weights
     assert change["draw"] == 8 and change["step"] == 8

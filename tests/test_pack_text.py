@@ -173,3 +173,17 @@ def test_the_ledger_counts_a_text_run_as_the_same_run_over_its_tokens(corpus, tm
     assert main(["verify", str(tmp_path / "ckpt"), "--run", "text", "--tokenizer",
                  str(tmp_path / "tokenizer.json")]) == 0
     assert len(list((tmp_path / "home" / "token-counts").iterdir())) == 1  # counted once
+    from lakeckpt_tables.audit import rows
+
+    def audited(run: str, **kwargs: Any) -> list[tuple[Any, ...]]:
+        ids = [r.checkpoint_id for r in DeltaLedger(str(tmp_path / "ckpt" / "_ledger"))
+               .checkpoints(run)]
+        table = rows(str(tmp_path / "ckpt"), checkpoint=ids[1], **kwargs)
+        return sorted(zip(*(table[c].to_pylist() for c in ("file", "row_group", "row",
+                                                            "tokens")), strict=True))
+
+    # which documents (and how many of their tokens) a checkpoint trained on: as the token run
+    assert audited("text", tokenizer=corpus["tokenizer"]) == audited("tokens")
+    assert main(["audit", str(tmp_path / "ckpt"), "--checkpoint", DeltaLedger(str(
+        tmp_path / "ckpt" / "_ledger")).checkpoints("text")[1].checkpoint_id, "--tokenizer",
+        str(tmp_path / "tokenizer.json")]) == 0

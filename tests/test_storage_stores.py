@@ -243,3 +243,31 @@ def test_the_object_store_bench_counts_requests_on_the_emulators(
     assert (out["footer_reads_first"], out["footer_reads_again"]) == (4, 0)
     assert code == (0 if out["passed"] else 1)
     assert store.secret not in json.dumps(out)
+
+
+def test_an_iceberg_ledger_with_its_warehouse_on_the_store(
+        store: S3Server, tmp_path: Path, hostile_env: None) -> None:
+    """The storage options reach the Iceberg ledger's FileIO as adls.* / gcs.* properties
+    (NOTE [ iceberg ledger store ]): its metadata, manifests and data files on the store."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from lakeckpt_tables.ledger import IcebergLedger
+
+    bucket = store.bucket("iceledger")  # the warehouse's alone: its writes are the ledger's
+    warehouse = store.warehouse(bucket, "wh")
+    catalog = SqlCatalog("ledger", uri=f"sqlite:///{tmp_path}/catalog.db",
+                         warehouse=warehouse)  # no FileIO properties: the options give them
+    root, options = store.uri(store.bucket("root"), "ckpt"), store.options()
+
+    def ledger() -> IcebergLedger:
+        return IcebergLedger("ml.ledger", catalog=catalog, storage=Storage(warehouse, options))
+
+    model = torch.nn.Linear(2, 1)
+    store.reset()
+    manager = CheckpointManager(root, "run", storage_options=options, ledger=ledger())
+    manager.save(1, model=model)
+    manager.save(2, model=model)
+    assert any(f"/{bucket}/" in p and m in ("PUT", "POST") for m, p, _ in store.requests())
+    again = CheckpointManager(root, "run", storage_options=options, ledger=ledger())
+    assert again.restore(model=torch.nn.Linear(2, 1)) == 2
+    assert [c.step for c in again.checkpoints()] == [1, 2]

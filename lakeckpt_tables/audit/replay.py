@@ -45,7 +45,7 @@ in ``checkpoint/consumption.py``: a checkpoint saw every row it delivered a toke
 
 def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any = None,
          storage_options: Mapping[str, str] | None = None, source: Any = None,
-         source_catalog: Any = None) -> pa.Table:
+         source_catalog: Any = None, tokenizer: Any = None) -> pa.Table:
     """The (file, row group, row) checkpoint ``checkpoint`` trained on.
 
     Not cumulative by default: the rows delivered since the checkpoint's parent (the
@@ -68,6 +68,8 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
             Mixture's sources) opened from what the ledger names.
         source_catalog: the catalog of an Iceberg source, when it is neither the one the
             ledger records for it nor the ledger's.
+        tokenizer: the ``tokenizers.Tokenizer`` of a run packing a text column (its documents'
+            tokens say where they start and end: NOTE [ text tokenized on the fly ]).
 
     Returns:
         A table in :data:`ROWS_SCHEMA`, each slice's rows in the order they were delivered.
@@ -87,13 +89,13 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
     for rec in reversed(chain):
         parts.append(checkpoint_rows(rec, reader_parent(records, rec, branches), snapshot,
                                      source=source, storage_options=storage_options,
-                                     source_catalog=source_catalog).table())
+                                     source_catalog=source_catalog, tokenizer=tokenizer).table())
     return pa.concat_tables(parts) if parts else ROWS_SCHEMA.empty_table()
 
 
 def skipped_rows(target: Any, *, checkpoint: str, catalog: Any = None,
                  storage_options: Mapping[str, str] | None = None, source: Any = None,
-                 source_catalog: Any = None) -> pa.Table:
+                 source_catalog: Any = None, tokenizer: Any = None) -> pa.Table:
     """The (file, row group, row) consumed WITHOUT training before checkpoint ``checkpoint``:
     the batches skipped since its parent (NOTE [ skipped batches ] in ``checkpoint/skip.py``),
     in :data:`ROWS_SCHEMA`; empty when none were. Arguments as :func:`rows`.
@@ -116,7 +118,7 @@ def skipped_rows(target: Any, *, checkpoint: str, catalog: Any = None,
         after = decode_state(detail["state"])
         parts.append(rows_between(after, prior, snapshot, source=source,
                                   storage_options=storage_options,
-                                  source_catalog=source_catalog).table())
+                                  source_catalog=source_catalog, tokenizer=tokenizer).table())
         prior = after
     return pa.concat_tables(parts) if parts else ROWS_SCHEMA.empty_table()
 
@@ -174,7 +176,7 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
                     sources: Mapping[str, Any] | None = None, only: str | None = None,
                     storage_options: Mapping[str, str] | None = None,
                     datasets: dict[Any, Any] | None = None,
-                    source_catalog: Any = None) -> CheckpointRows:
+                    source_catalog: Any = None, tokenizer: Any = None) -> CheckpointRows:
     """Replay the plan from ``parent``'s positions to ``record``'s (see the module docstring),
     or from the state after the batches skipped before ``record`` (NOTE [ skipped batches ] in
     ``checkpoint/skip.py``: they were not trained on).
@@ -184,6 +186,7 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
         sources: sources to use, by table id (a Mixture's too); others are opened.
         only: replay only the readers of this table id.
         datasets: caches the readers built per (source, state configuration) across calls.
+        tokenizer: a text-packing run's tokenizer (:func:`rows`).
     """
     from lakeckpt_tables.audit.skipped import state_after_skips
     from lakeckpt_tables.reader.state import decode_state
@@ -196,7 +199,7 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
         prior = decode_state(parent.reader_state)
     return rows_between(after, prior, snapshot, source=source, sources=sources, only=only,
                         storage_options=storage_options, datasets=datasets,
-                        source_catalog=source_catalog)
+                        source_catalog=source_catalog, tokenizer=tokenizer)
 
 
 def rows_between(after: Mapping[str, Any], prior: Mapping[str, Any] | None,
@@ -204,7 +207,7 @@ def rows_between(after: Mapping[str, Any], prior: Mapping[str, Any] | None,
                  sources: Mapping[str, Any] | None = None, only: str | None = None,
                  storage_options: Mapping[str, str] | None = None,
                  datasets: dict[Any, Any] | None = None,
-                 source_catalog: Any = None) -> CheckpointRows:
+                 source_catalog: Any = None, tokenizer: Any = None) -> CheckpointRows:
     """The rows delivered between two merged reader states (``prior`` None: the start)."""
     from lakeckpt_tables.mixture.state import is_mixture_state, paired_reader_states
 
@@ -214,14 +217,16 @@ def rows_between(after: Mapping[str, Any], prior: Mapping[str, Any] | None,
     for key, one, was in paired_reader_states(after, prior):
         parts.extend(_reader_rows(key, one, was, snapshot, source=source, sources=sources,
                                   only=only, storage_options=storage_options,
-                                  datasets=datasets, source_catalog=source_catalog))
+                                  datasets=datasets, source_catalog=source_catalog,
+                                  tokenizer=tokenizer))
     return CheckpointRows(parts)
 
 
 def _reader_rows(key: str | None, state: Mapping[str, Any], prior: Mapping[str, Any] | None,
                  snapshot: LedgerSnapshot, *, source: Any, sources: Mapping[str, Any] | None,
                  only: str | None, storage_options: Mapping[str, str] | None,
-                 datasets: dict[Any, Any] | None, source_catalog: Any) -> Iterator[Part]:
+                 datasets: dict[Any, Any] | None, source_catalog: Any,
+                 tokenizer: Any = None) -> Iterator[Part]:
     """The rows one reader (a Mixture's source ``key``) delivered between two states."""
     from lakeckpt_tables.reader.state import ReaderState
 
@@ -235,7 +240,7 @@ def _reader_rows(key: str | None, state: Mapping[str, Any], prior: Mapping[str, 
     if source is None and sources is not None:
         source = sources.get(after.table.table_id)
     dataset = dataset_for(after, snapshot, source=source, storage_options=storage_options,
-                          cache=datasets, source_catalog=source_catalog)
+                          cache=datasets, source_catalog=source_catalog, tokenizer=tokenizer)
     if after.config.get("pack") is not None:
         yield from _replay_packed(dataset, before, after, key)
     else:

@@ -412,17 +412,20 @@ def _missing_models(snapshots: list[LedgerSnapshot], scan: Scan,
         if location:
             by_run.setdefault(run, []).append(location)
     for run, locations in sorted(by_run.items()):
-        top = {loc.split("/", 1)[0] for loc in locations}
-        for directory in sorted(top):
+        # each location judged by the listing of its directory: <run>/ for the manager's
+        # checkpoints, the root itself for a trainer's (checkpoint-20, step=20.ckpt)
+        homes = {loc.rstrip("/").rpartition("/")[0] for loc in locations}
+        for directory in sorted(homes):
             try:
                 names = store.list(directory)
             except (StorageError, OSError):
                 continue  # the root cannot be listed now: not judged (the views still work)
             if not names:
                 continue  # the run's directory is not here: not judged
-            present = {f"{directory}/{n}" for n in names}
+            present = {f"{directory}/{n}" if directory else n for n in names}
             for loc in locations:
-                if loc.split("/", 1)[0] == directory and loc.rstrip("/") not in present:
+                if loc.rstrip("/").rpartition("/")[0] == directory \
+                        and loc.rstrip("/") not in present:
                     found["run_id"].append(run)
                     found["model_location"].append(loc)
     return pa.table(found, schema=MISSING_MODELS_SCHEMA)

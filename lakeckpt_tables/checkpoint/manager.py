@@ -25,35 +25,23 @@ checkpoint if, and only if, the model, optimizer and reader state are unchanged.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from lakeckpt_tables import errors
 from lakeckpt_tables.checkpoint import registration
-from lakeckpt_tables.checkpoint._world import World
-from lakeckpt_tables.checkpoint.commit import Attempt, Committer, sealed
+from lakeckpt_tables.checkpoint.commit import Attempt
 from lakeckpt_tables.checkpoint.load import Loader
 from lakeckpt_tables.checkpoint.prepare import Preparer
-from lakeckpt_tables.checkpoint.progress import Progress
-from lakeckpt_tables.checkpoint.restore_policy import (
-    RestorePolicy,
-    Takeover,
-)
-from lakeckpt_tables.checkpoint.retention import Retention
+from lakeckpt_tables.checkpoint.restore_policy import Takeover
+from lakeckpt_tables.checkpoint.run_ledger import RunLedger
 from lakeckpt_tables.checkpoint.state import Parts, rng_state, set_rng_state
 from lakeckpt_tables.errors import CheckpointError
-from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
-from lakeckpt_tables.ledger import CheckpointRecord, open_ledger
-from lakeckpt_tables.ledger.settling import now_utc
-from lakeckpt_tables.reader import decode_state
+from lakeckpt_tables.ledger import CheckpointRecord
 
 __all__ = ["CheckpointManager"]
 
@@ -115,37 +103,45 @@ class CheckpointManager:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if takeover not in ("fence", "refuse"):
             raise ValueError(f"takeover must be 'fence' or 'refuse', got {takeover!r}")
-        self.root = os.fspath(root)
-        self.storage = CheckpointStorage(self.root, storage_options)
-        self._root_shared = False
-        self.run_id = run_id
+        # the ledger side (commit, fencing, progress, registration) is the one every trainer
+        # integration uses too (NOTE [ someone else's checkpoint ] in run_ledger.py); it
+        # proves the root is shared by every rank (NOTE [ one root for all ranks ])
+        self._run = RunLedger(root, run_id, ledger=ledger, keep_last=keep_last,
+                              compact_every=compact_every, config=config,
+                              storage_options=storage_options, takeover=takeover,
+                              live_for=live_for)
+        run = self._run
+        self.root, self.storage, self.run_id, self.world = run.root, run.storage, run_id, run.world
+        self.ledger, self.config_hash, self.owner = run.ledger, run.config_hash, run.owner
         self.keep_last = keep_last
         self.async_save = async_save
-        self.world = World()
+        self._committer, self._progress = run._committer, run._progress
         self._preparer = Preparer(self.storage, self.world, run_id, async_save=async_save)
-        self.ledger = open_ledger(ledger, storage=self.storage.store
-                                  ) if self.world.rank == 0 else None
-        self.config_hash = _config_hash(config or {})
-        # This job's token as the run's one writer (NOTE [ one writer per run ] in
-        # ledger/base.py); 62 bits, so that Delta can keep it as an app transaction version.
-        self.owner = self.world.broadcast(str(uuid.uuid4().int >> 66))
-        parts = _rank0_parts(self, takeover, live_for, compact_every, config)
-        self._progress, policy, self._committer, self._register = parts
-        # the run's registry entry, made when this job first writes the run (a claim or a
-        # commit): a job that only reads it (a read-only restore) leaves the entry alone
-        self._registration: registration.RunRegistration | None = None
-        self._loader = Loader(self.storage, self.world, policy, run_id=run_id,
+        self._loader = Loader(self.storage, self.world, run.policy, run_id=run_id,
                               config_hash=self.config_hash)
-        self._baseline: dict[str, Any] | None = None  # the last checkpoint's reader state
-        self._head: CheckpointRecord | None = None  # what this job committed or restored last
         self._resumed: CheckpointRecord | None = None  # what this job restored (a branch's too)
         self._pending: Attempt | None = None
         self._claimed = False  # a restore made this job the run's writer
         self._restored_rng: dict[str, Any] | None = None  # each RNG as the restore left it
         self._read_only = False  # only read-only restores so far: not the run's writer
-        # NOTE [ one root for all ranks ]: refused now, before any training step
-        self.storage.prove_shared(self.world, self.run_id)
-        self._root_shared = True
+
+    @property
+    def _baseline(self) -> dict[str, Any] | None:
+        """The last checkpoint's merged reader state (consumption is counted from it)."""
+        return self._run.baseline
+
+    @_baseline.setter
+    def _baseline(self, value: dict[str, Any] | None) -> None:
+        self._run.baseline = value
+
+    @property
+    def _head(self) -> CheckpointRecord | None:
+        """What this job committed or restored last."""
+        return self._run.head
+
+    @_head.setter
+    def _head(self, value: CheckpointRecord | None) -> None:
+        self._run.head = value
 
     # --------------------------------------------------------------------------- save
 
@@ -197,9 +193,6 @@ class CheckpointManager:
                 f"run {self.run_id}: this manager restored it read-only (to evaluate or "
                 "inspect), so it is not the run's writer and cannot save; restore without "
                 "read_only=True to train the run on, or branch a new run from the checkpoint")
-        if not self._root_shared:
-            self.storage.prove_shared(self.world, self.run_id)
-            self._root_shared = True
         checkpoint_id = self.world.broadcast(uuid.uuid4().hex)
         location = f"{self.run_id}/step-{step:09d}-{checkpoint_id[:8]}"
         parts = Parts(model, optimizer, lr_scheduler, extra)
@@ -219,24 +212,8 @@ class CheckpointManager:
         return self._commit(attempt)
 
     def _commit(self, attempt: Attempt) -> CheckpointRecord:
-        """Phase 2: ranks seal (NOTE [ consumption sealed where made ]), rank 0 decides."""
-        attempt.committed_at = self.world.broadcast(now_utc())
-        reports = self.world.gather_to_root(sealed(attempt, self.run_id, self.owner))
-        outcome: CheckpointRecord | errors.LakeckptError = CheckpointError("no outcome")
-        if self._committer is not None and reports is not None:
-            outcome = self._committer.decide(attempt, reports, self._head, self.world.size)
-        outcome = self.world.broadcast(outcome)
-        if isinstance(outcome, errors.LakeckptError):
-            raise outcome
-        record = outcome
-        self._baseline = decode_state(record.reader_state) \
-            if record.reader_state else self._baseline
-        self._head = record
-        if self._committer is not None:
-            if self._registered() is not None:
-                self._registration.committed(record)  # type: ignore[union-attr]
-            self._committer.committed(record)
-        return record
+        """Phase 2: the ledger commit every client makes (:meth:`RunLedger.commit_attempt`)."""
+        return self._run.commit_attempt(attempt)
 
     # ------------------------------------------------------------------------ restore
 
@@ -275,13 +252,14 @@ class CheckpointManager:
                 a method of its own because it chooses, checks and loads exactly as a
                 restore does; only the claim is left out. This manager cannot ``save``
                 after it (it is not the run's writer).
-            from_run: branch this run from run ``from_run``'s checkpoint (its newest, or
-                ``step``/``tag``): a warm start, a fine-tune, a recipe change, a rewind
-                (NOTE [ branched runs ]). The checkpoint is loaded (into ``dataloader`` too:
-                the reader goes on from the parent's position; without one this run's reader
-                starts afresh), and the claim records the lineage in a ``branch`` event; audits
-                follow it. ``from_run``'s run is left untouched. Relaunched after this run
-                saved, the same call resumes this run's own newest checkpoint.
+            from_run: branch this run from run ``from_run``'s checkpoint (a run of the same
+                ledger; its newest, or ``step``/``tag``): a warm start, a fine-tune, a recipe
+                change, a rewind (NOTE [ branched runs ]). The checkpoint is loaded (into
+                ``dataloader`` too: the reader goes on from the parent's position; without
+                one this run's reader starts afresh), and the claim records the lineage in a
+                ``branch`` event; audits follow it. ``from_run``'s run is left untouched.
+                Relaunched after this run saved, the same call resumes this run's own newest
+                checkpoint.
 
         Returns:
             The restored step, or None for a fresh run.
@@ -371,17 +349,14 @@ class CheckpointManager:
 
     def _registered(self) -> registration.RunRegistration | None:
         """This run's registry entry (rank 0, unless registration is off), made at first use."""
-        if self._registration is None and self._register is not None:
-            self._registration = self._register()
-        return self._registration
+        return self._run.registered()
 
     def heartbeat(self, step: int) -> None:
         """Note that training reached ``step`` (not collective; call it every step): rank 0
         writes it at most every 10 s, so that after a crash the restore records how many
         steps were trained after the restored checkpoint and lost (``recoveries.steps_lost``).
         """
-        if self._progress is not None:
-            self._progress.beat(step)
+        self._run.heartbeat(step)
 
     # ---------------------------------------------------------------------- retention
 
@@ -409,30 +384,3 @@ class CheckpointManager:
                               if self._committer is not None else [])
         self.world.barrier()
         return removed if self.world.rank == 0 else []
-
-
-def _rank0_parts(manager: CheckpointManager, takeover: Takeover, live_for: float | None,
-                 compact_every: int, config: Mapping[str, Any] | None) -> tuple[
-        Progress | None, RestorePolicy | None, Committer | None,
-        Callable[[], registration.RunRegistration | None] | None]:
-    """Rank 0's deciders (None elsewhere): heartbeat, restore policy, committer, and how to
-    register the run."""
-    ledger, storage, run_id, owner = (manager.ledger, manager.storage, manager.run_id,
-                                      manager.owner)
-    if ledger is None:
-        return None, None, None, None
-    retention = Retention(ledger, storage, run_id, keep_last=manager.keep_last,
-                          compact_every=compact_every)
-    progress = Progress(storage, run_id, owner)
-    policy = RestorePolicy(ledger, storage, run_id, owner, keep_last=manager.keep_last,
-                           takeover=takeover, live_for=live_for, progress=progress)
-    committer = Committer(ledger, storage, retention, run_id=run_id, owner=owner,
-                          config_hash=manager.config_hash)
-    register = partial(registration.for_run, run_id, ledger, root=manager.root,
-                       config_hash=manager.config_hash, config=config)
-    return progress, policy, committer, register
-
-
-def _config_hash(config: Mapping[str, Any]) -> str:
-    text = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -23,6 +23,10 @@ from any checkpoint compares against the right ones (a restart from a checkpoint
 change, after a loss spike, with the old weights again records the change back).
 
 NOTE [ sources that change ]
+The run's first checkpoint records the recipe it starts with (``mixture``: ``seed``,
+``on_exhausted``, ``weights`` (or the schedule), ``sources``), so that with the changes the
+ledger says, in SQL, which recipe every checkpoint trained under.
+
 A source of the Mixture that the resumed state lacks is *added*: it starts its first pass,
 drawn from the first draw not delivered on (``source_added``: ``source_key``, ``draw``,
 ``table``). A source named by ``Mixture(..., retire=[...])`` is *retired*: never drawn again,
@@ -55,10 +59,10 @@ from lakeckpt_tables.mixture.weights import as_schedule
 from lakeckpt_tables.reader import decode_state, encode_state
 from lakeckpt_tables.reader.state import ReaderState
 
-__all__ = ["ADDED_EVENT", "RETIRED_EVENT", "WEIGHTS_EVENT", "first_undelivered_draw",
-           "recipe_events", "source_events"]
+__all__ = ["ADDED_EVENT", "MIXTURE_EVENT", "RETIRED_EVENT", "WEIGHTS_EVENT",
+           "first_undelivered_draw", "recipe_events", "source_events"]
 
-WEIGHTS_EVENT = "mixture_weights"
+MIXTURE_EVENT, WEIGHTS_EVENT = "mixture", "mixture_weights"
 ADDED_EVENT, RETIRED_EVENT = "source_added", "source_retired"
 
 
@@ -98,8 +102,15 @@ def _in_force(weights: Any, state: Mapping[str, Any], draw: int) -> dict[str, fl
 def source_events(mixture: Any, baseline: Mapping[str, Any] | None,
                   after: Mapping[str, Any]) -> list[LedgerEvent]:
     """The sources ``mixture`` added or retired since ``baseline`` (the merged state this job
-    resumed from or committed last), NOTE [ sources that change ]."""
-    if baseline is None or not is_mixture_state(baseline):
+    resumed from or committed last; None: the run's start, whose recipe is recorded), NOTE
+    [ sources that change ]."""
+    if baseline is None:  # the run's first checkpoint: the recipe it starts with, readable
+        config = after[KEY_CONFIG]
+        return [LedgerEvent(MIXTURE_EVENT, {"seed": config["seed"],
+                                            "on_exhausted": config["on_exhausted"],
+                                            "weights": config["weights"],
+                                            "sources": sorted(after[KEY_SOURCES])})]
+    if not is_mixture_state(baseline):
         return []
     draw = first_undelivered_draw(baseline)
     before, now = set(baseline[KEY_SOURCES]), set(after[KEY_SOURCES])

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from lakeckpt_tables.checkpoint.progress import Progress
 from lakeckpt_tables.errors import CheckpointRestoreError, LedgerCorruptError, RunInUseError
-from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage
+from lakeckpt_tables.io.checkpoint_storage import CheckpointStorage, member
 from lakeckpt_tables.ledger import CheckpointRecord, Ledger, LedgerEvent
 from lakeckpt_tables.ledger.base import EVENT_RETIRED, RunScan
 
@@ -157,9 +157,12 @@ class RestorePolicy:
             self._fresh(require)
             return Choice(None, (LedgerEvent("claim", {"owner": self.owner, "head": None,
                                                        **_host()}),))
-        if records and not explicit and not self.storage.exists(self.run_id):
+        # the run's directory: <run_id> for the manager's checkpoints, the root itself for
+        # a trainer's (NOTE [ someone else's checkpoint ] in run_ledger.py)
+        home = records[-1].model_location.rpartition("/")[0] if records else ""
+        if records and not explicit and not self.storage.exists(home):
             raise CheckpointRestoreError(
-                f"run {self.run_id}: its directory {self.storage.url(self.run_id)} does not "
+                f"run {self.run_id}: its directory {self.storage.url(home)} does not "
                 f"exist, yet the ledger {self.ledger.describe()} holds {len(records)} "
                 "checkpoint(s) of it: is the checkpoint root right (mounted, same bucket)? "
                 "Nothing was changed")
@@ -208,8 +211,8 @@ class RestorePolicy:
         if not self.storage.exists(location):
             return ["directory"], [f"its directory {self.storage.url(location)} is missing"]
         missing = [name for name in sorted(record.manifest)
-                   if not self.storage.exists(f"{location}/{name}")]
-        problems = [f"{self.storage.url(location)}/{name} is missing"
+                   if not self.storage.exists(member(location, name))]
+        problems = [f"{self.storage.url(member(location, name))} is missing"
                     + (" (DCP's manifest of the checkpoint)" if name == DCP_METADATA else "")
                     for name in missing]
         present = {k: v for k, v in record.manifest.items() if k not in missing}
@@ -254,7 +257,8 @@ class RestorePolicy:
             f"{newest.step}. To evaluate or inspect it, restore(..., read_only=True); to train "
             "on from it, branch a new run from it: CheckpointManager(root, '<new run id>')"
             f".restore(..., from_run={self.run_id!r}, step={record.step}) (its lineage is "
-            "kept). Nothing was changed")
+            "kept); to resume the run, restore() without step= or tag= (it falls back past "
+            "newer checkpoints that fail verification, retiring them). Nothing was changed")
 
     def _branch(self, scan: RunScan, from_run: str, step: int | None, tag: str | None, *,
                 continued: bool) -> Choice | None:

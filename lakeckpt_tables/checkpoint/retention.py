@@ -1,6 +1,7 @@
 """Which model files a run keeps, their removal, and the ledger's periodic compaction (rank 0).
 
-Retention keeps the newest ``keep_last`` untagged checkpoints and every tagged one. The
+Retention keeps the newest ``keep_last`` untagged checkpoints and every tagged one (all of
+them with ``keep_last=None``: a trainer that wrote the files deletes its own). The
 checkpoints a commit pushes out are named by ``removed`` events in that same commit, and their
 files are deleted once it landed: the ledger says which committed checkpoints are no longer
 restorable (``lakeckpt checkpoints`` shows them as removed) without a commit of its own.
@@ -28,7 +29,7 @@ class Retention:
     """The run's committed checkpoints as rank 0 knows them, and what to delete."""
 
     def __init__(self, ledger: Ledger, storage: CheckpointStorage, run_id: str, *,
-                 keep_last: int, compact_every: int) -> None:
+                 keep_last: int | None, compact_every: int) -> None:
         self.ledger = ledger
         self.storage = storage
         self.run_id = run_id
@@ -51,7 +52,10 @@ class Retention:
 
     def pushed_out(self, new: CheckpointRecord | None = None) -> list[CheckpointRecord]:
         """The committed checkpoints beyond ``keep_last`` once ``new`` is committed, tagged
-        ones spared (``lakeckpt tag`` may have tagged one since the records were read)."""
+        ones spared (``lakeckpt tag`` may have tagged one since the records were read); none
+        when ``keep_last`` is None (a trainer's checkpoints: the trainer deletes its own)."""
+        if self.keep_last is None:
+            return []
         records = self.records()
         if new is not None and not any(r.checkpoint_id == new.checkpoint_id for r in records):
             records = [*records, new]

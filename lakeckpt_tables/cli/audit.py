@@ -26,6 +26,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cumulative", action="store_true",
                         help="with --checkpoint: also the rows of its ancestors (through the "
                         "runs it was branched from)")
+    parser.add_argument("--tokenizer", metavar="JSON", default=None,
+                        help="with --checkpoint: the tokenizer.json of a run that packed a text "
+                        "column (its documents' tokens say which rows each sequence held)")
     parser.add_argument("--skipped", action="store_true",
                         help="with --checkpoint: the rows skipped (consumed, not trained on) "
                         "before it instead of those it trained on")
@@ -46,6 +49,10 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
     options = {"catalog": args.catalog, "storage_options": storage_options(args),
                "source_catalog": source_catalog(args)}
+    if args.tokenizer is not None:
+        from tokenizers import Tokenizer
+
+        options["tokenizer"] = Tokenizer.from_file(args.tokenizer)
     if args.skipped:
         table = skipped_rows(args.target, checkpoint=args.checkpoint, **options)
     else:

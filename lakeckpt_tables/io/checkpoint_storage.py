@@ -40,7 +40,7 @@ from lakeckpt_tables.errors import StorageError, StorageRootNotSharedError
 from lakeckpt_tables.io.failures import client_failure, retrying, store_error
 from lakeckpt_tables.io.storage import Storage
 
-__all__ = ["CheckpointStorage"]
+__all__ = ["CheckpointStorage", "member"]
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +128,17 @@ class CheckpointStorage:
             log.warning("could not remove %s (gc removes it later): %s",
                         self.url(location), exc)
 
+    def files(self, location: str) -> builtins.list[str]:
+        """The files of a checkpoint at ``location`` (a trainer's directory or single file) by
+        their path relative to it, sorted: ``[""]`` for a file itself, ``[]`` when absent."""
+        return self.store.files(location)
+
     def checksums(self, location: str, names: Iterable[str]) -> Manifest:
-        """``{name: {"sha256": ..., "bytes": ...}}`` for files under ``location``."""
+        """``{name: {"sha256": ..., "bytes": ...}}`` for files under ``location`` (the name
+        ``""`` is ``location`` itself, a checkpoint that is one file)."""
         out: Manifest = {}
         for name in sorted(names):
-            digest, size = self.store.sha256(f"{location}/{name}")
+            digest, size = self.store.sha256(member(location, name))
             out[name] = {"sha256": digest, "bytes": size}
         return out
 
@@ -141,7 +147,7 @@ class CheckpointStorage:
         """Problems found (missing, resized or altered files); empty when all verify."""
         problems = []
         for name, expected in sorted(manifest.items()):
-            key = f"{location}/{name}"
+            key = member(location, name)
             path = self.url(key)
             try:
                 digest, size = self.store.sha256(key)
@@ -205,7 +211,7 @@ class CheckpointStorage:
                 any rank loads anything).
         """
         missing = [name for name in sorted(manifest)
-                   if not self.store.exists(f"{location}/{name}")]
+                   if not self.store.exists(member(location, name))]
         views = world.gather((missing, self.root))
         blind = [(rank, root, names) for rank, (names, root) in enumerate(views) if names]
         if blind:
@@ -215,6 +221,12 @@ class CheckpointStorage:
             raise StorageRootNotSharedError(
                 f"run {run_id}: checkpoint step {step} ({location}) cannot be restored: {detail}."
                 " Every rank must see the same checkpoint root; no rank loaded anything.")
+
+
+def member(location: str, name: str) -> str:
+    """The key of file ``name`` of the checkpoint at ``location``; ``""`` names the checkpoint
+    itself when it is one file (a Lightning ``.ckpt``)."""
+    return f"{location}/{name}" if name else location
 
 
 class _Spool(tempfile.SpooledTemporaryFile):  # type: ignore[type-arg]
@@ -283,4 +295,7 @@ class _ObjectStoreFiles(_DcpFileSystem):
         return self._retrying("look up", path, lambda: bool(self._files.exists(path)))
 
     def rename(self, path: Any, new_path: Any) -> None:
-        self._retrying("write", new_path, lambda: self._files.rename(path, new_path))
+        """A copy, then a delete: what a rename is on an object store (gcsfs first tried a
+        move API that emulators lack, and logged its fallback)."""
+        self._retrying("write", new_path, lambda: self._files.copy(path, new_path))
+        self._retrying("delete", path, lambda: self._files.rm(path))

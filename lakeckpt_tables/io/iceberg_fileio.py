@@ -6,7 +6,8 @@ that asks Google's storage control API whether each bucket is hierarchical: agai
 emulator or a private endpoint every bucket waited 60 s. This FileIO builds gcsfs's core
 ``GCSFileSystem`` from the same ``gcs.*`` properties instead; every other store is pyiceberg's.
 Name it in a catalog's properties: ``py-io-impl: lakeckpt_tables.io.iceberg_fileio.FileIO``
-(the Iceberg ledger on gs:// is given it).
+(the Iceberg ledger on gs:// and on Azure is given it: on Azure, pyiceberg's default FileIO is
+pyarrow's C++ client, which aborts the process on an answer it cannot parse).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _gcs(properties: Properties) -> Any:
         return str(properties.get(name, "false")).lower() == "true"
 
     return GCSFileSystem(
-        project=properties.get("gcs.project-id"),
+        project=properties.get("gcs.project-id", ""),  # None: gcsfs warns at every start
         access=properties.get("gcs.access", "full_control"),
         token=properties.get("gcs.oauth2.token"),
         consistency=properties.get("gcs.consistency", "none"),

@@ -170,13 +170,16 @@ def gcs_settings(options: Mapping[str, str]) -> dict[str, str]:
     """The GCS settings in ``options`` under canonical names; the endpoint resolved (given,
     the ``gcs_base_url`` of a service account key, else Google's)."""
     out = _canonical(options, _GCS_KEYS)
-    if "endpoint" not in out and "key" in out:
+    if "key" in out:  # the key's own endpoint (an emulator's) and project
         try:
-            base = json.loads(out["key"]).get("gcs_base_url")
-        except (ValueError, AttributeError):
-            base = None
-        if base:
-            out["endpoint"] = str(base)
+            info = json.loads(out["key"])
+        except ValueError:
+            info = None
+        if isinstance(info, dict):
+            if info.get("gcs_base_url"):
+                out.setdefault("endpoint", str(info["gcs_base_url"]))
+            if info.get("project_id"):
+                out.setdefault("project", str(info["project_id"]))
     endpoint = out.get("endpoint", GCS_DEFAULT_ENDPOINT).rstrip("/")
     out["endpoint"] = endpoint if "://" in endpoint else f"https://{endpoint}"
     return out
@@ -370,7 +373,10 @@ def iceberg_properties(scheme: str, options: Mapping[str, str], uri: str = ""
     if scheme in AZURE_SCHEMES:
         az = azure_settings(without_own(options), uri)
         endpoint = urlparse(az["endpoint"])
-        props = {"adls.account-name": az["account"],
+        # pyiceberg's fsspec FileIO (adlfs, as model files): its default for abfs, pyarrow's
+        # C++ Azure client, aborts the process on an answer it cannot parse (filesystems.py)
+        props = {"py-io-impl": "lakeckpt_tables.io.iceberg_fileio.FileIO",
+                 "adls.account-name": az["account"],
                  "adls.connection-string": _azure_connection_string(az),  # fsspec FileIO
                  "adls.blob-storage-authority": endpoint.netloc,  # pyarrow FileIO
                  "adls.blob-storage-scheme": endpoint.scheme,

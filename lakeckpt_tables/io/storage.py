@@ -288,6 +288,23 @@ class Storage(StoreAddress):
                            for info in infos})
         return self.call("list", key, list_)
 
+    def files(self, key: str) -> list[str]:
+        """Every file at or under ``key``, by its path relative to ``key``, sorted: ``[""]``
+        when ``key`` is a file, [] when absent."""
+        def files_() -> list[str]:
+            inner = self._inner(key)
+            info = self.filesystem.get_file_info(inner)
+            if info.type == pafs.FileType.File:
+                return [""]
+            if info.type != pafs.FileType.Directory:
+                return []
+            selector = pafs.FileSelector(inner, recursive=True, allow_not_found=True)
+            base = inner.rstrip("/") + "/"
+            return sorted(i.path.removeprefix(base) for i in
+                          self.filesystem.get_file_info(selector)
+                          if i.type == pafs.FileType.File)
+        return self.call("list", key, files_)
+
     def exists(self, key: str) -> bool:
         """Whether a file or directory (a non-empty prefix, on object stores) is at ``key``."""
         return self.call("look up", key, lambda: bool(

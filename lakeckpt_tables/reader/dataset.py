@@ -220,8 +220,9 @@ class LakeDataset(IterableDataset[Batch]):
             return (self._resume or self._config.empty_state()).to_dict()
         return self._config.state_at(cursor).to_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from a dataset state, merged states, or a ``StatefulDataLoader`` state.
+    def load_state_dict(self, state_dict: dict[str, Any] | ReaderState) -> None:
+        """Resume from a dataset state, merged states (``merge_states()``'s ``ReaderState``
+        or its ``to_dict()``), or a ``StatefulDataLoader`` state.
 
         Raises:
             StateMismatchError: the state is of another table, version, run configuration or

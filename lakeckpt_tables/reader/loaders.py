@@ -97,11 +97,14 @@ def states_from_loader(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def parse_state(state: Any) -> ReaderState:
     """A reader state from what ``load_state_dict`` may be given: a dataset state, merged
-    states, or a loader's state (its workers' states merged).
+    states (as a dict or as :func:`merge_states` returns them), or a loader's state (its
+    workers' states merged).
 
     Raises:
         StateMismatchError: not a reader state, another format version, or corrupt.
     """
+    if isinstance(state, ReaderState):  # what merge_states returns
+        return state
     if is_loader_state(state) and state.get("format") != STATE_FORMAT:
         return merge_states(states_from_loader(state))
     return ReaderState.from_dict(state)

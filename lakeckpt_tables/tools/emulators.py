@@ -305,7 +305,8 @@ def spawn(kind: str) -> tuple[subprocess.Popen[str], int]:
         RuntimeError: the emulator is not installed, or did not start.
     """
     proc = subprocess.Popen([sys.executable, "-m", __name__, kind, "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_die_with_parent)  # a killed test run leaves none
     assert proc.stdout is not None and proc.stderr is not None  # PIPEs
     line = proc.stdout.readline()
     if not line.startswith("ready "):

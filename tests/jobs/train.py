@@ -37,6 +37,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kill-after-step", type=int, default=None,
                    help="SIGKILL rank 0 right after training this step")
     p.add_argument("--async-save", action="store_true")
+    p.add_argument("--once", default=None, metavar="MARKER",
+                   help="--kill-after-step kills only once: while MARKER does not exist (an "
+                        "elastic agent restarts the job in place, which must not die again)")
+    p.add_argument("--leave-after-step", type=int, default=None,
+                   help="the rank on the node whose agent has LAKECKPT_TEST_LEAVER=1 SIGKILLs "
+                        "its agent and itself after this step: the node leaves for good")
     return p.parse_args(argv)
 
 
@@ -47,6 +53,16 @@ def _truncate_log(path: str, step: int) -> None:
         kept = [line for line in f if int(line.split(" ", 1)[0]) <= step]
     with open(path, "w") as f:
         f.writelines(kept)
+
+
+def _first_time(marker: str | None) -> bool:
+    """True unless ``marker`` exists; creates it (None: always True)."""
+    if marker is None:
+        return True
+    if os.path.exists(marker):
+        return False
+    open(marker, "w").close()
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             if step % a.every == 0:
                 manager.save(step, model=model, optimizer=optimizer, dataloader=loader)
                 saved = step
-            if a.kill_after_step == step and rank == 0:
+            if a.kill_after_step == step and rank == 0 and _first_time(a.once):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if a.leave_after_step == step and os.environ.get("LAKECKPT_TEST_LEAVER") == "1":
+                os.kill(os.getppid(), signal.SIGKILL)  # the torchrun agent of this node
                 os.kill(os.getpid(), signal.SIGKILL)
     if saved != step:
         manager.save(step, model=model, optimizer=optimizer, dataloader=loader, tags=("final",))

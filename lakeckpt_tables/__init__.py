@@ -15,11 +15,17 @@ if TYPE_CHECKING:
     from lakeckpt_tables.mixture import Mixture
     from lakeckpt_tables.reader import LakeDataset, Ragged, merge_states
     from lakeckpt_tables.reader.handoff import ChunkedLoader
-    from lakeckpt_tables.sources import DeltaSource, IcebergSource, default_catalog
+    from lakeckpt_tables.sources import (
+        DeltaSource,
+        ExclusionList,
+        IcebergSource,
+        default_catalog,
+    )
 
 __all__ = [
     "ChunkedLoader",
     "DeltaSource",
+    "ExclusionList",
     "IcebergSource",
     "LakeDataset",
     "LakeckptError",
@@ -33,6 +39,7 @@ __version__ = "0.1.0"
 _HOMES = {
     "DeltaSource": "lakeckpt_tables.sources",
     "IcebergSource": "lakeckpt_tables.sources",
+    "ExclusionList": "lakeckpt_tables.sources",
     "default_catalog": "lakeckpt_tables.sources",
     "LakeDataset": "lakeckpt_tables.reader",
     "Ragged": "lakeckpt_tables.reader",

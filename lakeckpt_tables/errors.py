@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "STORE_KINDS",
     "AuditError",
+    "CallbackMissingError",
     "CheckpointError",
     "CheckpointIntegrityError",
     "CheckpointWriteError",
@@ -16,6 +17,7 @@ __all__ = [
     "CommitStateUnknownError",
     "DataFileError",
     "DataFileStoreError",
+    "DeletionUntraceableError",
     "EmptySourceError",
     "EosInDocumentWarning",
     "FilterError",
@@ -81,6 +83,11 @@ class PinnedFileMissingError(LakeckptError):
 class SourceChangedError(LakeckptError):
     """A followed table committed what the reader cannot honour (a delete, an overwrite, a
     schema change) under the chosen policy."""
+
+
+class DeletionUntraceableError(SourceChangedError):
+    """``deletes="honor"``: which pinned rows the table deleted cannot be told exactly (a
+    pinned file rewritten with no ``deletes_key`` naming its rows, a key that is not unique)."""
 
 
 class StateMismatchError(LakeckptError):
@@ -243,6 +250,12 @@ class LoaderStateLostError(CheckpointError):
     """The trainer's loader is not the ``StatefulDataLoader`` over a ``LakeDataset`` the
     integration saves the state of (re-wrapped, re-instantiated, or another rank's state
     given): resuming would replay or restart the data. The message names what to change."""
+
+
+class CallbackMissingError(CheckpointError):
+    """A trainer integration's callback is installed on some ranks but not on others: the
+    ranks with it would wait for the others in every save's collectives. Raised at the start of
+    training, after a bounded wait, naming the ranks without it and the callback to add."""
 
 
 STORE_KINDS = ("bucket missing", "access denied", "unreachable", "unavailable", "not found",

@@ -39,6 +39,9 @@ COLUMNS = {
     "follow_lag": ["run_id", "source_format", "source_location", "follow", "committed_version",
                    "table_version", "versions_behind", "last_step", "last_commit_at",
                    "checked_at"],
+    "deletions": ["run_id", "applied_by_checkpoint", "applied_at_step", "committed_at",
+                  "version", "operation", "how", "file", "row_group", "row_start", "row_end",
+                  "rows", "excluded_rows"],
 }
 
 

@@ -39,3 +39,13 @@ def test_pretrain_mixture_trains_every_token_once_in_order_across_a_sigkill() ->
     assert sum(x.startswith("ledger ") and x.endswith(": OK") for x in lines) == 2
     assert any(x.startswith("verify run pretrain") and x.endswith("0 violations: OK")
                for x in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # two trainers and a SIGKILL, ~15 s on 2 busy cores (8.6 s of CPU)
+def test_forget_user_stops_exposure_at_the_next_checkpoint_through_a_sigkill() -> None:
+    lines = run_example("forget_user.py")
+    text = "\n".join(lines)
+    assert "user 42's rows deleted (deletion vectors, version 3)" in text
+    assert "SIGKILLed" in text
+    assert "exposure stopped after step 15" in text

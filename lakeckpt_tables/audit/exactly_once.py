@@ -40,7 +40,11 @@ from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
 from lakeckpt_tables.ledger import schema as s
-from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
+from lakeckpt_tables.ledger.records import (
+    EXCLUDED_EVENT,
+    CheckpointRecord,
+    checkpoints_from_arrow,
+)
 
 __all__ = ["Verdict", "verify", "verify_snapshot"]
 
@@ -61,6 +65,8 @@ class Verdict:
             checked for gaps (of any source, for a Mixture).
         source_passes: a Mixture's: each source key's finished passes (empty for a source
             none of whose passes finished: one a Mixture ended before, ``"stop"``).
+        excluded: rows the lineage took out of its passes because the table deleted them
+            (``deletes="honor"``: ``excluded`` events), not expected of a finished pass.
         violations: what breaks exactly-once, the first one first; empty when proved.
         skipped: rows consumed without training (batches skipped after a restore: NOTE
             [ skipped batches ] in ``checkpoint/skip.py``), checked with the trained ones but
@@ -81,6 +87,7 @@ class Verdict:
     skipped: int = 0
     retired: list[str] = field(default_factory=list)
     source_passes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    excluded: int = 0
 
     @property
     def ok(self) -> bool:
@@ -95,7 +102,7 @@ class Verdict:
                                     for seg, ep in self.finished_passes],
                 "source_passes": {k: [{"segment": seg, "epoch": ep} for seg, ep in v]
                                   for k, v in self.source_passes.items()},
-                "violations": self.violations}
+                "excluded": self.excluded, "violations": self.violations}
 
 
 def verify(target: Any, *, run: str | None = None, checkpoint: str | None = None,
@@ -299,6 +306,7 @@ def _gaps(snapshot: LedgerSnapshot, head: CheckpointRecord, chain: list[Checkpoi
     decoded = decode_state(head.reader_state)
     undelivered = _undelivered(snapshot, sorted({r.run_id for r in chain}),
                                {r.checkpoint_id for r in chain})
+    verdict.excluded = undelivered.excluded
     out: list[str] = []
     for key, one in reader_states(decoded).items():
         if key is not None:
@@ -386,23 +394,31 @@ def _finished_passes(dataset: Any, state: Any,
 
 @dataclass
 class _Undelivered:
-    """What a lineage's ``undelivered`` events name: rows per row group, tokens per pass."""
+    """What a lineage's ``undelivered`` and ``excluded`` events name: rows per row group,
+    tokens per pass; ``excluded`` counts the rows of the latter."""
 
     rows: dict[Key, int]
     tokens: dict[Pass, int]
+    excluded: int = 0
 
 
 def _undelivered(snapshot: LedgerSnapshot, runs: list[str],
                  checkpoints: Iterable[str]) -> _Undelivered:
     wanted = set(checkpoints)
     events = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
-                           & (pc.field(s.EVENT) == "undelivered")
+                           & pc.field(s.EVENT).isin(["undelivered", EXCLUDED_EVENT])
                            & pc.field(s.RUN_ID).isin(runs))
     out = _Undelivered(defaultdict(int), defaultdict(int))
     for rec in events.to_pylist():
         if rec[s.CHECKPOINT_ID] not in wanted:
             continue
         detail = json.loads(rec[s.DETAIL])
+        if rec[s.EVENT] == EXCLUDED_EVENT:  # a pinned pass's rows the table deleted
+            for epoch, ranges in detail["excluded"].items():
+                for path, group, r0, r1 in ranges:
+                    out.rows[(None, 0, int(epoch), path, int(group))] += r1 - r0
+                    out.excluded += r1 - r0
+            continue
         at = (detail.get("source_key"), int(detail["segment"]), int(detail["epoch"]))
         for path, group, r0, r1 in detail.get("ranges", ()):
             out.rows[(*at, path, int(group))] += r1 - r0

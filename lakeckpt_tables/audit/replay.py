@@ -11,18 +11,25 @@ metadata is (to list its units). A Mixture's checkpoint is replayed source by so
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakeckpt_tables.audit.lineage import branches_of, lineage, reader_parent
 from lakeckpt_tables.audit.sources import ledger_options
 from lakeckpt_tables.audit.target import LedgerSnapshot, read_ledger
 from lakeckpt_tables.errors import LedgerError
-from lakeckpt_tables.ledger.records import CheckpointRecord, checkpoints_from_arrow
+from lakeckpt_tables.ledger import schema as s
+from lakeckpt_tables.ledger.records import (
+    REPLANNED_EVENT,
+    CheckpointRecord,
+    checkpoints_from_arrow,
+)
 from lakeckpt_tables.plan.accounting import slice_spans
 from lakeckpt_tables.plan.rounds import DEFAULT_UNIT_ROWS
 from lakeckpt_tables.plan.shuffle import LEGACY
@@ -43,10 +50,15 @@ document's where a sequence, a checkpoint or a pass's tail cut it (NOTE [ packed
 in ``checkpoint/consumption.py``: a checkpoint saw every row it delivered a token of)."""
 
 
-def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any = None,
-         storage_options: Mapping[str, str] | None = None, source: Any = None,
-         source_catalog: Any = None, tokenizer: Any = None) -> pa.Table:
-    """The (file, row group, row) checkpoint ``checkpoint`` trained on.
+def rows(target: Any, *, checkpoint: str | None = None, cumulative: bool = False,
+         catalog: Any = None, storage_options: Mapping[str, str] | None = None,
+         source: Any = None, source_catalog: Any = None, tokenizer: Any = None,
+         where: str | None = None, table: str | None = None) -> pa.Table:
+    """The (file, row group, row) checkpoint ``checkpoint`` trained on; or, given ``where``
+    instead (a SQL predicate over the source tables' columns), per matching row and run the
+    checkpoints that trained on it, the table version that deleted it and the checkpoint after
+    which none trained on it (:func:`~lakeckpt_tables.audit.where.row_exposure`, its columns;
+    ``table`` limits it to the runs that read that table).
 
     Not cumulative by default: the rows delivered since the checkpoint's parent (the
     checkpoint its run saved or restored last), exactly what its consumption records cover.
@@ -79,6 +91,13 @@ def rows(target: Any, *, checkpoint: str, cumulative: bool = False, catalog: Any
         SourceNotFoundError: the source table cannot be opened again.
         StateMismatchError: a reader state cannot be replayed against the table.
     """
+    if where is not None:
+        from lakeckpt_tables.audit.where import row_exposure
+
+        return row_exposure(target, where, table, catalog=catalog,
+                            storage_options=storage_options, source_catalog=source_catalog)
+    if checkpoint is None:
+        raise TypeError("audit.rows needs checkpoint= (its rows) or where= (rows matching it)")
     snapshot = read_ledger(target, catalog=catalog,
                            storage_options=ledger_options(target, storage_options))
     records = checkpoints_from_arrow(snapshot.rows)
@@ -193,7 +212,7 @@ def checkpoint_rows(record: CheckpointRecord, parent: CheckpointRecord | None,
 
     if not record.reader_state:
         return CheckpointRows([])
-    after = decode_state(record.reader_state)
+    after = replanned_from(snapshot, record) or decode_state(record.reader_state)
     prior = state_after_skips(snapshot, record)
     if prior is None and parent is not None and parent.reader_state:
         prior = decode_state(parent.reader_state)
@@ -224,6 +243,20 @@ def rows_between(after: Mapping[str, Any], prior: Mapping[str, Any] | None,
                                   datasets=datasets, source_catalog=source_catalog,
                                   tokenizer=tokenizer, reached=reached))
     return CheckpointRows(parts)
+
+
+def replanned_from(snapshot: LedgerSnapshot, record: CheckpointRecord) -> dict[str, Any] | None:
+    """The reader state ``record``'s rows were consumed up to, when the checkpoint re-planned
+    what was left to take deleted rows out (NOTE [ deletions honored ] in
+    ``reader/deletions.py``); None otherwise (its own state)."""
+    from lakeckpt_tables.reader.state import decode_state
+
+    found = snapshot.scan((pc.field(s.RECORD) == s.RECORD_EVENT)
+                          & (pc.field(s.EVENT) == REPLANNED_EVENT)
+                          & (pc.field(s.RUN_ID) == record.run_id)
+                          & (pc.field(s.CHECKPOINT_ID) == record.checkpoint_id))
+    details = found.column(s.DETAIL).to_pylist() if found.num_rows else []
+    return decode_state(json.loads(details[0])["from"]) if details else None
 
 
 def _reader_rows(key: str | None, state: Mapping[str, Any], prior: Mapping[str, Any] | None,

@@ -35,7 +35,7 @@ from lakeckpt_tables.ledger.summary import SUMMARY_SCHEMA
 __all__ = ["VIEWS", "connect", "connect_snapshots", "stale_threshold"]
 
 VIEWS = ("checkpoints", "consumption", "events", "progress", "runs", "recoveries",
-         "follow_lag")
+         "follow_lag", "deletions")
 """The views of a connection (see ``catalog/README.md``)."""
 
 _ORDER = ("checkpoint_status", "run_activity", *VIEWS)

@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from lakeckpt_tables.checkpoint._failures import WRITE_FAILURES, describe_failure
 from lakeckpt_tables.checkpoint._world import World, one_process
 from lakeckpt_tables.checkpoint.commit import Attempt, Prepared, failed
+from lakeckpt_tables.checkpoint.deletions import honor_deletions
 from lakeckpt_tables.checkpoint.readers import capture
 from lakeckpt_tables.checkpoint.restore_policy import DCP_METADATA
 from lakeckpt_tables.checkpoint.state import Parts, build_state
@@ -61,6 +62,10 @@ class Preparer:
         try:
             crash_point("prepare:before_write", rank)
             reader, consumed, events = self.capture_reader(dataloader, baseline)
+            honored = honor_deletions(self.world, dataloader)  # collective
+            if honored is not None:  # this state goes on without rows deleted since
+                reader, excluded = honored
+                events = [*events, *excluded]
             state = build_state(parts, rank, reader=json.dumps(reader), run_id=self.run_id)
             writer = self.storage.writer(location, _Writer, rank)
             if self.async_save:

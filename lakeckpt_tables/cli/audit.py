@@ -23,6 +23,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", metavar="URI",
                         help="with --where: only runs that read this table (Delta URI or "
                         "iceberg:<namespace.table>)")
+    parser.add_argument("--rows", action="store_true",
+                        help="with --where: one line per matching row and run: the checkpoints "
+                        "that trained on it, the table version that deleted it, and the "
+                        "checkpoint after which none trained on it")
     parser.add_argument("--cumulative", action="store_true",
                         help="with --checkpoint: also the rows of its ancestors (through the "
                         "runs it was branched from)")
@@ -113,13 +117,18 @@ def _file(args: argparse.Namespace) -> int:
 
 
 def _where(args: argparse.Namespace) -> int:
-    from lakeckpt_tables.audit.where import exposure, trained_on
+    from lakeckpt_tables.audit.where import exposure, matches_of, row_exposure
     from lakeckpt_tables.cli._options import source_catalog, storage_options
 
     options = storage_options(args)
-    matches = trained_on(args.target, args.where, args.table, catalog=args.catalog,
-                         storage_options=options, source_catalog=source_catalog(args))
-    runs = exposure(args.target, matches, catalog=args.catalog, storage_options=options)
+    per_row = row_exposure(args.target, args.where, args.table, catalog=args.catalog,
+                           storage_options=options, source_catalog=source_catalog(args))
+    if args.rows:
+        emit(per_row, args.output, title=f"rows where {args.where}, per run",
+             empty="no checkpoint trained on a matching row")
+        return 0
+    runs = exposure(args.target, matches_of(per_row), catalog=args.catalog,
+                    storage_options=options, per_row=per_row)
     if args.output == "json":
         emit([r.to_json() for r in runs], "json")
         return 0
@@ -127,7 +136,7 @@ def _where(args: argparse.Namespace) -> int:
              "inherited_from": ", ".join(r.inherited_from)} for r in runs]
     emit(rows, args.output, columns=("run_id", "first_step", "last_step", "first_checkpoint",
                                      "last_checkpoint", "rows", "checkpoints", "exposed",
-                                     "inherited_from"),
+                                     "inherited_from", "deleted", "stopped_after_step"),
          title=f"runs that trained on rows where {args.where}",
          empty="no checkpoint trained on a matching row")
     return 0

@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         row["violations"] = len(v.violations)
         rows.append(row)
     columns = ("run_id", "step", "ok", "checkpoints", "records", "rows", "tokens", "skipped",
+               "excluded",
                "finished_passes", "violations", "first_violation")
     if args.output == "json":
         emit([v.to_json() for v in verdicts], "json")

@@ -13,7 +13,8 @@ NOTE [ the Hugging Face Trainer's checkpoints in the ledger ]
 - The replay: the callback sets ``args.ignore_data_skip = True`` when the Trainer is built
   (``on_init_end``), so the Trainer skips nothing; ``on_train_begin`` (every process, after the
   Trainer loaded ``checkpoint-N`` and before the loader is iterated) asks the ledger for the
-  checkpoint of step N, takes the run over and loads its reader state into the loader.
+  checkpoint of step N, takes the run over and loads its reader state into the loader; first,
+  a process without the callback is named (NOTE [ a callback on every rank ]).
 - The commit: ``on_save`` runs on every process after the Trainer wrote ``checkpoint-N`` (each
   process its own RNG file) and rotated old ones; :meth:`RunLedger.commit` is collective, so
   rank 0 checksums the directory once every process is in. ``save_total_limit=1`` would delete
@@ -31,6 +32,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from lakeckpt_tables.checkpoint import RunLedger
 from lakeckpt_tables.errors import CheckpointError, CheckpointRestoreError, LoaderStateLostError
+from lakeckpt_tables.integrations._every_rank import DEFAULT_PEER_TIMEOUT, require_every_rank
 from lakeckpt_tables.io import Storage
 from lakeckpt_tables.ledger import DEFAULT_LEDGER_DIR, CheckpointRecord, open_ledger
 from lakeckpt_tables.mixture import Mixture
@@ -52,13 +54,17 @@ class LakeTrainerCallback(TrainerCallback):
         run_id: the run; a ledger holds many runs.
         ledger, config, storage_options, takeover: as for
             :class:`~lakeckpt_tables.checkpoint.RunLedger` (rooted at ``args.output_dir``).
+        peer_timeout: seconds ``on_train_begin`` waits for this callback on every other rank
+            before raising :class:`~lakeckpt_tables.errors.CallbackMissingError` naming the
+            ranks without it (NOTE [ a callback on every rank ]).
     """
 
     def __init__(self, run_id: str, *, ledger: Any = None,
                  config: Mapping[str, Any] | None = None,
                  storage_options: Mapping[str, str] | None = None,
-                 takeover: Any = "fence") -> None:
+                 takeover: Any = "fence", peer_timeout: float = DEFAULT_PEER_TIMEOUT) -> None:
         self.run_id = run_id
+        self.peer_timeout = peer_timeout
         self._options = {"ledger": ledger, "config": config,
                          "storage_options": storage_options, "takeover": takeover}
         self._run: RunLedger | None = None
@@ -92,6 +98,10 @@ class LakeTrainerCallback(TrainerCallback):
                                   "Trainer was built: the Trainer would replay the batches "
                                   "the ledger's reader state already skips")
         if self._run is None:
+            # before RunLedger's first collective, which a rank without us never joins
+            require_every_rank(f"LakeTrainerCallback({self.run_id!r}) to the Trainer's "
+                               "callbacks (or use LakeTrainer)", self.run_id,
+                               self.peer_timeout)
             self._run = RunLedger(str(args.output_dir), self.run_id, **self._options)
         run = self._run
         found = [n for n in run.storage.list("") if _CHECKPOINT.match(n)]
@@ -132,15 +142,17 @@ class LakeTrainer(Trainer):
 
     Args:
         run_id: the run (see :class:`LakeTrainerCallback`).
-        *args, **kwargs: as for ``transformers.Trainer``; ``ledger=`` and ``storage_options=``
-            go to the callback.
+        *args, **kwargs: as for ``transformers.Trainer``; ``ledger=``, ``storage_options=``
+            and ``peer_timeout=`` go to the callback.
     """
 
     def __init__(self, *args: Any, run_id: str, ledger: Any = None,
-                 storage_options: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+                 storage_options: Mapping[str, str] | None = None,
+                 peer_timeout: float = DEFAULT_PEER_TIMEOUT, **kwargs: Any) -> None:
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks.append(LakeTrainerCallback(run_id, ledger=ledger,
-                                             storage_options=storage_options))
+                                             storage_options=storage_options,
+                                             peer_timeout=peer_timeout))
         kwargs["callbacks"] = callbacks
         super().__init__(*args, **kwargs)
 

@@ -8,6 +8,8 @@ plugin alone: Lightning calls ``CheckpointIO.save_checkpoint`` on rank 0 only, a
 commit needs every rank's reader state and consumption, which only hooks that run on every rank
 can gather; callbacks are also what Lightning users add for everything else, and the
 ``CheckpointIO`` slot stays free for the user's own plugin (wrapped, not replaced). The parts:
+- ``setup`` (every rank, after Lightning's ``pre_setup`` barrier): a rank without the callback
+  is named before the first collective (NOTE [ a callback on every rank ]).
 - ``on_save_checkpoint`` (every rank, inside ``Trainer.save_checkpoint``, before the file is
   written): one checkpoint id per step, broadcast by rank 0, goes into the checkpoint under
   ``"lakeckpt"`` with rank 0's loader state as of the batches TRAINED (see below).
@@ -51,6 +53,7 @@ from lakeckpt_tables.errors import (
     LoaderStateLostError,
     UncommittedCheckpointError,
 )
+from lakeckpt_tables.integrations._every_rank import DEFAULT_PEER_TIMEOUT, require_every_rank
 from lakeckpt_tables.ledger import CheckpointRecord
 from lakeckpt_tables.mixture import Mixture
 from lakeckpt_tables.reader import LakeDataset, decode_state
@@ -89,13 +92,17 @@ class LakeLedger(Callback):
             ``ModelCheckpoint``, which must then be given).
         ledger, config, storage_options, takeover: as for
             :class:`~lakeckpt_tables.checkpoint.RunLedger`.
+        peer_timeout: seconds ``setup`` waits for this callback on every other rank before
+            raising :class:`~lakeckpt_tables.errors.CallbackMissingError` naming the ranks
+            without it (NOTE [ a callback on every rank ]).
     """
 
     def __init__(self, run_id: str, *, root: str | os.PathLike[str] | None = None,
                  ledger: Any = None, config: Mapping[str, Any] | None = None,
                  storage_options: Mapping[str, str] | None = None,
-                 takeover: Any = "fence") -> None:
+                 takeover: Any = "fence", peer_timeout: float = DEFAULT_PEER_TIMEOUT) -> None:
         self.run_id = run_id
+        self.peer_timeout = peer_timeout
         self.root = os.fspath(root) if root is not None else None
         self._options = {"ledger": ledger, "config": config,
                          "storage_options": storage_options, "takeover": takeover}
@@ -123,7 +130,11 @@ class LakeLedger(Callback):
         if stage != "fit":
             return
         if self._run is None:
-            self._run = RunLedger(self.root or _dirpath(trainer), self.run_id, **self._options)
+            root = self.root or _dirpath(trainer)
+            # before RunLedger's first collective, which a rank without us never joins
+            require_every_rank(f"LakeLedger(run_id={self.run_id!r}) to the Trainer's callbacks",
+                               self.run_id, self.peer_timeout)
+            self._run = RunLedger(root, self.run_id, **self._options)
         # after every ModelCheckpoint, so that our hooks commit what its hooks saved
         callbacks: list[Any] = trainer.callbacks  # type: ignore[attr-defined]
         if callbacks[-1] is not self:

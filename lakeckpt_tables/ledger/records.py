@@ -42,6 +42,8 @@ from lakeckpt_tables.plan.accounting import Consumed
 from lakeckpt_tables.types import TableFormat, TableIdentity
 
 __all__ = [
+    "EXCLUDED_EVENT",
+    "REPLANNED_EVENT",
     "SEALED_COLUMNS",
     "CheckpointRecord",
     "ConsumptionRecord",
@@ -166,6 +168,19 @@ class ConsumptionRecord(Consumed):
 
 SEALED_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ConsumptionRecord))
 """The ledger columns of a consumption record's own fields (the rest its commit shares)."""
+
+
+EXCLUDED_EVENT = "excluded"
+"""Event of rows the source table deleted after the pin, taken out of a pass at a checkpoint
+(``deletes="honor"``: NOTE [ deletions honored ] in ``reader/deletions.py``): one per deleting
+commit, with its ``version``, ``operation``, ``how`` (position, key), the ``rows`` it deleted
+(``deleted``: [file, row group, first, end] live-row ranges) and, per epoch, the ranges taken
+out (``excluded``; ``excluded_rows`` in all)."""
+
+REPLANNED_EVENT = "replanned"
+"""Event of a checkpoint whose reader state was re-planned to take rows out: ``from`` is the
+(encoded) state before, up to which the checkpoint's rows were consumed (the audit replays to
+it); the next checkpoint's rows start at the checkpoint's own state."""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from lakeckpt_tables.errors import (
 from lakeckpt_tables.plan.shuffle import BALANCED, LEGACY, SHUFFLERS
 from lakeckpt_tables.reader.columns import resolve_columns
 from lakeckpt_tables.reader.convert import check_convertible
+from lakeckpt_tables.reader.deletions import check_honorable
 from lakeckpt_tables.reader.options import Packing, ReaderOptions
 from lakeckpt_tables.reader.packing.planner import StreamSizes, TokenPlanner
 from lakeckpt_tables.reader.planner import Cursor, RoundPlanner
@@ -105,9 +106,9 @@ class ReaderConfig:
         check_convertible(self.snapshot.describe(), self.snapshot.schema, _converted(self),
                           output=o.output, nulls=o.nulls, decimals=o.decimals)
         check_nulls(self.snapshot, list(self.columns), o.nulls if o.output == "torch" else "fill")
+        check_honorable(self.snapshot, o.deletes, o.deletes_key)
         if self.packing is not None:
             from lakeckpt_tables.reader.packing.stream import check_token_column
-
             if self.snapshot.whole_files:
                 raise ValueError(
                     f"{self.snapshot.describe()}: a packing reader counts tokens per row group; "
@@ -126,7 +127,7 @@ class ReaderConfig:
     def __post_init__(self) -> None:
         # computed once: every reader state (one per batch in a DataLoader worker) holds them
         object.__setattr__(self, "identity", self._identity())
-        object.__setattr__(self, "policy", self._policy())
+        object.__setattr__(self, "policy", {**self._policy(), **self.options.deletes_policy()})
 
     def _identity(self) -> dict[str, Any]:
         o = self.options
@@ -173,7 +174,7 @@ class ReaderConfig:
             None if s is None else cursor.eos_inside for s in slices)
         return ReaderState(self.snapshot.identity, self.snapshot.version, self.identity,
                            cursor.shape, cursor.layouts, tuple(slices), cursor.rounds,
-                           self.policy, eos)
+                           self.policy, eos, cursor.deletes_seen, cursor.exclusions_seen)
 
     # ------------------------------------------------------------------------- derived
 

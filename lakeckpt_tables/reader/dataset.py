@@ -24,6 +24,7 @@ from lakeckpt_tables.errors import PackingError, StateMismatchError
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW, EpochPlan, Piece
 from lakeckpt_tables.reader.config import ReaderConfig
 from lakeckpt_tables.reader.convert import Batch, CutConverter
+from lakeckpt_tables.reader.deletions import reading
 from lakeckpt_tables.reader.distributed import rank_and_world
 from lakeckpt_tables.reader.loaders import parse_state, refuse_finished_pass
 from lakeckpt_tables.reader.loop import SliceReader, start_cursor
@@ -71,22 +72,22 @@ class LakeDataset(IterableDataset[Batch]):
     """Batches of a Delta or Iceberg table, resumable exactly from a position.
 
     What one iteration reads: ``epochs`` epochs of a pinned snapshot (the default); with
-    ``follow=True`` the snapshot and then, segment by segment, the rows appended to the table
-    (``lakeckpt_tables.reader.rounds``); with ``refresh="epoch"`` one epoch of the version
-    :meth:`set_epoch` pinned. Each rank reads an equal contiguous share of each epoch's or
-    segment's (permuted) rows and each DataLoader worker an equal share of its rank's; with
-    more than one rank every rank yields the same number of batches per epoch or segment (see
-    ``lakeckpt_tables.plan``). Batches are dicts: numeric columns as tensors (zero-copy where
-    Arrow allows), fixed-length list columns as 2-D tensors, variable-length ones as
-    :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists. How to iterate and resume
-    it: the module's docstring.
+    ``follow=True`` the snapshot, then segment by segment the rows appended to the table
+    (``reader/rounds.py``); with ``refresh="epoch"`` one epoch of the version set_epoch pinned.
+    Each rank reads an equal contiguous share of each epoch's or segment's (permuted) rows and
+    each DataLoader worker an equal share of its rank's; with several ranks every rank yields
+    the same number of batches per epoch or segment (see ``lakeckpt_tables.plan``). Batches
+    are dicts: numeric columns as tensors (zero-copy where Arrow allows), list columns as 2-D
+    tensors or :class:`~lakeckpt_tables.reader.convert.Ragged`, strings as lists. Iterating
+    and resuming: the module's docstring.
 
     Args:
         source: a :class:`~lakeckpt_tables.DeltaSource` or :class:`~lakeckpt_tables.IcebergSource`.
         columns, batch_size, shuffle, seed, version, epochs, rank, world_size, drop_last,
             shuffle_window, transform, follow, poll_interval, max_idle, until_version,
             on_change, min_segment_rows, refresh, output, nulls, decimals, filter, unit_rows,
-            read_ahead, pack_tokens, seq_len, eos_id, tokenizer, token_cache: the fields of
+            read_ahead, pack_tokens, seq_len, eos_id, tokenizer, token_cache, deletes,
+            deletes_key, exclusions: the fields of
             :class:`~lakeckpt_tables.reader.options.ReaderOptions`, each documented there.
 
     Raises:
@@ -122,26 +123,26 @@ class LakeDataset(IterableDataset[Batch]):
         output: Literal["torch", "arrow"] = "torch",
         nulls: Literal["refuse", "fill", "mask"] = "refuse",
         decimals: Literal["refuse", "float64"] = "refuse",
-        filter: Any = None,
-        unit_rows: int = DEFAULT_UNIT_ROWS,
+        filter: Any = None, unit_rows: int = DEFAULT_UNIT_ROWS,
         read_ahead: int = DEFAULT_DEPTH,
         pack_tokens: str | None = None,
-        seq_len: int | None = None,
-        eos_id: int | None = None,
+        seq_len: int | None = None, eos_id: int | None = None,
         tokenizer: Any = None, token_cache: str | None = None,  # a text column's (packing)
+        deletes: Literal["pin", "honor"] = "pin", deletes_key: str | None = None,
+        exclusions: Any = None,
     ) -> None:
         super().__init__()
         rank, world_size = rank_and_world(rank, world_size)
         # every option, and every combination, refused with its reason before any I/O
         options = ReaderOptions(
-            columns=columns, batch_size=batch_size, shuffle=shuffle, seed=seed, version=version,
-            epochs=epochs, rank=rank, world_size=world_size, drop_last=drop_last,
-            shuffle_window=shuffle_window, transform=transform, follow=follow,
-            poll_interval=poll_interval, max_idle=max_idle, until_version=until_version,
-            on_change=on_change, min_segment_rows=min_segment_rows, refresh=refresh,
-            output=output, nulls=nulls, decimals=decimals, filter=filter, unit_rows=unit_rows,
-            read_ahead=read_ahead, pack_tokens=pack_tokens, seq_len=seq_len, eos_id=eos_id,
-            tokenizer=tokenizer, token_cache=token_cache)
+            min_segment_rows=min_segment_rows, shuffle_window=shuffle_window, batch_size=batch_size,
+            poll_interval=poll_interval, until_version=until_version, pack_tokens=pack_tokens,
+            token_cache=token_cache, deletes_key=deletes_key, world_size=world_size, epochs=epochs,
+            read_ahead=read_ahead, exclusions=exclusions, drop_last=drop_last, transform=transform,
+            on_change=on_change, unit_rows=unit_rows, tokenizer=tokenizer, max_idle=max_idle,
+            decimals=decimals, columns=columns, shuffle=shuffle, version=version, refresh=refresh,
+            seq_len=seq_len, deletes=deletes, follow=follow, output=output, filter=filter,
+            eos_id=eos_id, nulls=nulls, seed=seed, rank=rank)
         self._use(ReaderConfig.resolve(source, options))
         self._epoch: int | None = None  # refresh="epoch": the epoch set_epoch pinned last
         self._resume: ReaderState | None = None
@@ -316,8 +317,7 @@ class LakeDataset(IterableDataset[Batch]):
                                "tables: iterate it, or a StatefulDataLoader over it")
         cursor = self._begin()
         depth = self.read_ahead if read_ahead is None else read_ahead
-        return (self._reader.cuts if cuts else self._reader.tables)(
-            cursor, self.planner, self._rounds, read_ahead=depth, unit_rows=self.unit_rows)
+        return reading(self, cursor, self._reader.cuts if cuts else self._reader.tables, depth)
 
 
 def cycling(dataset: LakeDataset) -> LakeDataset:
@@ -330,6 +330,9 @@ def cycling(dataset: LakeDataset) -> LakeDataset:
     Raises:
         ValueError: a ``follow=True`` or ``refresh="epoch"`` dataset.
     """
+    if dataset.options.deletes == "honor":
+        raise ValueError(f"{dataset.snapshot.describe()}: deletes='honor' re-plans a pinned "
+                         "pass at checkpoints; a cycling source cannot take it yet")
     other = copy.copy(dataset)
     other._use(dataset._config.cycling())
     return other

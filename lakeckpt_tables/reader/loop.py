@@ -77,11 +77,13 @@ def start_cursor(planner: RoundPlanner, resume: ReaderState | None, shape: PlanS
         g = planner.resumed_slice(resume, shape, worker, own=own)
         index, position = resume.slices[g] or (0, 0)
         return Cursor(g, shape, dict(resume.layouts), index, position,
-                      planner.own_round(resume.rounds, index), resume.eos_at(g))
+                      planner.own_round(resume.rounds, index), resume.eos_at(g),
+                      resume.deletes_seen, resume.exclusions_seen)
     reshaped = planner.reshape(resume, shape)
     first = min(index for index, _ in reshaped.positions())  # every slice starts there
     return Cursor(g, shape, dict(reshaped.layouts), first, 0,
-                  planner.own_round(reshaped.rounds, first), reshaped.eos_at(g))
+                  planner.own_round(reshaped.rounds, first), reshaped.eos_at(g),
+                  reshaped.deletes_seen, reshaped.exclusions_seen)
 
 
 def _warn_tail(planner: RoundPlanner, plan: EpochPlan, slice_index: int) -> None:

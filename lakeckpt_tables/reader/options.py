@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from lakeckpt_tables.plan import DEFAULT_SHUFFLE_WINDOW
 from lakeckpt_tables.reader.readahead import DEFAULT_DEPTH
 from lakeckpt_tables.reader.rounds import DEFAULT_UNIT_ROWS, FollowPolicy
+from lakeckpt_tables.sources.changes import ExclusionList
 
 __all__ = ["Packing", "ReaderOptions"]
 
@@ -134,6 +135,19 @@ class ReaderOptions:
     token_cache: str | None = None
     """Packing a string column: the directory keeping its token counts per snapshot and
     tokenizer (default ``$LAKECKPT_HOME/token-counts``)."""
+    deletes: Literal["pin", "honor"] = "pin"
+    """Rows the table deletes after the pin: ``"pin"`` reads the pinned version as it was;
+    ``"honor"`` takes rows deleted since out of what is not delivered yet, at each
+    checkpoint of a ``CheckpointManager`` (NOTE [ deletions honored ] in
+    ``reader/deletions.py``). A pinned pass of a reader iterated in the training process
+    only (``num_workers=0``)."""
+    deletes_key: str | None = None
+    """``deletes="honor"``: a column unique per row, naming rows a copy-on-write commit
+    rewrote into other files; without it such a rewrite of a pinned file is refused."""
+    exclusions: Any = None
+    """``deletes="honor"``: an :class:`~lakeckpt_tables.sources.changes.ExclusionList`, a table
+    of keys whose rows are not delivered: read when the pass starts and again at each
+    checkpoint (NOTE [ exclusion lists ] in ``reader/deletions.py``)."""
     read_ahead: int = DEFAULT_DEPTH
     """Windows decoded ahead on background threads while the loop trains (NOTE [ read-ahead ]
     in ``reader/readahead.py``); 0 reads in the iterating thread. Changes no row and no
@@ -150,6 +164,16 @@ class ReaderOptions:
         if self.refresh is not None and (self.follow or self.epochs != 1):
             raise ValueError("refresh='epoch' reads one epoch per pass (call set_epoch(e) "
                              "before each); it takes neither follow=True nor epochs")
+        if self.deletes == "honor":
+            other = [name for name, on in (
+                ("follow=True", self.follow), ("refresh='epoch'", self.refresh is not None),
+                ("pack_tokens", self.pack_tokens is not None),
+                ("filter", self.filter is not None)) if on]
+            if other:
+                raise ValueError(f"deletes='honor' re-plans a pinned pass of rows; it does not "
+                                 f"combine with {', '.join(other)} yet")
+        elif self.deletes_key is not None or self.exclusions is not None:
+            raise ValueError("deletes_key and exclusions are for deletes='honor'; pass that too")
         if self.follow:
             if self.epochs != 1:
                 raise ValueError("follow mode has no epochs: leave epochs=1")
@@ -185,9 +209,14 @@ class ReaderOptions:
             _seconds("max_idle", self.max_idle, zero=True)
         for name, allowed in (("output", OUTPUTS), ("nulls", NULL_POLICIES),
                               ("decimals", DECIMAL_POLICIES), ("refresh", (None, "epoch")),
-                              ("on_change", ON_CHANGE)):
+                              ("on_change", ON_CHANGE), ("deletes", ("pin", "honor"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.exclusions is not None and not isinstance(self.exclusions, ExclusionList):
+            raise TypeError("exclusions must be an ExclusionList(source, column), got "
+                            f"{self.exclusions!r}")
+        if self.deletes_key is not None and not isinstance(self.deletes_key, str):
+            raise TypeError(f"deletes_key must be a column name, got {self.deletes_key!r}")
         if self.transform is not None and not callable(self.transform):
             raise TypeError(f"transform must be a function of a batch, got {self.transform!r}")
         if self.filter is not None and not isinstance(self.filter, pc.Expression):
@@ -237,6 +266,13 @@ class ReaderOptions:
 
         return Packing(self.pack_tokens, self.seq_len, self.eos_id, text,
                        self.token_cache or default_cache())
+
+    def deletes_policy(self) -> dict[str, Any]:
+        """What the reader state's ``policy`` records of ``deletes`` (nothing for ``"pin"``)."""
+        if self.deletes == "pin":
+            return {}
+        listed = None if self.exclusions is None else self.exclusions.describe()
+        return {"deletes": self.deletes, "deletes_key": self.deletes_key, "exclusions": listed}
 
     def follow_policy(self) -> FollowPolicy | None:
         """How the reader follows its table; None without ``follow=True``."""

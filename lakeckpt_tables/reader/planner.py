@@ -39,6 +39,8 @@ class Cursor:
     position: int
     rounds: dict[int, Round]
     eos_inside: int = 0  # a packing reader's eos ids inside delivered documents (state.py)
+    deletes_seen: int | None = None  # deletes="honor": the last commit observed (state.py)
+    exclusions_seen: int | None = None  # exclusions=: the list version applied (state.py)
 
 
 def require_whole(state: ReaderState, shape: PlanShape) -> None:
@@ -166,7 +168,9 @@ class RoundPlanner:
         rounds = {r: d for r, d in known.items()
                   if r >= first and self.rounds.needs_descriptor(d)}
         return ReaderState(state.table, state.version, state.config, shape,
-                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy)
+                           layouts, ((first, 0),) * (shape[0] * shape[1]), rounds, state.policy,
+                           deletes_seen=state.deletes_seen,
+                           exclusions_seen=state.exclusions_seen)
 
     # ------------------------------------------------------------------------ a loaded state
 

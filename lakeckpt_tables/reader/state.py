@@ -17,6 +17,7 @@ Schema (``format`` = :data:`STATE_FORMAT`)::
       "rounds":  {"<round>": [index, segment, epoch, base, to, skipped]},  # follow mode only
       "slices":  [[epoch, rows delivered] | null, ...]   # one per (rank, worker)
       "eos_inside": [count | null, ...]   # packed readers only: one per slice (below)
+      "deletes_seen": 14                  # deletes="honor" only: last commit observed
     }
 
 ``config`` is what defines the rows (table options, seed, epochs, shuffle...): a state loads
@@ -78,6 +79,8 @@ KEY_ROUNDS = "rounds"  # optional: descriptors of the follow segments slices sta
 KEY_POLICY = "policy"  # optional: options that may change on resume
 KEY_SLICES = "slices"
 KEY_EOS_INSIDE = "eos_inside"  # optional: a packing reader's per-slice eos counts
+KEY_DELETES_SEEN = "deletes_seen"  # optional: deletes="honor", the last commit observed
+KEY_EXCLUSIONS_SEEN = "exclusions_seen"  # optional: the exclusion list's version applied
 _KEYS = (KEY_FORMAT, KEY_TABLE, KEY_VERSION, KEY_CONFIG, KEY_PLAN, KEY_LAYOUTS, KEY_SLICES)
 
 PlanShape = tuple[int, int, int]  # (world_size, workers, batch_size)
@@ -99,6 +102,12 @@ class ReaderState:
     eos_inside: tuple[int | None, ...] = ()
     """Per slice, the eos ids found inside the documents it delivered (packing readers;
     empty otherwise or in a state written before the count)."""
+    deletes_seen: int | None = None
+    """``deletes="honor"``: the last table commit whose deletions the layouts have taken out
+    (NOTE [ deletions honored ] in ``reader/deletions.py``); None: none since the pin."""
+    exclusions_seen: int | None = None
+    """``exclusions=``: the version of the exclusion list whose keys the layouts have taken
+    out (NOTE [ exclusion lists ] in ``reader/deletions.py``); None: not read yet."""
 
     @property
     def complete(self) -> bool:
@@ -141,6 +150,9 @@ class ReaderState:
             **({KEY_ROUNDS: {str(r): d.to_json() for r, d in sorted(self.rounds.items())}}
                if self.rounds else {}),
             **({KEY_EOS_INSIDE: list(self.eos_inside)} if self.eos_inside else {}),
+            **({KEY_DELETES_SEEN: self.deletes_seen} if self.deletes_seen is not None else {}),
+            **({KEY_EXCLUSIONS_SEEN: self.exclusions_seen}
+               if self.exclusions_seen is not None else {}),
         }
 
     @classmethod
@@ -166,7 +178,8 @@ class ReaderState:
         if missing:
             raise StateMismatchError(f"reader state is corrupt: missing keys {missing}")
         unknown = sorted(map(str, set(state) - {*_KEYS, KEY_ROUNDS, KEY_POLICY,
-                                                KEY_EOS_INSIDE}))
+                                                KEY_EOS_INSIDE, KEY_DELETES_SEEN,
+                                                KEY_EXCLUSIONS_SEEN}))
         if unknown:
             raise StateMismatchError(f"reader state is corrupt: unknown keys {unknown}")
         try:
@@ -206,6 +219,10 @@ class ReaderState:
             slices=slices,
             rounds=rounds,
             eos_inside=eos,
+            deletes_seen=(None if state.get(KEY_DELETES_SEEN) is None
+                          else _int(state[KEY_DELETES_SEEN])),
+            exclusions_seen=(None if state.get(KEY_EXCLUSIONS_SEEN) is None
+                             else _int(state[KEY_EXCLUSIONS_SEEN])),
         )
 
 
@@ -295,7 +312,8 @@ def merge_states(states: Iterable[Mapping[str, Any] | ReaderState]) -> ReaderSta
     slices = list(first.slices)
     rounds = dict(first.rounds)
     for other in planned[1:]:
-        for name in ("table", "version", "config", "policy", "plan", "layouts"):
+        for name in ("table", "version", "config", "policy", "plan", "layouts",
+                     "deletes_seen", "exclusions_seen"):
             if getattr(first, name) != getattr(other, name):
                 raise StateMismatchError(
                     f"cannot merge reader states with different {name}: "

@@ -73,6 +73,12 @@ def default_catalog_uri() -> str | None:
         props["type"] == "sql" else None
 
 
+_ADDED_DELETES = ("added-delete-files", "added-position-delete-files",
+                  "added-equality-delete-files", "added-position-deletes",
+                  "added-equality-deletes")
+"""Snapshot summary fields counting the delete files (or deletes) a snapshot adds."""
+
+
 class IcebergSource:
     """An Iceberg table in a pyiceberg catalog.
 
@@ -216,6 +222,12 @@ class IcebergSource:
             return Commit(sid, "rearrange", operation, detail="replace changed no rows")
         if operation != "append":
             return Commit(sid, "change", operation, detail=f"{operation} snapshot")
+        summary = child.summary
+        added = {k: int(summary.get(k) or 0) for k in _ADDED_DELETES if summary.get(k)}
+        if any(added.values()):
+            # an append scan lists data files only: rows this snapshot deletes would be missed
+            return Commit(sid, "change", operation,
+                          detail=f"the snapshot adds delete files ({added})")
         scan = table.incremental_append_scan(
             from_snapshot_id_exclusive=None if version == -1 else version,
             to_snapshot_id_inclusive=sid)

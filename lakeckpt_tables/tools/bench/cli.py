@@ -16,6 +16,10 @@ segment over a backlog of 10,000 commits (1,000 with ``--quick``).
 ``lakeckpt bench tables [--rows N] [--dir PATH] [--json]``: the cost of deletion vectors and
 partition columns alone (also part of ``bench read``).
 
+``lakeckpt bench deletes [--rows N] [--rounds R] [--dir PATH] [--json]``: a pass with
+``deletes="honor"`` and no deletion against the same pass with ``"pin"`` (both shapes, a
+checkpoint every 20 batches), and the cost of applying a deletion per deleted row.
+
 ``lakeckpt bench peers [--rows N | --quick] [--shapes narrow,tokens] [--workers 0] [--json]``:
 a narrow numeric table and a token table, each read by raw pyarrow, StatefulDataLoader over a
 plain IterableDataset (the ceiling), the library and Hugging Face datasets streaming; wall
@@ -168,6 +172,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                        help="build the ledger under PATH (default: a temporary directory)")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     _register_peers(sub)
+    _register_deletes(sub)
     _register_workers(sub)
     _register_mixture(sub)
     compare.register(sub)
@@ -196,6 +201,33 @@ def register(parser: argparse.ArgumentParser) -> None:
     tables.add_argument("--dir", metavar="PATH", default=None,
                         help="keep the tables under PATH and reuse them (default: temporary)")
     tables.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _register_deletes(sub: Any) -> None:
+    from lakeckpt_tables.tools.bench.deletes import DEFAULT_ROWS
+
+    deletes = sub.add_parser("deletes", help="what deletes='honor' costs: a pass with no "
+                             "deletion, and applying one per deleted row",
+                             description="A pass with deletes='honor' and no deletion against "
+                             "the same pass with 'pin' (a checkpoint every 20 batches; both "
+                             "table shapes; wall-clock ratio of interleaved passes, target "
+                             ">= 0.95x), and the time to observe and take out a deletion "
+                             "vector commit deleting 1% of the rows, per deleted row.")
+    deletes.add_argument("--rows", type=_positive, default=DEFAULT_ROWS,
+                         help=f"rows of each table (default {DEFAULT_ROWS:,})")
+    deletes.add_argument("--rounds", type=_positive, default=3,
+                         help="least interleaved rounds (default 3)")
+    deletes.add_argument("--dir", metavar="PATH", default=None,
+                         help="keep the tables under PATH and reuse them (default: temporary)")
+    deletes.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _deletes(args: argparse.Namespace) -> int:
+    from lakeckpt_tables.tools.bench.deletes import format_report, run_deletes_bench
+
+    report = run_deletes_bench(rows=args.rows, root=args.dir, rounds=args.rounds,
+                               progress=_progress)
+    return _emit(report, args.json, format_report)
 
 
 def _register_peers(sub: Any) -> None:
@@ -314,6 +346,8 @@ def run(args: argparse.Namespace) -> int:
         return _audit(args)
     if args.bench == "tables":
         return _tables(args)
+    if args.bench == "deletes":
+        return _deletes(args)
     if args.bench == "peers":
         return _peers(args)
     if args.bench == "workers":

@@ -31,10 +31,11 @@ import struct
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -130,7 +131,28 @@ def _bitmap_array(positions: np.ndarray[Any, Any]) -> bytes:
 
 
 def add_deletion_vectors(uri: str, share: float = DELETED_SHARE, *, seed: int = 0) -> int:
-    """Commit a deletion vector deleting ``share`` of the rows of every file of ``uri``.
+    """Commit a deletion vector deleting ``share`` of the rows of every file of ``uri``
+    (:func:`write_deletion_vectors`).
+
+    Returns:
+        Rows deleted.
+    """
+    from deltalake import DeltaTable
+
+    rng = np.random.default_rng(seed)
+    deleted: dict[str, np.ndarray[Any, Any]] = {}
+    for add in pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist():
+        rows = int(add["num_records"])
+        deleted[add["path"]] = np.sort(rng.choice(rows, max(1, int(rows * share)),
+                                                  replace=False))
+    write_deletion_vectors(uri, deleted, predicate="lakeckpt bench tables")
+    return sum(len(p) for p in deleted.values())
+
+
+def write_deletion_vectors(uri: str, deleted: Mapping[str, Any], *,
+                           operation: str = "DELETE", predicate: str = "") -> int:
+    """Commit deletion vectors deleting rows ``deleted[path]`` (file positions) of the files
+    of ``uri`` named by their log path, on top of the vectors they have; the new version.
 
     NOTE [ deletion vectors written here ]
     deltalake reads deletion vectors but does not write them, so this writes them as the
@@ -140,52 +162,75 @@ def add_deletion_vectors(uri: str, share: float = DELETED_SHARE, *, seed: int = 
     UUID in Z85, offset 1), raising the protocol to reader 3 / writer 7 with the
     ``deletionVectors`` feature. deltalake's own reader is the judge that it is right
     (``tests/test_bench_tables_smoke.py``).
-
-    Returns:
-        Rows deleted.
     """
     from deltalake import DeltaTable
 
     path = Path(uri)
     dt = DeltaTable(uri)
-    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    adds = {a["path"]: a for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist()}
+    before: dict[str, np.ndarray[Any, Any]] = {}
+    if "deletionVectors" in (dt.protocol().reader_features or []):
+        vectors = pa.table(dt.deletion_vectors())
+        for file_uri, keep in zip(vectors.column("filepath").to_pylist(),
+                                  vectors.column("selection_vector").to_pylist(), strict=True):
+            if keep is not None:
+                name = next((p for p in adds if file_uri.endswith("/" + p)), None)
+                if name is not None:
+                    before[name] = np.flatnonzero(~np.asarray(keep, dtype=bool))
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = [
-        {"commitInfo": {"timestamp": now, "operation": "DELETE",
-                        "operationParameters": {"predicate": "lakeckpt bench tables"},
-                        "engineInfo": "lakeckpt bench tables"}},
+        {"commitInfo": {"timestamp": now, "operation": operation,
+                        "operationParameters": {"predicate": predicate},
+                        "engineInfo": "lakeckpt tests"}},
         {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
                       "readerFeatures": ["deletionVectors"],
                       "writerFeatures": ["deletionVectors"]}},
     ]
-    rng = np.random.default_rng(seed)
-    deleted = 0
-    for add in adds:
-        rows = int(add["num_records"])
-        positions = np.sort(rng.choice(rows, max(1, int(rows * share)), replace=False))
+    for name, rows_deleted in deleted.items():
+        add = adds[name]
+        positions = np.union1d(before.get(name, np.empty(0, np.int64)),
+                               np.asarray(rows_deleted, dtype=np.int64))
         vector = _bitmap_array(positions)
-        name = uuid.uuid4()
-        (path / f"deletion_vector_{name}.bin").write_bytes(
+        vector_id = uuid.uuid4()
+        (path / f"deletion_vector_{vector_id}.bin").write_bytes(
             b"\x01" + struct.pack(">i", len(vector)) + vector
             + struct.pack(">I", zlib.crc32(vector)))
-        stats = {"numRecords": rows,
+        stats = {"numRecords": int(add["num_records"]),
                  "nullCount": {k[len("null_count."):]: v for k, v in add.items()
                                if k.startswith("null_count.")},
                  "minValues": {k[4:]: v for k, v in add.items() if k.startswith("min.")},
                  "maxValues": {k[4:]: v for k, v in add.items() if k.startswith("max.")},
                  "tightBounds": False}
-        common = {"path": add["path"], "partitionValues": {}, "size": int(add["size_bytes"]),
+        common = {"path": name, "partitionValues": {}, "size": int(add["size_bytes"]),
                   "dataChange": True}
-        actions.append({"remove": {**common, "deletionTimestamp": now}})
+        # a remove names the add it removes, its deletion vector included: without it a
+        # reader may keep the old (path, vector) beside the new one
+        previous = _current_vectors(path).get(name)
+        actions.append({"remove": {**common, "deletionTimestamp": now,
+                                   **({"deletionVector": previous} if previous else {})}})
         actions.append({"add": {**common, "modificationTime": now, "stats": json.dumps(stats),
                                 "deletionVector": {"storageType": "u",
-                                                   "pathOrInlineDv": _z85(name.bytes),
+                                                   "pathOrInlineDv": _z85(vector_id.bytes),
                                                    "offset": 1, "sizeInBytes": len(vector),
                                                    "cardinality": len(positions)}}})
-        deleted += len(positions)
-    log = path / "_delta_log" / f"{int(dt.version()) + 1:020d}.json"
+    version = int(dt.version()) + 1
+    log = path / "_delta_log" / f"{version:020d}.json"
     log.write_text("".join(json.dumps(a) + "\n" for a in actions))
-    return deleted
+    return version
+
+
+def _current_vectors(table: Path) -> dict[str, dict[str, Any]]:
+    """The deletion vector descriptor of each live file of a local table, by log replay
+    (deltalake's ``get_add_actions`` does not show them)."""
+    live: dict[str, dict[str, Any]] = {}
+    for entry in sorted((table / "_delta_log").glob("*.json")):
+        for line in entry.read_text().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "add" in action:
+                live[unquote(action["add"]["path"])] = action["add"].get("deletionVector")
+            elif "remove" in action:
+                live.pop(unquote(action["remove"]["path"]), None)
+    return {path: dv for path, dv in live.items() if dv}
 
 
 def _with_day(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:

@@ -157,6 +157,8 @@ class Mixture(IterableDataset[dict[str, Any]]):
         self.sources = {n: _cycling(n, sources[n]) if on_exhausted == "cycle" else sources[n]
                         for n in self.names}
         self.seed, self.on_exhausted = seed, on_exhausted
+        # the refresh="epoch" sources it re-pins at their pass boundaries (NOTE [ sources
+        # that move ])
         self.repinning = [n for n in self.names if on_exhausted == "cycle"
                           and isinstance(sources[n], LakeDataset) and sources[n].refresh]
         self._repinned: dict[str, int] = {}  # repinning source -> the epoch it reads

@@ -97,12 +97,8 @@ class CheckpointManager:
         takeover: Takeover = "fence",
         live_for: float | None = None,
     ) -> None:
-        if not run_id or "/" in run_id:
-            raise ValueError(f"run_id must be a non-empty name without '/', got {run_id!r}")
-        if keep_last < 1:
+        if keep_last < 1:  # run_id and takeover are checked by RunLedger, with the same words
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        if takeover not in ("fence", "refuse"):
-            raise ValueError(f"takeover must be 'fence' or 'refuse', got {takeover!r}")
         # the ledger side (commit, fencing, progress, registration) is the one every trainer
         # integration uses too (NOTE [ someone else's checkpoint ] in run_ledger.py); it
         # proves the root is shared by every rank (NOTE [ one root for all ranks ])
